@@ -1,0 +1,258 @@
+"""Typed settings, validated in one place.
+
+Sources, lowest to highest precedence: defaults < YAML file < environment (GPUWARDEN_*) < flags.
+Every option is a field of `Settings`; its flag (`--section.option-name`) and environment variable
+(`GPUWARDEN_SECTION_OPTION_NAME`) are derived from the field, so the CLI, the environment and the
+README's configuration reference cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "GPUWARDEN_"
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased as the one line the operator sees."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WebSettings(_Section):
+    listen_address: str = Field(
+        ":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).")
+    telemetry_path: str = Field("/metrics", description="Path under which metrics are served.")
+    config_file: Path | None = Field(
+        None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth).")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT with a port 1-65535, e.g. ':10045' or '127.0.0.1:10045'")
+        return value
+
+    @field_validator("telemetry_path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
+            raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
+        return value
+
+    @property
+    def host(self) -> str:
+        host = self.listen_address.rpartition(":")[0].strip("[]")
+        return host or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen_address.rpartition(":")[2])
+
+
+class PollSettings(_Section):
+    fast_interval: float = Field(1.0, ge=0.1, le=60, description="Seconds between fast-tier polls.")
+    slow_interval: float = Field(15.0, ge=1, le=3600, description="Seconds between slow-tier polls.")
+    call_deadline: float = Field(
+        5.0, gt=0, le=120,
+        description="Seconds a GPU's reads may take before they are abandoned and its data marked stale.")
+
+
+class NvmlSettings(_Section):
+    backend: Literal["nvml", "sim"] = Field("nvml", description="`nvml`: the real driver; `sim`: simulator.")
+    scenario: str | None = Field(
+        None, description="Simulator scenario: a shipped name (see `gpuwarden scenarios`) or a YAML path.")
+    on_missing: Literal["stay_up", "exit"] = Field(
+        "stay_up",
+        description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`.")
+    xid_events: bool = Field(True, description="Watch NVML XID critical-error events.")
+    version_mismatch_grace: float = Field(
+        10.0, ge=0, le=600,
+        description="Seconds to keep serving after a driver/library version mismatch before exiting.")
+
+
+class MetricsSettings(_Section):
+    include: tuple[str, ...] = Field(
+        (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags.")
+    exclude: tuple[str, ...] = Field((), description="Metric-name globs to drop, applied after include.")
+
+
+class LogSettings(_Section):
+    level: Literal["debug", "info", "warn", "error"] = Field("info", description="Log level.")
+    format: Literal["logfmt", "json"] = Field("logfmt", description="Log line format.")
+
+
+class Settings(_Section):
+    web: WebSettings = WebSettings()
+    poll: PollSettings = PollSettings()
+    nvml: NvmlSettings = NvmlSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    log: LogSettings = LogSettings()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        if self.poll.slow_interval < self.poll.fast_interval:
+            raise ValueError("poll.slow_interval must be >= poll.fast_interval")
+        if self.nvml.scenario is not None and self.nvml.backend != "sim":
+            raise ValueError("nvml.scenario needs nvml.backend: sim (or the --sim flag)")
+        return self
+
+
+@dataclass(frozen=True)
+class Option:
+    """One leaf setting, with the names it goes by in each source."""
+
+    section: str
+    name: str
+    field: Any
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.section}.{self.name.replace('_', '-')}"
+
+    @property
+    def env(self) -> str:
+        return f"{ENV_PREFIX}{self.section.upper()}_{self.name.upper()}"
+
+    @property
+    def is_list(self) -> bool:
+        return "tuple" in str(self.field.annotation)
+
+
+def options() -> Iterator[Option]:
+    """Every leaf option of `Settings`, in declaration order."""
+    for section, section_field in Settings.model_fields.items():
+        for name, field in section_field.annotation.model_fields.items():
+            yield Option(section, name, field)
+
+
+def _split_list(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    known = {opt.env: opt for opt in options()}
+    layer: dict[str, dict[str, Any]] = {}
+    for var, raw in environ.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        opt = known.get(var)
+        if opt is None:
+            raise ConfigError(f"environment: {var} is not a gpuwarden setting; "
+                              f"known: {', '.join(sorted(known))}")
+        layer.setdefault(opt.section, {})[opt.name] = _split_list(raw) if opt.is_list else raw
+    return layer
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a config file; every failure becomes one ConfigError line naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror}); check the --config path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config file {path}: {problem}{where}; fix the YAML syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of sections "
+                          f"({', '.join(Settings.model_fields)})")
+    return data
+
+
+def describe_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
+    """Phrase the first pydantic error as one line: which key, what is wrong, what is allowed."""
+    err = exc.errors()[0]
+    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(_model_at(root or Settings, err["loc"][:-1]).model_fields)
+        return f"{source}: unknown key '{key}'; allowed here: {allowed}"
+    given = err.get("input")
+    shown = "" if isinstance(given, dict) else f" (got {given!r})"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{source}: {key}: {message}{shown}"
+
+
+def _model_at(root: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel]:
+    """The model class that a validation error's location points into (lists and dicts skipped)."""
+    model: Any = root
+    for part in path:
+        if not hasattr(model, "model_fields") or str(part) not in model.model_fields:
+            continue
+        annotation = model.model_fields[str(part)].annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if hasattr(candidate, "model_fields"):
+                model = candidate
+                break
+            for inner in getattr(candidate, "__args__", ()):
+                if hasattr(inner, "model_fields"):
+                    model = inner
+                    break
+    return model
+
+
+def load_settings(config_file: Path | None = None, environ: Mapping[str, str] | None = None,
+                  flags: Mapping[str, Any] | None = None) -> Settings:
+    """Build Settings from all sources; raise ConfigError with one line on any problem."""
+    environ = os.environ if environ is None else environ
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_file is not None:
+        layers.append((f"config file {config_file}", read_yaml(config_file)))
+    layers.append(("environment", _env_layer(environ)))
+    flag_layer: dict[str, dict[str, Any]] = {}
+    for key, value in (flags or {}).items():
+        section, name = key.split(".", 1)
+        flag_layer.setdefault(section, {})[name] = value
+    layers.append(("flags", flag_layer))
+
+    merged: dict[str, Any] = {}
+    for _source, layer in layers:
+        merged = _merge(merged, layer)
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc, _source_of(exc, layers))) from None
+
+
+def _source_of(exc: ValidationError, layers: list[tuple[str, dict[str, Any]]]) -> str:
+    """Name the highest-precedence source that set the offending key (for the error line)."""
+    loc = [str(part) for part in exc.errors()[0]["loc"]]
+    for source, layer in reversed(layers):
+        node: Any = layer
+        for part in loc:
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            if loc:
+                return source
+    return "configuration"

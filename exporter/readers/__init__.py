@@ -1,0 +1,43 @@
+"""Readers: one module per domain. Each declares its tier, the NVML calls it makes and the families it writes.
+
+Adding a metric means touching one reader and the contract in exporter/metrics.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exporter.nvml.device import GpuDevice
+from exporter.snapshot import SampleWriter, Tier
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    tier: Tier
+    families: tuple[str, ...]
+    read: Callable[[GpuDevice, SampleWriter], None]
+
+
+def all_readers() -> list[Reader]:
+    """Every reader, in the order their families appear in the exposition."""
+    from exporter.readers import (
+        clocks,
+        ecc,
+        identity,
+        memory,
+        modes,
+        nvlink,
+        pcie,
+        power,
+        thermal,
+        utilization,
+    )
+
+    return [
+        identity.STATIC, modes.STATIC, memory.STATIC, thermal.STATIC, power.STATIC, clocks.STATIC,
+        pcie.STATIC, nvlink.STATIC,
+        utilization.FAST, memory.FAST, thermal.FAST, power.FAST, clocks.FAST, ecc.FAST, modes.FAST,
+        clocks.SLOW, power.SLOW, ecc.SLOW, pcie.SLOW, nvlink.SLOW, modes.SLOW,
+    ]

@@ -1,0 +1,106 @@
+"""Utilization from the driver's sample buffer, turned into busy-time counters (nvml.md §5).
+
+One nvmlDeviceGetUtilizationRates read per scrape samples a single ~200 ms window and misreports bursty load.
+nvmlDeviceGetSamples returns every sample since the last timestamp we saw: each sample adds value × period
+to gpuwarden_busy_seconds_total and period to gpuwarden_utilization_sampled_seconds_total, so busy ÷ sampled
+over any window is a true time average. Where samples are unsupported (MIG parents, old boards), one read per
+poll is integrated over the poll interval instead, and gpuwarden_utilization_source_info says so.
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+
+import pynvml
+
+from exporter.nvml.device import GpuDevice
+from exporter.readers import Reader
+from exporter.snapshot import SampleWriter, Tier
+
+_GAP_FACTOR = 2.5          # a gap longer than this many periods counts as one period (data was lost)
+_DEFAULT_PERIOD_S = 0.2    # measured H100 sample period, used until deltas are seen
+
+
+class _Accumulator:
+    """Busy and sampled seconds for one sample type, plus where we left off in the driver's buffer."""
+
+    def __init__(self) -> None:
+        self.last_timestamp_us = 0
+        self.period_s = _DEFAULT_PERIOD_S
+        self.busy_s = 0.0
+        self.sampled_s = 0.0
+        self.last_value: float | None = None
+
+    def add_samples(self, samples: list[tuple[int, float]]) -> None:
+        samples = sorted(s for s in samples if s[0] > self.last_timestamp_us)
+        if not samples:
+            return
+        previous = self.last_timestamp_us
+        deltas = [(b[0] - a[0]) / 1e6 for a, b in zip(samples, samples[1:], strict=False) if b[0] > a[0]]
+        if deltas:
+            self.period_s = median(deltas)
+        for timestamp, value in samples:
+            if previous == 0:
+                period = self.period_s      # first sample ever: its own window, by the typical period
+            else:
+                period = (timestamp - previous) / 1e6
+                if period > _GAP_FACTOR * self.period_s:
+                    period = self.period_s
+            self.busy_s += min(max(value, 0.0), 100.0) / 100.0 * period
+            self.sampled_s += period
+            previous = timestamp
+        self.last_timestamp_us = samples[-1][0]
+        self.last_value = samples[-1][1]
+
+
+def _sample_value(sample: object, value_type: int) -> float:
+    value = sample.sampleValue  # type: ignore[attr-defined]
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(value.dVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return float(value.ullVal)
+    return float(value.uiVal)
+
+
+def _read_samples(dev: GpuDevice, sample_type: int, acc: _Accumulator, key: str) -> bool:
+    """Feed new samples into the accumulator; False when the GPU does not support samples."""
+    result = dev.call(pynvml.nvmlDeviceGetSamples, sample_type, acc.last_timestamp_us, key=key)
+    if result is None:
+        return dev.supports(key)        # None + supported = no new samples (NOT_FOUND)
+    value_type, samples = result
+    acc.add_samples([(int(s.timeStamp), _sample_value(s, value_type)) for s in samples])
+    return True
+
+
+def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
+    gpu_acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
+    mem_acc: _Accumulator = dev.state.setdefault("util_mem", _Accumulator())
+    if _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
+        _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
+        source = "samples"
+    else:
+        rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
+        if rates is None:
+            return
+        now = time.monotonic()
+        last = dev.state.get("util_single_read_at")
+        dev.state["util_single_read_at"] = now
+        gpu_acc.last_value, mem_acc.last_value = float(rates.gpu), float(rates.memory)
+        if last is not None:
+            elapsed = now - last
+            gpu_acc.busy_s += rates.gpu / 100.0 * elapsed
+            gpu_acc.sampled_s += elapsed
+        source = "single_read"
+    out.add("gpuwarden_utilization_source_info", 1, source)
+    if gpu_acc.last_value is not None:
+        out.add("gpuwarden_utilization_ratio", gpu_acc.last_value / 100.0)
+    if mem_acc.last_value is not None:
+        out.add("gpuwarden_memory_bandwidth_utilization_ratio", mem_acc.last_value / 100.0)
+    out.add("gpuwarden_busy_seconds_total", gpu_acc.busy_s)
+    out.add("gpuwarden_utilization_sampled_seconds_total", gpu_acc.sampled_s)
+
+
+FAST = Reader("utilization", Tier.FAST, (
+    "gpuwarden_utilization_ratio", "gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
+    "gpuwarden_utilization_source_info", "gpuwarden_memory_bandwidth_utilization_ratio"), read_fast)

@@ -1,0 +1,253 @@
+"""Scenario files: node shape, value trajectories over time, and faults at given times.
+
+A scenario is YAML validated here; a bad file gets one line naming the file, the key and the fix.
+Time `t` is seconds since the simulator started. See docs/simulator.md for the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from exporter.config import ConfigError, describe_error
+from exporter.sim.models import MODELS
+
+VALUE_KEYS = (
+    "utilization", "memory_utilization", "memory_used_ratio", "temperature", "memory_temperature",
+    "power_watts", "sm_clock_mhz", "memory_clock_mhz", "pstate", "clock_event_reasons", "processes",
+    "persistence_mode", "power_limit_watts", "pcie_gen", "pcie_width", "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second", "fan_percent", "recovery_action",
+)
+
+ERROR_CODES = {
+    "uninitialized": 1, "invalid_argument": 2, "not_supported": 3, "no_permission": 4, "not_found": 6,
+    "insufficient_power": 8, "driver_not_loaded": 9, "timeout": 10, "irq_issue": 11, "library_not_found": 12,
+    "function_not_found": 13, "corrupted_inforom": 14, "gpu_is_lost": 15, "reset_required": 16,
+    "lib_rm_version_mismatch": 18, "gpu_not_found": 28, "unknown": 999,
+}
+
+FaultKind = Literal[
+    # windows: active from `at` until `until` (or for `duration` every `every` seconds)
+    "gpu_lost", "hang", "error", "not_supported", "driver_unloaded", "library_missing", "version_mismatch",
+    "nvlink_down", "remap_pending", "remap_failed", "retired_pages_pending",
+    # events: fire at `at` (and every `every` seconds), adding `count` each time
+    "xid", "ecc", "nvlink_errors", "pcie_replay", "remapped_rows", "retired_pages",
+]
+_WINDOW_KINDS = {"gpu_lost", "hang", "error", "not_supported", "driver_unloaded", "library_missing",
+                 "version_mismatch", "nvlink_down", "remap_pending", "remap_failed", "retired_pages_pending"}
+_GLOBAL_KINDS = {"driver_unloaded", "library_missing", "version_mismatch"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Square(_Strict):
+    low: float
+    high: float
+    period: float = Field(gt=0, description="seconds")
+    duty: float = Field(ge=0, le=1, description="share of each period at `high`")
+    phase: float = 0.0
+
+
+class Ramp(_Strict):
+    start: float
+    end: float
+    duration: float = Field(gt=0)
+    begin: float = 0.0
+
+
+class Trajectory(_Strict):
+    """A value over time: constant, ramp or square wave, plus optional bounded noise."""
+
+    constant: float | None = None
+    ramp: Ramp | None = None
+    square: Square | None = None
+    noise: float = Field(0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_number(cls, data: Any) -> Any:
+        if isinstance(data, int | float) and not isinstance(data, bool):
+            return {"constant": data}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Trajectory:
+        if sum(x is not None for x in (self.constant, self.ramp, self.square)) != 1:
+            raise ValueError("give exactly one of constant, ramp, square (or a bare number)")
+        return self
+
+    def at(self, t: float, seed: str) -> float:
+        if self.constant is not None:
+            value = self.constant
+        elif self.ramp is not None:
+            r = self.ramp
+            progress = min(max((t - r.begin) / r.duration, 0.0), 1.0)
+            value = r.start + (r.end - r.start) * progress
+        else:
+            s = self.square
+            assert s is not None
+            position = ((t + s.phase) % s.period) / s.period
+            value = s.high if position < s.duty else s.low
+        if self.noise:
+            # Deterministic noise: the same scenario, GPU and time give the same reading.
+            digest = hashlib.blake2b(f"{seed}:{math.floor(t * 5)}".encode(), digest_size=4).digest()
+            value += (int.from_bytes(digest, "big") / 0xFFFFFFFF * 2 - 1) * self.noise
+        return value
+
+
+class Node(_Strict):
+    model: str = "h100-sxm-80gb"
+    count: int = Field(8, ge=1, le=16)
+    nvlink: Literal["nvswitch", "none"] = "nvswitch"
+    numa_nodes: int = Field(2, ge=1, le=8)
+    pcie_same_numa: Literal["PIX", "PXB", "PHB", "NODE"] = Field(
+        "NODE", description="PCIe path between GPUs on the same NUMA node (different nodes: SYS)")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in MODELS:
+            raise ValueError(f"unknown GPU model; choose one of {', '.join(MODELS)}")
+        return value
+
+
+class Driver(_Strict):
+    version: str = "580.159.04"
+    nvml_version: str = "13.580.159.04"
+    cuda_version: int = 13000
+    missing_symbols: tuple[str, ...] = Field((), description="C symbols this driver lacks (FunctionNotFound)")
+
+
+class Fault(_Strict):
+    kind: FaultKind
+    gpu: int | None = Field(None, ge=0, description="GPU index; omitted = every GPU")
+    at: float = Field(0.0, ge=0)
+    until: float | None = None
+    every: float | None = Field(None, gt=0)
+    duration: float | None = Field(None, gt=0)
+    call: str | None = None
+    field: int | None = None
+    code: str | None = None
+    xid: int | None = Field(None, ge=0)
+    count: int = Field(1, ge=1, le=1_000_000)
+    type: str | None = None
+    link: int | None = Field(None, ge=0)
+    cause: Literal["correctable", "uncorrectable", "single_bit", "double_bit"] | None = None
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Fault:
+        need: dict[str, tuple[str, ...]] = {
+            "hang": ("call",), "error": ("call", "code"), "xid": ("xid",), "ecc": ("type",),
+            "nvlink_down": ("link",), "nvlink_errors": ("link", "type"), "remapped_rows": ("cause",),
+            "retired_pages": ("cause",),
+        }
+        for name in need.get(self.kind, ()):
+            if getattr(self, name) is None:
+                raise ValueError(f"a '{self.kind}' fault needs '{name}'")
+        if self.kind == "not_supported" and self.call is None and self.field is None:
+            raise ValueError("a 'not_supported' fault needs 'call' (a C symbol) or 'field' (a field id)")
+        if self.code is not None and self.code not in ERROR_CODES:
+            raise ValueError(f"unknown code; choose one of {', '.join(ERROR_CODES)}")
+        if self.kind == "ecc" and self.type not in ("corrected", "uncorrected"):
+            raise ValueError("an 'ecc' fault's type is corrected or uncorrected")
+        if self.kind == "nvlink_errors" and self.type not in ("crc_flit", "crc_data", "replay", "recovery", "ecc"):
+            raise ValueError("an 'nvlink_errors' fault's type is crc_flit, crc_data, replay, recovery or ecc")
+        if self.until is not None and self.until <= self.at:
+            raise ValueError("'until' must be later than 'at'")
+        if (self.every is None) != (self.duration is None) and self.kind in _WINDOW_KINDS:
+            raise ValueError("a repeating window needs both 'every' and 'duration'")
+        return self
+
+    @property
+    def is_global(self) -> bool:
+        return self.kind in _GLOBAL_KINDS
+
+    def applies_to(self, gpu: int) -> bool:
+        return self.gpu is None or self.gpu == gpu
+
+    def active(self, t: float) -> bool:
+        """For window faults: is the fault in force at time t?"""
+        if t < self.at or (self.until is not None and t >= self.until):
+            return False
+        if self.every is not None and self.duration is not None:
+            return (t - self.at) % self.every < self.duration
+        return True
+
+    def occurrences(self, t: float) -> int:
+        """For event faults: how many times it has fired by time t."""
+        if t < self.at:
+            return 0
+        end = t if self.until is None else min(t, self.until - 1e-9)
+        if self.every is None:
+            return 1
+        return int((end - self.at) // self.every) + 1
+
+
+class Scenario(_Strict):
+    name: str
+    description: str = ""
+    node: Node = Node()
+    driver: Driver = Driver()
+    values: dict[str, Trajectory] = Field(default_factory=dict, description="every GPU")
+    gpus: dict[int, dict[str, Trajectory]] = Field(default_factory=dict, description="per-GPU overrides")
+    faults: tuple[Fault, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> Scenario:
+        for where, values in [("values", self.values), *((f"gpus.{i}", v) for i, v in self.gpus.items())]:
+            unknown = sorted(set(values) - set(VALUE_KEYS))
+            if unknown:
+                raise ValueError(f"{where}: unknown value '{unknown[0]}'; known: {', '.join(VALUE_KEYS)}")
+        for index in self.gpus:
+            if not 0 <= index < self.node.count:
+                raise ValueError(f"gpus.{index}: the node has GPUs 0-{self.node.count - 1}")
+        for number, fault in enumerate(self.faults):
+            if fault.gpu is not None and fault.gpu >= self.node.count:
+                raise ValueError(f"faults.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
+            if fault.link is not None and fault.link >= MODELS[self.node.model].nvlinks:
+                raise ValueError(f"faults.{number}.link: {self.node.model} has "
+                                 f"{MODELS[self.node.model].nvlinks} NVLinks")
+        return self
+
+    def value(self, gpu: int, key: str, t: float) -> float:
+        trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)
+        if trajectory is None:
+            return MODELS[self.node.model].idle[key]
+        return trajectory.at(t, f"{self.name}:{gpu}:{key}")
+
+
+SCENARIO_PACKAGE = "exporter.sim.scenarios"
+
+
+def shipped_scenarios() -> dict[str, Path]:
+    """Name → path of every scenario shipped in the package."""
+    folder = resources.files(SCENARIO_PACKAGE)
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """Load a shipped scenario by name or a YAML file by path; ConfigError (one line) when invalid."""
+    shipped = shipped_scenarios()
+    path = shipped.get(name_or_path) or Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"scenario '{name_or_path}': no such file or shipped scenario; "
+                          f"shipped: {', '.join(sorted(shipped))}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"scenario {path}: cannot parse it ({type(exc).__name__}: "
+                          f"{getattr(exc, 'problem', None) or exc}); fix the YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario {path}: top level must be a mapping with at least 'name'")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc, f"scenario {path}", Scenario)) from None
