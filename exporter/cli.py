@@ -1,0 +1,146 @@
+"""Entry point: parse flags, load settings, wire NVML (real or simulated) → poller → renderer → HTTP, run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, NoReturn
+
+from exporter import __version__
+from exporter.config import ConfigError, Settings, load_settings, options
+
+log = logging.getLogger("gpuwarden")
+
+EXIT_CONFIG = 2
+EXIT_FATAL = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (and exit code 2), not usage plus a message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"gpuwarden: {message}; see gpuwarden --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpuwarden",
+        description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
+                    "config file; `gpuwarden scenarios` lists the simulator's scenarios.",
+        epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.")
+    parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
+    parser.add_argument("--sim", action="store_true", help="Shorthand for --nvml.backend=sim.")
+    for opt in options():
+        default = opt.field.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        help_text = f"{opt.field.description} Default: {shown!s}. Env: {opt.env}."
+        if opt.field.annotation is bool:
+            parser.add_argument(opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        elif opt.is_list:
+            parser.add_argument(opt.flag, dest=opt.key, default=None, metavar="GLOBS",
+                                type=lambda raw: [item.strip() for item in raw.split(",") if item.strip()],
+                                help=help_text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.key, default=None, metavar=opt.name.upper(), help=help_text)
+    return parser
+
+
+def check_config(args: list[str]) -> int:
+    if len(args) != 1:
+        print("gpuwarden: usage: gpuwarden check-config FILE", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        settings = load_settings(Path(args[0]), environ={})
+        if settings.nvml.backend == "sim":
+            from exporter.sim.scenario import load_scenario
+            load_scenario(settings.nvml.scenario or "training")
+    except ConfigError as exc:
+        print(f"gpuwarden: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{args[0]}: ok")
+    return 0
+
+
+def list_scenarios() -> int:
+    from exporter.sim.scenario import load_scenario, shipped_scenarios
+
+    for name in sorted(shipped_scenarios()):
+        first_line = load_scenario(name).description.strip().split(". ")[0]
+        print(f"{name:24} {first_line}")
+    return 0
+
+
+def settings_from_argv(argv: list[str]) -> Settings:
+    args = build_parser().parse_args(argv)
+    flags: dict[str, Any] = {key: value for key, value in vars(args).items() if "." in key and value is not None}
+    if args.sim:
+        flags.setdefault("nvml.backend", "sim")
+    return load_settings(args.config, os.environ, flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check-config"]:
+        return check_config(argv[1:])
+    if argv[:1] == ["scenarios"]:
+        return list_scenarios()
+    try:
+        settings = settings_from_argv(argv)
+        if settings.web.config_file is not None:
+            raise ConfigError("web.config_file: TLS and basic auth are not implemented in this version; "
+                              "terminate TLS in front of gpuwarden or remove the option")
+        if settings.nvml.backend == "sim":
+            from exporter.sim import install_simulator
+            install_simulator(settings.nvml.scenario)
+    except ConfigError as exc:
+        print(f"gpuwarden: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return serve(settings)
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from exporter import logs
+    from exporter.poller import Poller, family_filter
+    from exporter.render import Renderer
+    from exporter.server import create_app
+
+    logs.setup(settings.log.level, settings.log.format)
+    poller = Poller(settings)
+    renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
+    app = create_app(poller, renderer, settings.web.telemetry_path)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.web.host, port=settings.web.port, log_config=None, access_log=False,
+        timeout_graceful_shutdown=5, server_header=False, limit_concurrency=512, h11_max_incomplete_event_size=16384))
+    exit_code = 0
+    stopped = threading.Event()
+
+    def watch_fatal() -> None:
+        nonlocal exit_code
+        while not stopped.wait(0.2):
+            if poller.fatal:
+                grace = 0 if poller.fatal == "library_not_found" else settings.nvml.version_mismatch_grace
+                stopped.wait(grace)
+                exit_code = EXIT_FATAL
+                server.should_exit = True
+                return
+
+    poller.start()
+    threading.Thread(target=watch_fatal, name="gpuwarden-fatal", daemon=True).start()
+    log.info("gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address,
+             settings.nvml.backend)
+    try:
+        server.run()
+    finally:
+        stopped.set()
+        poller.stop()
+    if exit_code:
+        log.error("exiting with code %d: %s", exit_code, poller.fatal)
+    return exit_code

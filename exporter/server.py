@@ -1,0 +1,191 @@
+"""HTTP: routes only. Every handler reads the latest immutable snapshot; none touches NVML."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exporter import __version__
+from exporter.metrics import FAMILIES
+from exporter.poller import Poller
+from exporter.render import Renderer, content_type
+from exporter.snapshot import GpuSnapshot, Snapshot
+
+READY_INTERVALS = 3      # /readyz fails when the fast snapshot is older than this many intervals
+GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
+
+
+class MetricValue(BaseModel):
+    labels: dict[str, str] = Field(default_factory=dict)
+    value: float
+
+
+class Metric(BaseModel):
+    unit: str = ""
+    type: str
+    values: list[MetricValue]
+
+
+class Gpu(BaseModel):
+    index: int
+    uuid: str
+    up: bool
+    stale: bool = Field(description="true while a read is stuck past the deadline; values are from earlier")
+    lost_reason: str | None = None
+    hardware_error: str | None = None
+    sample_age_seconds: dict[str, float] = Field(description="per tier: seconds since its last reading")
+    info: dict[str, Any]
+    metrics: dict[str, Metric] = Field(description="metric name (without gpuwarden_) → values")
+
+
+class GpuList(BaseModel):
+    nvml_up: bool
+    nvml_error: str | None
+    driver: dict[str, str]
+    snapshot_age_seconds: float
+    gpus: list[Gpu]
+
+
+class TopologyPeer(BaseModel):
+    gpu: int
+    uuid: str
+    level: str
+    nvlinks: int | None
+
+
+class Topology(BaseModel):
+    gpus: list[int]
+    matrix: dict[str, dict[str, str]] = Field(description="row GPU → column GPU → X, NV#, PIX, PXB, PHB, NODE, SYS")
+    peers: dict[str, list[TopologyPeer]]
+
+
+class Problem(BaseModel):
+    error: str
+    detail: Any = None
+
+
+def gpu_json(gpu: GpuSnapshot, now: float) -> Gpu:
+    metrics: dict[str, Metric] = {}
+    for sample in gpu.samples:
+        family = FAMILIES[sample.name]
+        entry = metrics.setdefault(sample.name.removeprefix("gpuwarden_"),
+                                   Metric(unit=family.unit, type=family.type, values=[]))
+        entry.values.append(MetricValue(labels=dict(zip(family.labels, sample.labels, strict=True)),
+                                        value=sample.value))
+    return Gpu(index=gpu.index, uuid=gpu.uuid, up=gpu.up, stale=gpu.stale, lost_reason=gpu.lost_reason,
+               hardware_error=gpu.hardware_error,
+               sample_age_seconds={tier: round(max(now - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
+               info=gpu.info, metrics=metrics)
+
+
+def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
+    """None when ready, else the reason."""
+    if not snapshot.nvml_up:
+        return f"nvml is down: {snapshot.nvml_error or 'not initialised'}"
+    if not any(gpu.up for gpu in snapshot.gpus):
+        return "no GPU is visible"
+    fast_at = snapshot.tier_finished.get("fast")
+    limit = READY_INTERVALS * fast_interval
+    if fast_at is None or now - fast_at > limit:
+        return f"the fast snapshot is older than {limit:g} s"
+    return None
+
+
+def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics") -> FastAPI:
+    app = FastAPI(title="gpuwarden", version=__version__,
+                  description="NVIDIA GPU metrics, health and topology from NVML.")
+    fast_interval = poller.settings.poll.fast_interval
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return JSONResponse({"error": f"invalid {where}: {first.get('msg', 'bad request')}",
+                             "detail": jsonable_errors(exc)}, status_code=422)
+
+    @app.get(telemetry_path, include_in_schema=True, summary="Prometheus metrics",
+             response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    def metrics(request: Request) -> Response:
+        accept = request.headers.get("accept", "")
+        openmetrics = "application/openmetrics-text" in accept
+        compress = "gzip" in request.headers.get("accept-encoding", "")
+        body = renderer.render(poller.snapshot, openmetrics=openmetrics, compress=compress)
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if compress else {}
+        return Response(body, media_type=content_type(openmetrics), headers=headers)
+
+    @app.get("/healthz", summary="Liveness: the process serves HTTP (never touches NVML)")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
+             responses={503: {"model": Problem}})
+    def readyz() -> JSONResponse:
+        reason = readiness(poller.snapshot, fast_interval, time.time())
+        if reason is not None:
+            return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/api/v1/gpus", response_model=GpuList, summary="Every GPU's latest readings, with units")
+    def gpus() -> GpuList:
+        snap, now = poller.snapshot, time.time()
+        return GpuList(nvml_up=snap.nvml_up, nvml_error=snap.nvml_error, driver=snap.driver,
+                       snapshot_age_seconds=round(max(now - snap.taken_at, 0.0), 3),
+                       gpus=[gpu_json(gpu, now) for gpu in snap.gpus])
+
+    @app.get("/api/v1/gpus/{gpu}", response_model=Gpu, responses={404: {"model": Problem}},
+             summary="One GPU by index or UUID")
+    def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]
+            ) -> Gpu | JSONResponse:
+        found = poller.snapshot.gpu(gpu)
+        if found is None:
+            return JSONResponse({"error": f"no GPU '{gpu}' on this node",
+                                 "detail": {"known": [g.index for g in poller.snapshot.gpus]}},
+                                status_code=404)
+        return gpu_json(found, time.time())
+
+    @app.get("/api/v1/topology", response_model=Topology, summary="GPU matrix as nvidia-smi topo -m shows it")
+    def topology() -> Topology:
+        snap = poller.snapshot
+        up = [gpu for gpu in snap.gpus if gpu.up]
+        matrix: dict[str, dict[str, str]] = {}
+        peers: dict[str, list[TopologyPeer]] = {}
+        for gpu in up:
+            row = {str(gpu.index): "X"}
+            for peer in snap.topology.get(gpu.uuid, ()):
+                row[str(peer.peer_index)] = peer.level
+            matrix[str(gpu.index)] = row
+            peers[str(gpu.index)] = [
+                TopologyPeer(gpu=p.peer_index, uuid=p.peer_uuid, level=p.level,
+                             nvlinks=None if p.nvlinks < 0 else p.nvlinks)
+                for p in snap.topology.get(gpu.uuid, ())]
+        return Topology(gpus=[gpu.index for gpu in up], matrix=matrix, peers=peers)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def landing() -> HTMLResponse:
+        snap = poller.snapshot
+        state = "up" if snap.nvml_up else f"down ({html.escape(snap.nvml_error or '')})"
+        up = sum(1 for gpu in snap.gpus if gpu.up)
+        links = "".join(f'<li><a href="{path}">{path}</a></li>' for path in (
+            telemetry_path, "/api/v1/gpus", "/api/v1/topology", "/readyz", "/healthz", "/docs"))
+        return HTMLResponse(
+            f"<!doctype html><html><head><title>gpuwarden</title></head><body><h1>gpuwarden {__version__}</h1>"
+            f"<p>NVML {state}; {up} of {len(snap.gpus)} GPU(s) answering; driver "
+            f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>")
+
+    return app
+
+
+def jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    return [{"loc": [str(part) for part in err.get("loc", ())], "msg": err.get("msg", "")}
+            for err in exc.errors()]
