@@ -64,11 +64,13 @@ class XidWatcher:
                 continue
             try:
                 self._watch(generation, devices)
+                continue            # the GPU population changed: re-register at once
             except pynvml.NVMLError as exc:
                 log.warning("xid watcher: %s; rebuilding the event set", error_name(error_code(exc)))
             except Exception:   # a bug must not end XID collection for the life of the process
                 log.exception("xid watcher failed; rebuilding the event set")
-            self.registered = set()
+            finally:
+                self.registered = set()
             self._stop.wait(REBUILD_BACKOFF_S)
 
     def _watch(self, generation: int, devices: list[GpuDevice]) -> None:
@@ -102,7 +104,7 @@ class XidWatcher:
                 if not mask:
                     continue
                 pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
-            except pynvml.NVMLError_NotSupported:
+            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
                 continue
             except pynvml.NVMLError as exc:
                 if error_code(exc) == pynvml.NVML_ERROR_UNKNOWN:

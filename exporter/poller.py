@@ -261,6 +261,8 @@ class Poller:
         if reason == "lib_rm_version_mismatch":
             self._fatal(reason)
             return
+        if not self.nvml_up and not initialising:
+            return      # already down (a late answer from another tier): the re-init is scheduled
         first_failure = not self._initialised_once and initialising
         if first_failure and reason == "library_not_found" and self.settings.nvml.on_missing == "exit":
             self._fatal(reason)
@@ -339,6 +341,8 @@ class Poller:
         return TierReading(tuple(out.samples), out.info, self._wall())
 
     def _tier_cycle(self, tier: Tier) -> None:
+        if not self.nvml_up:
+            return
         started = time.monotonic()
         states = [st for st in self._gpus.values() if st.up]
         self._run_jobs(tier, states, lambda st: self._read_tier(st.device, tier))
