@@ -104,6 +104,29 @@ def main(argv: list[str] | None = None) -> int:
     return serve(settings)
 
 
+def _graceful_server(config: Any) -> Any:
+    """A uvicorn Server that stops on SIGTERM/SIGINT and returns (exit 0) instead of re-raising the signal."""
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[override]
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server(config)
+
+
 def serve(settings: Settings) -> int:
     import uvicorn
 
@@ -116,7 +139,7 @@ def serve(settings: Settings) -> int:
     poller = Poller(settings)
     renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
     app = create_app(poller, renderer, settings.web.telemetry_path)
-    server = uvicorn.Server(uvicorn.Config(
+    server = _graceful_server(uvicorn.Config(
         app, host=settings.web.host, port=settings.web.port, log_config=None, access_log=False,
         timeout_graceful_shutdown=5, server_header=False, limit_concurrency=512, h11_max_incomplete_event_size=16384))
     exit_code = 0

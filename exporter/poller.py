@@ -294,7 +294,9 @@ class Poller:
         if state.up:
             log.warning("gpu %d (%s) lost: %s; its series are dropped until it returns",
                         state.device.index, state.device.uuid, reason)
-        state.up, state.lost_reason, state.readings, state.stuck = False, reason, {}, set()
+        # Keep only the static identity: alerts name the model and serial of the GPU that fell off the bus.
+        identity = {Tier.STATIC: state.readings[Tier.STATIC]} if Tier.STATIC in state.readings else {}
+        state.up, state.lost_reason, state.readings, state.stuck = False, reason, identity, set()
         state.retry_at = time.monotonic() + state.backoff
         state.backoff = min(state.backoff * 2, BACKOFF_MAX_S)
         with self._lock:

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 from prometheus_client import ProcessCollector
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
@@ -23,6 +23,8 @@ from exporter.nvml.library import python_binding_version
 from exporter.snapshot import Snapshot
 
 _BINDING_VERSION = python_binding_version()
+# The classic text format every scraper understands (newer prometheus_client defaults to "version=1.0.0").
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
@@ -142,4 +144,4 @@ class Renderer:
 
 
 def content_type(openmetrics: bool) -> str:
-    return OPENMETRICS_CONTENT_TYPE if openmetrics else CONTENT_TYPE_LATEST
+    return OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
