@@ -108,6 +108,10 @@ class Settings(_Section):
         return self
 
 
+# Where the Prometheus exporter convention spells a flag differently from our derivation.
+_FLAG_OVERRIDES = {"web.config_file": "--web.config.file"}
+
+
 @dataclass(frozen=True)
 class Option:
     """One leaf setting, with the names it goes by in each source."""
@@ -122,7 +126,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return f"--{self.section}.{self.name.replace('_', '-')}"
+        return _FLAG_OVERRIDES.get(self.key, f"--{self.section}.{self.name.replace('_', '-')}")
 
     @property
     def env(self) -> str:
@@ -199,6 +203,8 @@ def describe_error(exc: ValidationError, source: str, root: type[BaseModel] | No
     given = err.get("input")
     shown = "" if isinstance(given, dict) else f" (got {given!r})"
     message = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:
+        return f"{source}: {message}"
     return f"{source}: {key}: {message}{shown}"
 
 

@@ -6,6 +6,7 @@ changes and after any wait error other than a timeout (nvml.md §10).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -90,10 +91,8 @@ class XidWatcher:
                     if uuid is not None:
                         self.counts.record(uuid, int(data.eventData), time.time())
         finally:
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(event_set)
-            except pynvml.NVMLError:
-                pass
 
     def _register(self, event_set: object, devices: list[GpuDevice]) -> dict[int, str]:
         by_handle: dict[int, str] = {}

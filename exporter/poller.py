@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import queue
@@ -30,7 +31,7 @@ from exporter.events import XidCounts, XidWatcher
 from exporter.nvml.device import ErrorLedger, GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
 from exporter.readers import Reader, all_readers
-from exporter.snapshot import Sample, SampleWriter, Snapshot, Tier, TierReading
+from exporter.snapshot import GpuSnapshot, Sample, SampleWriter, Snapshot, Tier, TierReading
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +145,8 @@ class Poller:
         for thread in self._threads:
             thread.join(timeout)
         if self.nvml_up and not any(worker.busy for worker in self._workers.values()):
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
 
     def poll_once(self) -> Snapshot:
         """One fast cycle (initialising if needed) and one slow cycle, synchronously: for tests and tools."""
@@ -187,9 +186,8 @@ class Poller:
     def _fast_cycle(self) -> None:
         if self.fatal:
             return
-        if not self.nvml_up:
-            if time.monotonic() < self._init_retry_at or not self._initialise():
-                return
+        if not self.nvml_up and (time.monotonic() < self._init_retry_at or not self._initialise()):
+            return
         self._rediscover_lost()
         self._tier_cycle(Tier.FAST)
 
@@ -276,10 +274,8 @@ class Poller:
                 state.readings, state.stuck = {}, set()
             self._generation += 1
         if was_up and not any(worker.busy for worker in self._workers.values()):
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
         self._init_retry_at = time.monotonic() + self._init_backoff
         self._init_backoff = min(self._init_backoff * 2, BACKOFF_MAX_S)
 
@@ -408,8 +404,6 @@ class Poller:
             return self._generation, [st.device for st in self._gpus.values() if st.up]
 
     def _publish(self) -> Snapshot:
-        from exporter.snapshot import GpuSnapshot
-
         with self._lock:
             gpus = []
             active_links: dict[str, set[int]] = {}

@@ -64,8 +64,8 @@ def peer_links(a: GpuDevice, b: GpuDevice, b_bus_id: str, facts: PairFacts,
     return None
 
 
-def build_matrix(devices: list[GpuDevice], bus_ids: dict[str, str],
-                 facts: dict[tuple[str, str], PairFacts], active: dict[str, set[int]]) -> dict[str, tuple[PeerLink, ...]]:
+def build_matrix(devices: list[GpuDevice], bus_ids: dict[str, str], facts: dict[tuple[str, str], PairFacts],
+                 active: dict[str, set[int]]) -> dict[str, tuple[PeerLink, ...]]:
     """uuid → its peers, with the level nvidia-smi topo -m would print."""
     matrix: dict[str, tuple[PeerLink, ...]] = {}
     for a in devices:

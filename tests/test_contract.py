@@ -1,0 +1,92 @@
+"""Contracts: pynvml symbols and constants we rely on, the fake's coverage, and the metric naming rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from exporter.metrics import FAMILIES
+from exporter.render import Renderer
+from exporter.sim.scenario import shipped_scenarios
+from tests.conftest import ManualClock, parse_exposition
+
+SOURCE = Path(__file__).resolve().parent.parent / "exporter"
+
+
+def production_sources() -> list[Path]:
+    return [p for p in SOURCE.rglob("*.py") if "sim" not in p.parts]
+
+
+def test_every_pynvml_name_we_use_exists():
+    used = set()
+    for path in SOURCE.rglob("*.py"):
+        used |= set(re.findall(r"pynvml\.([A-Za-z_][A-Za-z0-9_]*)", path.read_text()))
+    missing = sorted(name for name in used if not hasattr(pynvml, name))
+    assert not missing
+
+
+def test_constants_the_logic_depends_on():
+    # A MagicMock would hide a wrong constant (one conftest elsewhere set GPU_IS_LOST to 9).
+    assert pynvml.NVML_ERROR_GPU_IS_LOST == 15
+    assert pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH == 18
+    assert pynvml.NVML_FI_DEV_POWER_INSTANT == 186
+    assert pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230
+    assert pynvml.NVML_TOPOLOGY_HOSTBRIDGE == 30
+    assert pynvml.NVML_FI_DEV_NVLINK_GET_STATE == 165
+    assert pynvml.nvmlEventTypeXidCriticalError == 0x8
+
+
+def test_only_the_nvml_seam_and_readers_import_pynvml():
+    importers = {p.relative_to(SOURCE).as_posix() for p in production_sources() if "import pynvml" in p.read_text()}
+    allowed_prefixes = ("nvml/", "readers/")
+    allowed = {"poller.py", "events.py", "topology.py"}
+    assert all(p.startswith(allowed_prefixes) or p in allowed for p in importers), importers
+    assert "import pynvml" not in (SOURCE / "server.py").read_text()
+    assert "import pynvml" not in (SOURCE / "render.py").read_text()
+
+
+def test_metric_names_follow_the_conventions():
+    base_units = ("bytes", "seconds", "celsius", "watts", "joules", "hertz", "ratio")
+    for name, family in FAMILIES.items():
+        assert name.startswith("gpuwarden_")
+        assert re.fullmatch(r"[a-z_]+", name)
+        assert (family.type == "counter") == name.endswith("_total"), name
+        if family.per_gpu:
+            assert family.all_labels[:2] == ("gpu", "uuid")
+        assert not {"hostname", "host", "instance", "node"} & set(family.all_labels)
+        if family.unit:
+            assert family.unit in base_units
+            assert name.removesuffix("_total").endswith(family.unit), name
+        assert family.help.strip()
+
+
+def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
+    seen: set[str] = set()
+    for name in sorted(shipped_scenarios()):
+        clock = ManualClock()
+        fake = sim(name, clock=clock)
+        poller = make_poller()
+        for _ in range(10):
+            poller.poll_once()
+            clock.advance(1.0)
+        if name == "ecc-uncorrectable":
+            poller.xid.record(poller.snapshot.gpus[0].uuid, 48, 1.0)   # events need the watcher thread
+            poller.poll_once()
+        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(
+            poller.snapshot).decode())}
+        fake.close()
+    # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
+    hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}
+    missing = set(FAMILIES) - hardware - {n for n in seen} - {n.removesuffix("_total") for n in seen}
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+def test_the_fake_implements_every_symbol_the_exporter_asks_for(sim, make_poller, name):
+    fake = sim(name)
+    poller = make_poller()
+    poller.poll_once()
+    assert not fake.missing_lookups, dict(fake.missing_lookups)
