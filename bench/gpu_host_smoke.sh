@@ -18,6 +18,8 @@ export PYTHONUNBUFFERED=1
 } > "$out/host.txt" 2>&1
 nvidia-smi topo -m > "$out/nvidia-smi-topo.txt" 2>&1
 nvidia-smi -q -x > "$out/nvidia-smi-q.xml" 2>&1
+nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1
+nvidia-smi nvlink -s > "$out/nvidia-smi-nvlink.txt" 2>&1
 
 start=$(date +%s.%N)
 python3 -m exporter --web.listen-address 127.0.0.1:10045 --poll.fast-interval 1 --poll.slow-interval 5 \
@@ -51,3 +53,4 @@ echo "rss_kib: $(awk '/VmRSS/{print $2}' /proc/$pid/status)" >> "$out/host.txt"
 kill -TERM $pid; wait $pid; echo "exit_code: $?" >> "$out/host.txt"
 grep -c Traceback "$out/exporter.log" | sed 's/^/tracebacks: /' >> "$out/host.txt"
 cat "$out/host.txt"
+[ -n "${OUT:-}" ] && tar czf "$OUT/$(basename "$out").tgz" -C "$(dirname "$out")" "$(basename "$out")"

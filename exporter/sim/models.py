@@ -50,7 +50,9 @@ H100_SXM_80GB = GpuModel(
     },
     unsupported=frozenset({"nvmlDeviceGetFanSpeed", "nvmlDeviceGetRetiredPages",
                            "nvmlDeviceGetRetiredPagesPendingStatus"}),
-    unsupported_fields=frozenset({38, 45, 52, 59, 160}),   # aggregate NVLink *_TOTAL fields (measured)
+    # Measured NOT_SUPPORTED on H100/H200 (driver 580.159.04): the aggregate NVLink *_TOTAL fields and the
+    # legacy per-link CRC-data and ECC fields (39-44, 102-107, 148-159); the scoped DL counters 161-163 work.
+    unsupported_fields=frozenset({38, 45, 52, 59, 160, *range(39, 45), *range(102, 108), *range(148, 160)}),
 )
 
 QUADRO_RTX_6000 = GpuModel(
