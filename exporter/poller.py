@@ -106,6 +106,7 @@ class Poller:
         self._workers: dict[tuple[str, str], Worker] = {}
         self._pairs: dict[tuple[str, str], topology.PairFacts] = {}
         self._generation = 0
+        self._discovering = False
         self.nvml_up = False
         self.nvml_error: str | None = "starting"
         self.driver: dict[str, str] = {}
@@ -215,6 +216,13 @@ class Poller:
         return self.nvml_up
 
     def _discover(self, count: int) -> None:
+        self._discovering = True     # the XID watcher registers once discovery is complete, not halfway
+        try:
+            self._discover_gpus(count)
+        finally:
+            self._discovering = False
+
+    def _discover_gpus(self, count: int) -> None:
         found: list[GpuDevice] = []
         for index in range(count):
             try:
@@ -399,7 +407,7 @@ class Poller:
 
     def _event_devices(self) -> tuple[int, list[GpuDevice]]:
         with self._lock:
-            if not self.nvml_up:
+            if not self.nvml_up or self._discovering:
                 return self._generation, []
             return self._generation, [st.device for st in self._gpus.values() if st.up]
 

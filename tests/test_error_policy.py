@@ -186,20 +186,24 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
 
 
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
 def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
+    clock = ManualClock(0.0)
     sim({"node": {"count": 2}, "faults": [
-        {"kind": "xid", "gpu": 1, "xid": 48, "at": 1.0},
-        {"kind": "xid", "gpu": 1, "xid": 79, "at": 1.2, "count": 2},
-        {"kind": "xid", "gpu": 0, "xid": 13, "at": 0.0}]})     # before registration: NVML keeps no history
+        {"kind": "xid", "gpu": 1, "xid": 48, "at": 10.0},
+        {"kind": "xid", "gpu": 1, "xid": 79, "at": 10.2, "count": 2},
+        {"kind": "xid", "gpu": 0, "xid": 13, "at": 0.0}]}, clock=clock)   # before registration: no history
     poller = make_poller(poll={"fast_interval": 0.1})
     poller.start()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        xid = poller.snapshot.xid
-        if sum(count for count, _ in xid.values()) >= 3:
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 2)
+    clock.advance(11)
+    wait_for(lambda: sum(count for count, _ in poller.snapshot.xid.values()) >= 3)
     series = series_of(poller)
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="48") == [1]
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="79") == [2]
@@ -209,14 +213,14 @@ def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
 
 
 def test_xid_storm_is_counted_without_losing_events(sim, make_poller):
-    sim({"node": {"count": 1}, "faults": [{"kind": "xid", "gpu": 0, "xid": 31, "at": 0.8, "count": 5000}]})
+    clock = ManualClock(0.0)
+    fake = sim({"node": {"count": 1}, "faults": [{"kind": "xid", "gpu": 0, "xid": 31, "at": 5, "count": 5000}]},
+               clock=clock)
     poller = make_poller(poll={"fast_interval": 0.1})
     poller.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if poller.xid.snapshot().get((poller.snapshot.gpus[0].uuid, 31), (0, 0))[0] >= 5000 \
-                if poller.snapshot.gpus else False:
-            break
-        time.sleep(0.1)
+    wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 1)
+    clock.advance(6)
+    uuid = fake.uuid(0)
+    wait_for(lambda: poller.xid.snapshot().get((uuid, 31), (0, 0.0))[0] >= 5000, timeout=30)
     time.sleep(0.3)
     assert values(series_of(poller), "gpuwarden_xid_errors_total", xid="31") == [5000]

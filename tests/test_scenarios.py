@@ -165,12 +165,16 @@ def test_gpu_lost(sim, make_poller):
 
 
 def test_gpu_lost_xid_79_reaches_the_event_thread(sim, make_poller):
-    sim("gpu-lost")
+    clock = ManualClock(0.0)
+    sim("gpu-lost", clock=clock)
     poller = make_poller(poll={"fast_interval": 0.2})
     poller.start()
     deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and len(poller._watcher.registered) < 8:
+        time.sleep(0.02)
+    clock.advance(7.6)           # XID 79 fires at 7.5 s, the GPU falls off the bus at 8 s
     while time.monotonic() < deadline and not poller.snapshot.xid:
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert [xid for (_, xid) in poller.snapshot.xid] == [79]
 
 
