@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuwarden",
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
-                    "config file; `gpuwarden scenarios` lists the simulator's scenarios.",
+                    "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
+                    "compares its readings with nvidia-smi on a GPU host.",
         epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.")
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(argv[1:])
     if argv[:1] == ["scenarios"]:
         return list_scenarios()
+    if argv[:1] == ["validate"]:
+        from exporter.validate import main as validate
+        return validate(argv[1:])
     try:
         settings = settings_from_argv(argv)
         if settings.web.config_file is not None:
