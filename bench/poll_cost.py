@@ -65,13 +65,16 @@ def trace_calls(read: Callable[[], Any]) -> list[tuple[Callable[..., Any], tuple
 
 
 def time_ms(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
-    samples = []
+    """Wall time (median, p90) and CPU time of this thread (median: user + system, the driver's ioctls included)."""
+    samples, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
         samples.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.thread_time() - start_cpu) * 1000)
     samples.sort()
-    return {"median_ms": round(statistics.median(samples), 3), "p90_ms": round(samples[int(0.9 * len(samples))], 3)}
+    return {"median_ms": round(statistics.median(samples), 3), "p90_ms": round(samples[int(0.9 * len(samples))], 3),
+            "cpu_median_ms": round(statistics.median(cpu), 3)}
 
 
 def replay(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
@@ -120,7 +123,8 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--md")
     args = parser.parse_args()
-    poller = Poller(load_settings(None, environ={}, flags={"nvml.xid_events": False}))
+    # samples_interval 0: every timed fast read includes the sample-buffer drain (the worst case per poll)
+    poller = Poller(load_settings(None, environ={}, flags={"nvml.xid_events": False, "poll.samples_interval": 0}))
     poller.poll_once()
     time.sleep(1.1)
     poller.poll_once()
@@ -153,12 +157,15 @@ def main() -> int:
     lines = [f"# Poll cost on {len(results['gpus'])}× {results['gpus'][0]['name']}, driver {results['driver']}, "
              f"{results['date']}", "",
              "| GPU | fast tier: gpuwarden median (p90) | same NVML calls raw median (p90) | target 2×raw+0.5 | calls |"
-             " slow tier: gpuwarden / raw |", "|---|---|---|---|---|---|"]
+             " fast CPU: gpuwarden / raw | slow tier: gpuwarden / raw | slow CPU: gpuwarden / raw |",
+             "|---|---|---|---|---|---|---|---|"]
     for g in results["gpus"]:
         lines.append(f"| {g['index']} | {g['fast_gpuwarden']['median_ms']} ms ({g['fast_gpuwarden']['p90_ms']}) | "
                      f"{g['fast_raw_nvml']['median_ms']} ms ({g['fast_raw_nvml']['p90_ms']}) | "
-                     f"{g['fast_target_ms']} ms | {len(g['fast_calls'])} | {g['slow_gpuwarden']['median_ms']} / "
-                     f"{g['slow_raw_nvml']['median_ms']} ms |")
+                     f"{g['fast_target_ms']} ms | {len(g['fast_calls'])} | {g['fast_gpuwarden']['cpu_median_ms']} / "
+                     f"{g['fast_raw_nvml']['cpu_median_ms']} ms | {g['slow_gpuwarden']['median_ms']} / "
+                     f"{g['slow_raw_nvml']['median_ms']} ms | {g['slow_gpuwarden']['cpu_median_ms']} / "
+                     f"{g['slow_raw_nvml']['cpu_median_ms']} ms |")
     d = results["daemon"]
     lines += ["", f"Whole fast cycle, all GPUs concurrently: {cycle['median_ms']} ms median ({cycle['p90_ms']} p90).",
               f"`nvidia-smi --query-gpu=… --format=csv` per run: {smi['median_ms']} ms median.",

@@ -131,17 +131,20 @@ def main() -> int:
     parser.add_argument("--periods", default="0.1,0.5,2.0")
     args = parser.parse_args()
     poller = Poller(load_settings(None, environ={}, flags={"poll.fast_interval": 1, "nvml.xid_events": False}))
+    # default poll.samples_interval (5 s): what a deployed gpuwarden does
     poller.start()
     poller.ready_once.wait(10)
     time.sleep(1.5)
     handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
-    name = pynvml.nvmlDeviceGetName(handle)
-    cases = [run_case(poller, handle, args.gpu, float(d), float(p))
-             for d in args.duties.split(",") for p in args.periods.split(",")]
+    header = (f"# Utilization accuracy: {pynvml.nvmlDeviceGetName(handle)} (GPU {args.gpu}), driver "
+              f"{pynvml.nvmlSystemGetDriverVersion()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    cases = []
+    for duty in args.duties.split(","):
+        for period in args.periods.split(","):
+            cases.append(run_case(poller, handle, args.gpu, float(duty), float(period)))
+            print(json.dumps(cases[-1]), flush=True)       # partial results survive a later failure
     rows = response(poller, args.gpu)
     poller.stop()
-    header = (f"# Utilization accuracy: {name} (GPU {args.gpu}), driver {pynvml.nvmlSystemGetDriverVersion()}, "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     report = markdown(cases, rows, header)
     print(report)
     if args.md:

@@ -235,7 +235,8 @@ class Poller:
             with self._lock:
                 state = self._gpus.get(uuid)
                 if state is None:
-                    state = GpuState(GpuDevice(index, uuid, handle, self.ledger))
+                    state = GpuState(GpuDevice(index, uuid, handle, self.ledger,
+                                               self.settings.poll.samples_interval))
                     self._gpus[uuid] = state
                 state.device.index = index
                 state.device.rebind(handle)

@@ -68,7 +68,7 @@ class Comparison:
         if ours is None or theirs is None:
             match = ours is None and theirs is None
             self.rows.append(Row(gpu, metric, _show(ours), _show(theirs), "both absent", match,
-                                 note or "absent on one side"))
+                                 note or ("not supported on this board" if match else "absent on one side")))
             return
         self.rows.append(Row(gpu, metric, _show(ours), _show(theirs), f"±{tolerance:g}",
                              abs(ours - theirs) <= tolerance, note))

@@ -48,6 +48,8 @@ def scenario_from(data: dict[str, Any]) -> Scenario:
 def settings(**sections: dict[str, Any]) -> Settings:
     flags = {f"{section}.{key}": value for section, values in sections.items() for key, value in values.items()}
     flags.setdefault("nvml.backend", "sim")
+    # Tests move the fake's clock by hand between polls: drain the sample buffer on every poll.
+    flags.setdefault("poll.samples_interval", 0)
     return load_settings(None, environ={}, flags=flags)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from exporter.poller import Poller
@@ -196,3 +198,19 @@ def test_include_exclude_skip_readers_and_series(sim, make_poller):
     renderer = Renderer(lambda n: not n.startswith("gpuwarden_nvlink_"))
     text = renderer.render(poller.snapshot).decode()
     assert "gpuwarden_nvlink_up" not in text and "gpuwarden_temperature_celsius" in text
+
+
+def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, make_poller):
+    fake = sim({"node": {"count": 1}, "values": {"utilization": 40}})
+    poller = make_poller(poll={"samples_interval": 5})
+    time.sleep(0.5)
+    poller.poll_once()
+    after_first = fake.calls["nvmlDeviceGetSamples"]     # pynvml probes the size, then fills: 2 C calls a type
+    for _ in range(3):
+        poller.poll_once()
+    # one drain per sample type in the first 5 s, while the point value is read on every poll
+    assert after_first == 4 and fake.calls["nvmlDeviceGetSamples"] == after_first
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 4
+    series = exposition(poller)
+    assert values(series, "gpuwarden_utilization_ratio") == [0.4]
+    assert values(series, "gpuwarden_utilization_sampled_seconds_total")[0] > 0

@@ -76,8 +76,9 @@ def decode_field(entry: Any) -> float:
 class GpuDevice:
     """A GPU as the poller knows it: stable identity (UUID), current handle, and what it cannot do."""
 
-    def __init__(self, index: int, uuid: str, handle: Any, ledger: ErrorLedger) -> None:
+    def __init__(self, index: int, uuid: str, handle: Any, ledger: ErrorLedger, samples_interval: float = 0.0) -> None:
         self.index = index
+        self.samples_interval = samples_interval     # how often the utilization reader drains the sample buffer
         self.uuid = uuid
         self.handle = handle
         self.ledger = ledger

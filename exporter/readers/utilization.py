@@ -5,6 +5,7 @@ nvmlDeviceGetSamples returns every sample since the last timestamp we saw: each 
 to gpuwarden_busy_seconds_total and period to gpuwarden_utilization_sampled_seconds_total, so busy ÷ sampled
 over any window is a true time average. Where samples are unsupported (MIG parents, old boards), one read per
 poll is integrated over the poll interval instead, and gpuwarden_utilization_source_info says so.
+The buffer is drained every poll.samples_interval (5 s); the point value is read every fast poll.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ class _Accumulator:
         self.period_s = _DEFAULT_PERIOD_S
         self.busy_s = 0.0
         self.sampled_s = 0.0
-        self.last_value: float | None = None
 
     def add_samples(self, samples: list[tuple[int, float]]) -> None:
         samples = sorted(s for s in samples if s[0] > self.last_timestamp_us)
@@ -51,7 +51,6 @@ class _Accumulator:
             self.sampled_s += period
             previous = timestamp
         self.last_timestamp_us = samples[-1][0]
-        self.last_value = samples[-1][1]
 
 
 def _sample_value(sample: object, value_type: int) -> float:
@@ -76,27 +75,27 @@ def _read_samples(dev: GpuDevice, sample_type: int, acc: _Accumulator, key: str)
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     gpu_acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
     mem_acc: _Accumulator = dev.state.setdefault("util_mem", _Accumulator())
-    if _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
-        _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
-        source = "samples"
-    else:
-        rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
-        if rates is None:
-            return
-        now = time.monotonic()
-        last = dev.state.get("util_single_read_at")
-        dev.state["util_single_read_at"] = now
-        gpu_acc.last_value, mem_acc.last_value = float(rates.gpu), float(rates.memory)
-        if last is not None:
-            elapsed = now - last
-            gpu_acc.busy_s += rates.gpu / 100.0 * elapsed
-            gpu_acc.sampled_s += elapsed
-        source = "single_read"
-    out.add("gpuwarden_utilization_source_info", 1, source)
-    if gpu_acc.last_value is not None:
-        out.add("gpuwarden_utilization_ratio", gpu_acc.last_value / 100.0)
-    if mem_acc.last_value is not None:
-        out.add("gpuwarden_memory_bandwidth_utilization_ratio", mem_acc.last_value / 100.0)
+    now = time.monotonic()
+    if dev.supports("samples_gpu") and now >= dev.state.get("util_samples_due", 0.0):
+        # Drain the buffer every samples_interval (≤ 10 s: it holds ~14 s), not every poll: ~2.4 ms per type.
+        if _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
+            _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
+        dev.state["util_samples_due"] = now + dev.samples_interval
+    samples = dev.supports("samples_gpu")
+    # The point value (the driver's last sample period) is cheap (~2 µs): read it every poll.
+    rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
+    if rates is not None:
+        out.add("gpuwarden_utilization_ratio", rates.gpu / 100.0)
+        out.add("gpuwarden_memory_bandwidth_utilization_ratio", rates.memory / 100.0)
+        if not samples:
+            last = dev.state.get("util_single_read_at")
+            dev.state["util_single_read_at"] = now
+            if last is not None:
+                gpu_acc.busy_s += rates.gpu / 100.0 * (now - last)
+                gpu_acc.sampled_s += now - last
+    if not samples and rates is None:
+        return
+    out.add("gpuwarden_utilization_source_info", 1, "samples" if samples else "single_read")
     out.add("gpuwarden_busy_seconds_total", gpu_acc.busy_s)
     out.add("gpuwarden_utilization_sampled_seconds_total", gpu_acc.sampled_s)
 
