@@ -6,7 +6,7 @@ For each duty (20/50/80 %) and period (0.1-2 s) a child process runs bf16 matmul
 period and sleeps the rest, measuring its own on-time. gpuwarden's poller (1 s fast interval) runs in this process;
 over a 10 s window we compare rate(busy)/rate(sampled) with the duty cycle, and with what one
 nvmlDeviceGetUtilizationRates read per scrape would have reported (the read at the end of each window, as a
-scrape would take it, plus the spread of reads taken every second).
+scrape would take it, plus the spread of reads taken every second). The duty is what the GPU really ran: CUDA events around each on-phase.
 """
 
 from __future__ import annotations
@@ -28,25 +28,35 @@ LOAD = r"""
 import sys, time, torch
 duty, period, seconds, gpu = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 torch.cuda.set_device(gpu)
-a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-for _ in range(20): a @ a
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+for _ in range(50): a @ a
 torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(200): a @ a
+torch.cuda.synchronize()
+per_kernel = (time.perf_counter() - t) / 200
+kernels = max(1, round(duty * period / per_kernel))
 print("ready", flush=True)
-on = 0.0
+busy_ms = 0.0
 start = time.perf_counter()
 while time.perf_counter() - start < seconds:
     cycle = time.perf_counter()
-    while time.perf_counter() - cycle < duty * period:
-        for _ in range(4): a @ a
-        torch.cuda.synchronize()
-    on += time.perf_counter() - cycle
+    # Queue the whole on-phase at once so the GPU never waits on the CPU; CUDA events time what really ran.
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(kernels): a @ a
+    end.record()
+    end.synchronize()
+    busy_ms += begin.elapsed_time(end)
     rest = cycle + period - time.perf_counter()
     if rest > 0: time.sleep(rest)
-print(f"measured_duty {on / (time.perf_counter() - start):.4f}", flush=True)
+print(f"measured_duty {busy_ms / 1000 / (time.perf_counter() - start):.4f}", flush=True)
 """
 
 WINDOW_S = 10.0
-SETTLE_S = 2.0
+# The counters move when the sample buffer is drained (every poll.samples_interval = 5 s): let the load run longer
+# than that before the window opens, so every sample counted inside the window was taken under the load.
+SETTLE_S = 7.0
 
 
 def counters(poller: Poller, index: int) -> tuple[float, float, dict[str, float]]:
