@@ -71,7 +71,7 @@ def run_case(poller: Poller, handle: object, index: int, duty: float, period: fl
                             stdout=subprocess.PIPE, text=True)
     assert load.stdout is not None
     assert load.stdout.readline().strip() == "ready"
-    time.sleep(SETTLE_S)
+    time.sleep(max(SETTLE_S, poller.settings.poll.samples_interval + 2))
     busy0, sampled0, _ = counters(poller, index)
     single_reads = []
     for _ in range(int(WINDOW_S)):
@@ -113,11 +113,11 @@ def response(poller: Poller, index: int) -> list[dict[str, float]]:
 
 
 def markdown(cases: list[dict[str, object]], rows: list[dict[str, float]], header: str) -> str:
-    lines = [header, "", "| duty | period | measured duty | gpuwarden (10 s window) | error | one read per scrape "
-             "| error | reads each second (%) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| duty | period | measured duty | gpuwarden (10 s window) | span sampled | error "
+             "| one read per scrape | error | reads each second (%) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         lines.append(f"| {c['duty']:.0%} | {c['period_s']} s | {c['measured_duty']:.1%} | {c['exporter_ratio']:.1%} | "
-                     f"{c['exporter_error_points']:+.1f} pt | {c['single_read_at_scrape']:.0%} | "
+                     f"{c['window_sampled_s']} s | {c['exporter_error_points']:+.1f} pt | {c['single_read_at_scrape']:.0%} | "
                      f"{c['single_read_error_points']:+.0f} pt | {c['single_reads_each_second']} |")
     worst = max(abs(float(c["exporter_error_points"])) for c in cases)
     worst_single = max(abs(float(c["single_read_error_points"])) for c in cases)
@@ -139,15 +139,18 @@ def main() -> int:
     parser.add_argument("--md")
     parser.add_argument("--duties", default="0.2,0.5,0.8")
     parser.add_argument("--periods", default="0.1,0.5,2.0")
+    parser.add_argument("--samples-interval", type=float, default=5.0,
+                        help="poll.samples_interval: how often the counters take in new samples (default 5 s)")
     args = parser.parse_args()
-    poller = Poller(load_settings(None, environ={}, flags={"poll.fast_interval": 1, "nvml.xid_events": False}))
-    # default poll.samples_interval (5 s): what a deployed gpuwarden does
+    poller = Poller(load_settings(None, environ={}, flags={
+        "poll.fast_interval": 1, "nvml.xid_events": False, "poll.samples_interval": args.samples_interval}))
     poller.start()
     poller.ready_once.wait(10)
     time.sleep(1.5)
     handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
     header = (f"# Utilization accuracy: {pynvml.nvmlDeviceGetName(handle)} (GPU {args.gpu}), driver "
-              f"{pynvml.nvmlSystemGetDriverVersion()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+              f"{pynvml.nvmlSystemGetDriverVersion()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+              f"poll.samples_interval {args.samples_interval:g} s")
     cases = []
     for duty in args.duties.split(","):
         for period in args.periods.split(","):
