@@ -6,7 +6,8 @@ For each duty (20/50/80 %) and period (0.1-2 s) a child process runs bf16 matmul
 period and sleeps the rest, measuring its own on-time. gpuwarden's poller (1 s fast interval) runs in this process;
 over a 10 s window we compare rate(busy)/rate(sampled) with the duty cycle, and with what one
 nvmlDeviceGetUtilizationRates read per scrape would have reported (the read at the end of each window, as a
-scrape would take it, plus the spread of reads taken every second). The duty is what the GPU really ran: CUDA events around each on-phase.
+scrape would take it, plus the spread of reads taken every second).
+The duty is what the GPU really ran: CUDA events around each on-phase.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def markdown(cases: list[dict[str, object]], rows: list[dict[str, float]], heade
              "| one read per scrape | error | reads each second (%) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in cases:
         lines.append(f"| {c['duty']:.0%} | {c['period_s']} s | {c['measured_duty']:.1%} | {c['exporter_ratio']:.1%} | "
-                     f"{c['window_sampled_s']} s | {c['exporter_error_points']:+.1f} pt | {c['single_read_at_scrape']:.0%} | "
+                     f"{c['window_sampled_s']} s | {c['exporter_error_points']:+.1f} pt | "
+                     f"{c['single_read_at_scrape']:.0%} | "
                      f"{c['single_read_error_points']:+.0f} pt | {c['single_reads_each_second']} |")
     worst = max(abs(float(c["exporter_error_points"])) for c in cases)
     worst_single = max(abs(float(c["single_read_error_points"])) for c in cases)
