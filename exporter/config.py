@@ -67,6 +67,10 @@ class PollSettings(_Section):
         5.0, ge=0, le=10,
         description="Seconds between drains of the driver's utilization sample buffer (it holds ~14 s; each drain "
                     "costs ~2.4 ms per GPU and type); 0 = every fast poll.")
+    nvlink_errors_interval: float = Field(
+        60.0, ge=0, le=3600,
+        description="Seconds between reads of the per-link NVLink error counters (~40 ms of driver CPU per GPU "
+                    "with 18 links); link state is read every slow poll; 0 = every slow poll.")
     call_deadline: float = Field(
         5.0, gt=0, le=120,
         description="Seconds a GPU's reads may take before they are abandoned and its data marked stale.")

@@ -235,8 +235,7 @@ class Poller:
             with self._lock:
                 state = self._gpus.get(uuid)
                 if state is None:
-                    state = GpuState(GpuDevice(index, uuid, handle, self.ledger,
-                                               self.settings.poll.samples_interval))
+                    state = GpuState(GpuDevice(index, uuid, handle, self.ledger))
                     self._gpus[uuid] = state
                 state.device.index = index
                 state.device.rebind(handle)
@@ -343,8 +342,20 @@ class Poller:
 
     def _read_tier(self, dev: GpuDevice, tier: Tier) -> TierReading:
         out = SampleWriter()
+        now = time.monotonic()
         for reader in self.readers[tier]:
-            reader.read(dev, out)
+            if reader.every is None:
+                reader.read(dev, out)
+                continue
+            # A reader slower than its tier: run it when due, else serve what it read last time.
+            cached = dev.reader_cache.get(reader.name)
+            if cached is None or now >= cached[0]:
+                own = SampleWriter()
+                reader.read(dev, own)
+                cached = (now + getattr(self.settings.poll, reader.every), tuple(own.samples), own.info)
+                dev.reader_cache[reader.name] = cached
+            out.samples.extend(cached[1])
+            out.info.update(cached[2])
         return TierReading(tuple(out.samples), out.info, self._wall())
 
     def _tier_cycle(self, tier: Tier) -> None:

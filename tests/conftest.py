@@ -50,6 +50,7 @@ def settings(**sections: dict[str, Any]) -> Settings:
     flags.setdefault("nvml.backend", "sim")
     # Tests move the fake's clock by hand between polls: drain the sample buffer on every poll.
     flags.setdefault("poll.samples_interval", 0)
+    flags.setdefault("poll.nvlink_errors_interval", 0)
     return load_settings(None, environ={}, flags=flags)
 
 

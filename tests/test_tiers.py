@@ -134,8 +134,9 @@ def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_poll
     forbidden = {"nvmlDeviceGetPcieThroughput", "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetNvLinkState",
                  "nvmlDeviceGetViolationStatus"}
     assert not forbidden & (set(fake.calls) | set(fake.missing_lookups))
-    # one field batch per GPU per slow poll for NVLink, not one call per link
-    assert fake.calls["nvmlDeviceGetFieldValues"] < 8 * 3 * 5
+    # a handful of field batches per GPU per poll (thermal, throttle, PCIe, NVLink state, NVLink errors) plus
+    # two at discovery: not one call per link (18 links)
+    assert fake.calls["nvmlDeviceGetFieldValues"] <= 8 * (3 * 5 + 2)
 
 
 def test_utilization_counters_match_the_duty_cycle(sim, make_poller):
@@ -214,3 +215,20 @@ def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, mak
     series = exposition(poller)
     assert values(series, "gpuwarden_utilization_ratio") == [0.4]
     assert values(series, "gpuwarden_utilization_sampled_seconds_total")[0] > 0
+
+
+def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_poller):
+    clock = ManualClock()
+    fake = sim({"node": {"count": 1}, "faults": [
+        {"kind": "nvlink_errors", "gpu": 0, "link": 2, "type": "replay", "every": 1, "count": 1}]}, clock=clock)
+    poller = make_poller(poll={"nvlink_errors_interval": 60})
+    poller.poll_once()
+    first = values(exposition(poller), "gpuwarden_nvlink_errors_total", link="2", type="replay")
+    batches = fake.calls["nvmlDeviceGetFieldValues"]
+    clock.advance(5)
+    poller.poll_once()
+    series = exposition(poller)
+    # counters are served from the last read (not dropped, not re-read); link state is read every slow poll
+    assert values(series, "gpuwarden_nvlink_errors_total", link="2", type="replay") == first
+    assert len(values(series, "gpuwarden_nvlink_up")) == 18
+    assert fake.calls["nvmlDeviceGetFieldValues"] - batches == 4    # thermal, throttle, PCIe, NVLink state

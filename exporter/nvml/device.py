@@ -76,13 +76,14 @@ def decode_field(entry: Any) -> float:
 class GpuDevice:
     """A GPU as the poller knows it: stable identity (UUID), current handle, and what it cannot do."""
 
-    def __init__(self, index: int, uuid: str, handle: Any, ledger: ErrorLedger, samples_interval: float = 0.0) -> None:
+    def __init__(self, index: int, uuid: str, handle: Any, ledger: ErrorLedger) -> None:
         self.index = index
-        self.samples_interval = samples_interval     # how often the utilization reader drains the sample buffer
         self.uuid = uuid
         self.handle = handle
         self.ledger = ledger
         self.state: dict[str, Any] = {}          # readers' accumulators; survives re-discovery
+        # Last output of readers that run less often than their tier: reader name → (due at, samples, info)
+        self.reader_cache: dict[str, tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
         self.hardware_error: str | None = None
         self.in_flight: dict[int, str] = {}      # thread id → NVML call it is in (what a hung worker is stuck in)
         self._unsupported: set[str] = set()
@@ -94,6 +95,7 @@ class GpuDevice:
         """New handle after re-discovery: forget what was learned about support (re-probe)."""
         self.handle = handle
         self.hardware_error = None
+        self.reader_cache.clear()
         self._unsupported.clear()
         self._unsupported_fields.clear()
         self._choice.clear()

@@ -18,6 +18,9 @@ class Reader:
     tier: Tier
     families: tuple[str, ...]
     read: Callable[[GpuDevice, SampleWriter], None]
+    # A costly reader may run less often than its tier: the PollSettings field holding its interval. Between
+    # runs the poller serves the reader's last samples (they are counters: nothing is lost, only delayed).
+    every: str | None = None
 
 
 def all_readers() -> list[Reader]:
@@ -38,6 +41,6 @@ def all_readers() -> list[Reader]:
     return [
         identity.STATIC, modes.STATIC, memory.STATIC, thermal.STATIC, power.STATIC, clocks.STATIC,
         pcie.STATIC, nvlink.STATIC,
-        utilization.FAST, memory.FAST, thermal.FAST, power.FAST, clocks.FAST, ecc.FAST, modes.FAST,
-        clocks.SLOW, power.SLOW, ecc.SLOW, pcie.SLOW, nvlink.SLOW, modes.SLOW,
+        utilization.SAMPLES, utilization.FAST, memory.FAST, thermal.FAST, power.FAST, clocks.FAST, ecc.FAST, modes.FAST,
+        clocks.SLOW, power.SLOW, ecc.SLOW, pcie.SLOW, nvlink.SLOW, nvlink.ERRORS, modes.SLOW,
     ]

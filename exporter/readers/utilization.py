@@ -5,7 +5,8 @@ nvmlDeviceGetSamples returns every sample since the last timestamp we saw: each 
 to gpuwarden_busy_seconds_total and period to gpuwarden_utilization_sampled_seconds_total, so busy ÷ sampled
 over any window is a true time average. Where samples are unsupported (MIG parents, old boards), one read per
 poll is integrated over the poll interval instead, and gpuwarden_utilization_source_info says so.
-The buffer is drained every poll.samples_interval (5 s); the point value is read every fast poll.
+The buffer is drained every poll.samples_interval (5 s: ~2.4 ms per GPU and type); the point value is read
+every fast poll.
 """
 
 from __future__ import annotations
@@ -72,34 +73,41 @@ def _read_samples(dev: GpuDevice, sample_type: int, acc: _Accumulator, key: str)
     return True
 
 
-def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
+def read_samples(dev: GpuDevice, out: SampleWriter) -> None:
+    """Drain the sample buffer into the busy/sampled counters (every poll.samples_interval, ≤ 10 s)."""
     gpu_acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
     mem_acc: _Accumulator = dev.state.setdefault("util_mem", _Accumulator())
-    now = time.monotonic()
-    if dev.supports("samples_gpu") and now >= dev.state.get("util_samples_due", 0.0):
-        # Drain the buffer every samples_interval (≤ 10 s: it holds ~14 s), not every poll: ~2.4 ms per type.
-        if _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
-            _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
-        dev.state["util_samples_due"] = now + dev.samples_interval
-    samples = dev.supports("samples_gpu")
-    # The point value (the driver's last sample period) is cheap (~2 µs): read it every poll.
-    rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
-    if rates is not None:
-        out.add("gpuwarden_utilization_ratio", rates.gpu / 100.0)
-        out.add("gpuwarden_memory_bandwidth_utilization_ratio", rates.memory / 100.0)
-        if not samples:
-            last = dev.state.get("util_single_read_at")
-            dev.state["util_single_read_at"] = now
-            if last is not None:
-                gpu_acc.busy_s += rates.gpu / 100.0 * (now - last)
-                gpu_acc.sampled_s += now - last
-    if not samples and rates is None:
-        return
-    out.add("gpuwarden_utilization_source_info", 1, "samples" if samples else "single_read")
+    if not _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
+        return      # unsupported (MIG parent, old board): read_fast integrates single reads instead
+    _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
+    out.add("gpuwarden_utilization_source_info", 1, "samples")
     out.add("gpuwarden_busy_seconds_total", gpu_acc.busy_s)
     out.add("gpuwarden_utilization_sampled_seconds_total", gpu_acc.sampled_s)
 
 
-FAST = Reader("utilization", Tier.FAST, (
-    "gpuwarden_utilization_ratio", "gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
-    "gpuwarden_utilization_source_info", "gpuwarden_memory_bandwidth_utilization_ratio"), read_fast)
+def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
+    """The point value (the driver's last sample period, ~2 µs) every poll; counters from it if no samples."""
+    rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
+    if rates is None:
+        return
+    out.add("gpuwarden_utilization_ratio", rates.gpu / 100.0)
+    out.add("gpuwarden_memory_bandwidth_utilization_ratio", rates.memory / 100.0)
+    if dev.supports("samples_gpu"):
+        return
+    acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
+    now = time.monotonic()
+    last = dev.state.get("util_single_read_at")
+    dev.state["util_single_read_at"] = now
+    if last is not None:
+        acc.busy_s += rates.gpu / 100.0 * (now - last)
+        acc.sampled_s += now - last
+    out.add("gpuwarden_utilization_source_info", 1, "single_read")
+    out.add("gpuwarden_busy_seconds_total", acc.busy_s)
+    out.add("gpuwarden_utilization_sampled_seconds_total", acc.sampled_s)
+
+
+_COUNTERS = ("gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
+             "gpuwarden_utilization_source_info")
+SAMPLES = Reader("utilization_samples", Tier.FAST, _COUNTERS, read_samples, every="samples_interval")
+FAST = Reader("utilization", Tier.FAST, ("gpuwarden_utilization_ratio",
+                                         "gpuwarden_memory_bandwidth_utilization_ratio", *_COUNTERS), read_fast)
