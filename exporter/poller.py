@@ -31,7 +31,7 @@ from exporter.events import XidCounts, XidWatcher
 from exporter.nvml.device import ErrorLedger, GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
 from exporter.readers import Reader, all_readers
-from exporter.snapshot import GpuSnapshot, Sample, SampleWriter, Snapshot, Tier, TierReading
+from exporter.snapshot import GpuSnapshot, PeerLink, Sample, SampleWriter, Snapshot, Tier, TierReading
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,8 @@ class Poller:
         self._gpus: dict[str, GpuState] = {}
         self._workers: dict[tuple[str, str], Worker] = {}
         self._pairs: dict[tuple[str, str], topology.PairFacts] = {}
+        self._matrix_key: tuple[Any, ...] = ()
+        self._matrix: dict[str, tuple[PeerLink, ...]] = {}
         self._generation = 0
         self._discovering = False
         self.nvml_up = False
@@ -451,7 +453,13 @@ class Poller:
                     lost_reason=state.lost_reason, hardware_error=state.device.hardware_error, info=info,
                     samples=tuple(samples), updated_at=updated))
             up_devices = [st.device for st in self._gpus.values() if st.up and self.nvml_up]
-            matrix = topology.build_matrix(up_devices, bus_ids, self._pairs, active_links)
+            # The matrix changes only with the GPU population or a link's state: rebuild it only then.
+            key = (tuple((d.index, d.uuid) for d in up_devices), id(self._pairs),
+                   tuple(sorted((uuid, tuple(sorted(links))) for uuid, links in active_links.items())))
+            if key != self._matrix_key:
+                self._matrix_key = key
+                self._matrix = topology.build_matrix(up_devices, bus_ids, self._pairs, active_links)
+            matrix = self._matrix
             snapshot = Snapshot(
                 id=next(self._snapshot_ids), taken_at=self._wall(), nvml_up=self.nvml_up,
                 nvml_error=self.nvml_error, driver=dict(self.driver) if self.nvml_up else {},

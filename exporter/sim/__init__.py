@@ -17,5 +17,5 @@ def install_simulator(scenario: str | Scenario | None = None,
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario or DEFAULT_SCENARIO)
     fake = FakeNvmlLibrary(scenario, clock=clock)
-    library.install(fake)
+    library.install(fake.library)
     return fake

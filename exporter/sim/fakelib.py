@@ -44,6 +44,18 @@ class _Hang(Exception):
     pass
 
 
+class _SymbolTable:
+    """The object installed as pynvml.nvmlLib: only the C symbols, as attributes (looked up once; pynvml caches)."""
+
+    def __init__(self, fake: FakeNvmlLibrary, symbols: dict[str, Callable[..., int]]) -> None:
+        self._fake = fake
+        self.__dict__.update(symbols)
+
+    def __getattr__(self, name: str) -> Any:
+        self._fake.missing_lookups[name] += 1      # what an old driver lacks: pynvml raises FunctionNotFound
+        raise AttributeError(name)
+
+
 def _out(ref: Any) -> Any:
     """The ctypes object behind a byref() argument."""
     return getattr(ref, "_obj", ref)
@@ -62,7 +74,7 @@ def _val(arg: Any) -> Any:
 
 
 class FakeNvmlLibrary:
-    """Stands in for the CDLL object pynvml loads; see the module docstring."""
+    """A simulated GPU node; `.library` stands in for the CDLL object pynvml loads (see the module docstring)."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
         self.scenario = scenario
@@ -82,19 +94,10 @@ class FakeNvmlLibrary:
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._next_event_set = 0
         self.missing_lookups: Counter[str] = Counter()   # symbols pynvml asked for that this driver lacks
-        self._symbols = {name: self._wrap(name, object.__getattribute__(self, name)) for name in dir(type(self))
-                         if name.startswith("nvml")}
+        self.library = _SymbolTable(self, {name: self._wrap(name, getattr(self, name)) for name in dir(type(self))
+                                           if name.startswith("nvml") and name not in self._missing})
 
     # -- the library surface pynvml sees ---------------------------------------------------------------
-
-    def __getattribute__(self, name: str) -> Any:
-        if not name.startswith("nvml"):
-            return object.__getattribute__(self, name)
-        symbols = object.__getattribute__(self, "_symbols")
-        if name in symbols and name not in object.__getattribute__(self, "_missing"):
-            return symbols[name]
-        object.__getattribute__(self, "missing_lookups")[name] += 1
-        raise AttributeError(name)
 
     def close(self) -> None:
         """Release hung calls (test teardown)."""
