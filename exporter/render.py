@@ -124,11 +124,18 @@ class Renderer:
         self._cache: dict[tuple[bool, bool], bytes] = {}
         self.renders = 0    # how many times bytes were actually produced (tests assert one per snapshot)
 
+    def cached(self, snapshot: Snapshot, openmetrics: bool = False, compress: bool = False) -> bytes | None:
+        """This snapshot's bytes if already rendered: no lock, no work (the hot path of a scrape)."""
+        if self._snapshot_id != snapshot.id:     # read the id first: render() swaps the dict before the id
+            return None
+        return self._cache.get((openmetrics, compress))
+
     def render(self, snapshot: Snapshot, openmetrics: bool = False, compress: bool = False) -> bytes:
         key = (openmetrics, compress)
         with self._lock:
             if snapshot.id != self._snapshot_id:
-                self._snapshot_id, self._cache = snapshot.id, {}
+                self._cache = {}     # replace the dict before the id, so cached() never pairs a new id with old bytes
+                self._snapshot_id = snapshot.id
             cached = self._cache.get(key)
             if cached is None:
                 plain = self._cache.get((openmetrics, False))

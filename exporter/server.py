@@ -6,6 +6,7 @@ import html
 import time
 from typing import Annotated, Any
 
+import anyio
 from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -98,6 +99,34 @@ def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | Non
     return None
 
 
+class MetricsFastPath:
+    """Serve GET/HEAD on the telemetry path straight from the render cache, ahead of FastAPI's routing.
+
+    A cached scrape costs a dict lookup and two ASGI messages on the event loop; only the first scrape of a new
+    snapshot renders, in a worker thread, so the loop never blocks. FastAPI keeps the route for the OpenAPI docs.
+    """
+
+    def __init__(self, app: Any, path: str, poller: Poller, renderer: Renderer) -> None:
+        self.app, self.path, self.poller, self.renderer = app, path, poller, renderer
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] not in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        openmetrics = b"application/openmetrics-text" in headers.get(b"accept", b"")
+        compress = b"gzip" in headers.get(b"accept-encoding", b"")
+        snapshot = self.poller.snapshot
+        body = self.renderer.cached(snapshot, openmetrics, compress)
+        if body is None:
+            body = await anyio.to_thread.run_sync(self.renderer.render, snapshot, openmetrics, compress)
+        response = [(b"content-type", content_type(openmetrics).encode()), (b"content-length", str(len(body)).encode())]
+        if compress:
+            response += [(b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]
+        await send({"type": "http.response.start", "status": 200, "headers": response})
+        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+
+
 def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics") -> FastAPI:
     app = FastAPI(title="gpuwarden", version=__version__,
                   description="NVIDIA GPU metrics, health and topology from NVML.")
@@ -183,6 +212,7 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
             f"<p>NVML {state}; {up} of {len(snap.gpus)} GPU(s) answering; driver "
             f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>")
 
+    app.add_middleware(MetricsFastPath, path=telemetry_path, poller=poller, renderer=renderer)
     return app
 
 
