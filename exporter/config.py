@@ -95,6 +95,11 @@ class MetricsSettings(_Section):
     exclude: tuple[str, ...] = Field((), description="Metric-name globs to drop, applied after include.")
 
 
+class HealthSettings(_Section):
+    thresholds_file: Path | None = Field(
+        None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py).")
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warn", "error"] = Field("info", description="Log level.")
     format: Literal["logfmt", "json"] = Field("logfmt", description="Log line format.")
@@ -105,6 +110,7 @@ class Settings(_Section):
     poll: PollSettings = PollSettings()
     nvml: NvmlSettings = NvmlSettings()
     metrics: MetricsSettings = MetricsSettings()
+    health: HealthSettings = HealthSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

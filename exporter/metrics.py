@@ -64,6 +64,12 @@ _FAMILIES = [
        "GPU reads abandoned after the call deadline, by the call they were stuck in.", "call", per_gpu=False),
     _f("gpuwarden_nvml_reinit_total", "counter", "Times NVML was re-initialised after a lifecycle error.",
        per_gpu=False),
+    # health (exporter/health): derived from the readings below with the thresholds of the alert rules
+    _f("gpuwarden_health", "gauge",
+       "Health verdict per check: 0 ok, 1 warning, 2 critical (sustained conditions judged over the exporter's own "
+       "samples, with the alert rules' thresholds and durations).", "check"),
+    _f("gpuwarden_health_status", "gauge",
+       "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical."),
     # per-GPU identity and state
     _f("gpuwarden_gpu_info", "gauge", "Static identity of the GPU; always 1.",
        "name", "serial", "pci_bus_id", "vbios_version", "compute_capability"),

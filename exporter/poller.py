@@ -28,6 +28,8 @@ import pynvml
 from exporter import topology
 from exporter.config import Settings
 from exporter.events import XidCounts, XidWatcher
+from exporter.health.checks import HealthEvaluator
+from exporter.health.thresholds import load_thresholds
 from exporter.nvml.device import ErrorLedger, GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
 from exporter.readers import Reader, all_readers
@@ -92,6 +94,7 @@ def family_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callabl
 class Poller:
     def __init__(self, settings: Settings, wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
         self._wall = wall_clock
         wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
         # A reader with no wanted family is never run: query only what is exported (nvml.md §3).
@@ -460,10 +463,13 @@ class Poller:
                 self._matrix_key = key
                 self._matrix = topology.build_matrix(up_devices, bus_ids, self._pairs, active_links)
             matrix = self._matrix
+            xid = self.xid.snapshot()
+            now = self._wall()
+            health = self.health.evaluate(gpus, xid, now) if self.nvml_up else {}
             snapshot = Snapshot(
-                id=next(self._snapshot_ids), taken_at=self._wall(), nvml_up=self.nvml_up,
+                id=next(self._snapshot_ids), taken_at=now, nvml_up=self.nvml_up,
                 nvml_error=self.nvml_error, driver=dict(self.driver) if self.nvml_up else {},
-                gpus=tuple(gpus), topology=matrix, xid=self.xid.snapshot(),
+                gpus=tuple(gpus), topology=matrix, xid=xid, health=health,
                 collect_errors=self.ledger.errors(), collect_timeouts=self.ledger.timeouts(),
                 reinit_total=self.reinit_total, tier_duration=dict(self.tier_duration),
                 tier_finished=dict(self.tier_finished))

@@ -86,6 +86,13 @@ class SnapshotCollector:
                 if peer.nvlinks >= 0:
                     rows["gpuwarden_nvlink_peer_links"].append((ids + [str(peer.peer_index), peer.peer_uuid],
                                                                peer.nvlinks))
+        for gpu in snap.gpus:
+            verdicts = snap.health.get(gpu.uuid, ())
+            ids = [str(gpu.index), gpu.uuid]
+            for verdict in verdicts:
+                rows["gpuwarden_health"].append((ids + [verdict.check], verdict.level))
+            if verdicts:
+                rows["gpuwarden_health_status"].append((ids, max(v.level for v in verdicts)))
         for (uuid, xid), (count, last) in sorted(snap.xid.items()):
             if uuid in index_of:
                 ids = [index_of[uuid], uuid, str(xid)]

@@ -86,6 +86,7 @@ class Snapshot:
     reinit_total: int = 0
     tier_duration: dict[str, float] = field(default_factory=dict)
     tier_finished: dict[str, float] = field(default_factory=dict)
+    health: dict[str, tuple[Any, ...]] = field(default_factory=dict)   # uuid → health Verdicts
 
     def gpu(self, key: str) -> GpuSnapshot | None:
         """Find a GPU by index ("0") or UUID."""

@@ -1,0 +1,87 @@
+"""Every health threshold, defined once.
+
+The exporter's health gauges (exporter/health/checks.py) and the Prometheus alert rules (exporter/health/rules.py →
+alert_rules/gpuwarden.rules.yaml) are both derived from this model; tests/test_alert_rules.py fails when the
+committed rules drift from it. Operators override values with a YAML file (`health.thresholds_file`); unknown keys
+or out-of-range values are rejected with one line, like the rest of the configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from exporter.config import ConfigError, describe_error, read_yaml
+
+
+class Thresholds(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # utilization: a job holds the GPU but kernels run less than this share of the time
+    utilization_low_ratio: float = Field(0.5, gt=0, lt=1)
+    utilization_for_s: int = Field(1800, ge=60)
+    # memory occupancy (used / total)
+    memory_warning_ratio: float = Field(0.95, gt=0, lt=1)
+    memory_critical_ratio: float = Field(0.99, gt=0, le=1)
+    memory_for_s: int = Field(900, ge=0)
+    # die temperature, absolute °C
+    temperature_warning_celsius: float = Field(83, gt=0, lt=120)
+    temperature_warning_for_s: int = Field(300, ge=0)
+    temperature_critical_celsius: float = Field(90, gt=0, lt=130)
+    temperature_critical_for_s: int = Field(120, ge=0)
+    # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
+    thermal_slowdown_ratio: float = Field(0.1, gt=0, le=1)
+    thermal_slowdown_for_s: int = Field(300, ge=0)
+    power_brake_ratio: float = Field(0.1, gt=0, le=1)
+    power_cap_ratio: float = Field(0.5, gt=0, le=1)
+    power_cap_for_s: int = Field(1800, ge=0)
+    power_limit_reduced_for_s: int = Field(3600, ge=0)
+    # P-state: a busy GPU held at this state or lower performance (higher number)
+    pstate_degraded_min: int = Field(2, ge=1, le=15)
+    pstate_busy_ratio: float = Field(0.5, gt=0, lt=1)
+    pstate_for_s: int = Field(900, ge=60)
+    # XIDs (alerting.md §4): a critical XID seen within the window
+    xid_window_s: int = Field(600, ge=60)
+    xid_critical: tuple[int, ...] = (46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146,
+                                     147, 148, 149, 150, 155, 156, 158)
+    xid_warning: tuple[int, ...] = (61, 94)
+    xid_info: tuple[int, ...] = (63, 92)
+    # NVLink and PCIe
+    nvlink_down_for_s: int = Field(300, ge=0)
+    nvlink_crc_per_second: float = Field(100, gt=0)
+    nvlink_crc_for_s: int = Field(600, ge=0)
+    pcie_replays_per_minute: float = Field(8, gt=0)
+    pcie_replays_for_s: int = Field(600, ge=0)
+    # configuration and availability
+    persistence_off_for_s: int = Field(900, ge=0)
+    gpu_lost_for_s: int = Field(60, ge=0)
+    retired_pages_limit: int = Field(63, ge=1)
+    # the exporter itself
+    exporter_down_for_s: int = Field(300, ge=0)
+    nvml_down_for_s: int = Field(300, ge=0)
+    collection_stale_s: int = Field(300, ge=10)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Thresholds:
+        if self.temperature_critical_celsius <= self.temperature_warning_celsius:
+            raise ValueError("temperature_critical_celsius must be above temperature_warning_celsius")
+        if self.memory_critical_ratio <= self.memory_warning_ratio:
+            raise ValueError("memory_critical_ratio must be above memory_warning_ratio")
+        lists = [set(self.xid_critical), set(self.xid_warning), set(self.xid_info)]
+        if lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]:
+            raise ValueError("xid_critical, xid_warning and xid_info must not share an XID")
+        return self
+
+
+DEFAULT = Thresholds()
+
+
+def load_thresholds(path: Path | None) -> Thresholds:
+    """Defaults, overridden by a YAML mapping of the fields above; ConfigError (one line) on a bad file."""
+    if path is None:
+        return DEFAULT
+    try:
+        return Thresholds.model_validate(read_yaml(path))
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc, f"thresholds file {path}", Thresholds)) from None
