@@ -103,7 +103,7 @@ def test_unknown_gpu_is_404_json_and_bad_parameter_is_422_json(live_server):
 
 
 def test_topology_matrix_reads_like_nvidia_smi(live_server):
-    server = live_server("nvlink-down")
+    server = live_server({"name": "link-7-down", "faults": [{"kind": "nvlink_down", "gpu": 4, "link": 7}]})
     time.sleep(1.5)    # one slow poll for the link states
     body = server.get("/api/v1/topology").json()
     assert body["gpus"] == list(range(8))

@@ -20,7 +20,7 @@ class Thresholds(BaseModel):
 
     # utilization: a job holds the GPU but kernels run less than this share of the time
     utilization_low_ratio: float = Field(0.5, gt=0, lt=1)
-    utilization_for_s: int = Field(1800, ge=60)
+    utilization_for_s: int = Field(1800, ge=1)
     # memory occupancy (used / total)
     memory_warning_ratio: float = Field(0.95, gt=0, lt=1)
     memory_critical_ratio: float = Field(0.99, gt=0, le=1)
@@ -40,9 +40,9 @@ class Thresholds(BaseModel):
     # P-state: a busy GPU held at this state or lower performance (higher number)
     pstate_degraded_min: int = Field(2, ge=1, le=15)
     pstate_busy_ratio: float = Field(0.5, gt=0, lt=1)
-    pstate_for_s: int = Field(900, ge=60)
+    pstate_for_s: int = Field(900, ge=1)
     # XIDs (alerting.md §4): a critical XID seen within the window
-    xid_window_s: int = Field(600, ge=60)
+    xid_window_s: int = Field(600, ge=1)
     xid_critical: tuple[int, ...] = (46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146,
                                      147, 148, 149, 150, 155, 156, 158)
     xid_warning: tuple[int, ...] = (61, 94)
@@ -60,7 +60,7 @@ class Thresholds(BaseModel):
     # the exporter itself
     exporter_down_for_s: int = Field(300, ge=0)
     nvml_down_for_s: int = Field(300, ge=0)
-    collection_stale_s: int = Field(300, ge=10)
+    collection_stale_s: int = Field(300, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> Thresholds:

@@ -1,0 +1,157 @@
+"""Health verdicts per scenario, with the thresholds' durations shortened (the same checks as shipped)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.config import ConfigError
+from exporter.health.thresholds import load_thresholds
+from exporter.poller import Poller
+from exporter.render import Renderer
+from tests.conftest import ManualClock, parse_exposition, settings, values, write_yaml
+
+SHORT = {"utilization_for_s": 10, "memory_for_s": 3, "temperature_warning_for_s": 3, "temperature_critical_for_s": 3,
+         "thermal_slowdown_for_s": 10, "power_cap_for_s": 10, "power_limit_reduced_for_s": 5, "pstate_for_s": 10,
+         "nvlink_down_for_s": 3, "persistence_off_for_s": 5, "nvlink_crc_for_s": 10, "pcie_replays_for_s": 10}
+
+
+@pytest.fixture
+def health_run(sim, tmp_path):
+    pollers: list[Poller] = []
+
+    def run(scenario, seconds: int = 15, **overrides):
+        clock = ManualClock()
+        sim(scenario, clock=clock)
+        path = write_yaml(tmp_path / "thresholds.yaml", {**SHORT, **overrides})
+        poller = Poller(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
+        pollers.append(poller)
+        for _ in range(seconds):
+            poller.poll_once()
+            clock.advance(1)
+        poller.poll_once()
+        return parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+
+    yield run
+    for poller in pollers:
+        poller.stop(timeout=0.2)
+
+
+def health(series, gpu: str, check: str) -> float:
+    found = values(series, "gpuwarden_health", gpu=gpu, check=check)
+    assert len(found) == 1, (gpu, check, found)
+    return found[0]
+
+
+def test_healthy_node_is_all_ok(health_run):
+    series = health_run("healthy", seconds=20)
+    assert set(values(series, "gpuwarden_health")) == {0}
+    assert set(values(series, "gpuwarden_health_status")) == {0}
+    assert len(values(series, "gpuwarden_health_status")) == 8
+
+
+def test_training_load_is_ok(health_run):
+    series = health_run("training", seconds=20)
+    assert set(values(series, "gpuwarden_health_status")) == {0}
+
+
+def test_idle_gpu_in_p0_and_idle_gpu_in_p8_do_not_count_as_degraded(health_run):
+    series = health_run({"node": {"count": 2}, "gpus": {1: {"pstate": 8}}}, seconds=15)
+    assert health(series, "0", "performance_state") == 0
+    assert health(series, "1", "performance_state") == 0
+
+
+def test_busy_gpu_held_in_a_low_pstate_is_degraded(health_run):
+    series = health_run({"node": {"count": 2}, "values": {"utilization": 95, "processes": 1},
+                         "gpus": {1: {"pstate": 8}}}, seconds=25)
+    assert health(series, "0", "performance_state") == 0
+    assert health(series, "1", "performance_state") == 1
+
+
+def test_data_starvation_warns_only_with_a_job_running(health_run):
+    series = health_run("data-starvation", seconds=15)
+    assert set(values(series, "gpuwarden_health", check="utilization")) == {1}
+    idle = health_run("healthy", seconds=15)        # idle and no process: not starvation
+    assert set(values(idle, "gpuwarden_health", check="utilization")) == {0}
+
+
+def test_thermal_throttling(health_run):
+    series = health_run("thermal-throttling", seconds=15)
+    assert health(series, "2", "temperature") == 2
+    assert health(series, "2", "thermal_throttling") == 1
+    assert health(series, "0", "temperature") == 0 and health(series, "0", "thermal_throttling") == 0
+    assert values(series, "gpuwarden_health_status", gpu="5") == [2]
+
+
+def test_power_capping(health_run):
+    series = health_run("power-capping", seconds=12)
+    assert set(values(series, "gpuwarden_health", check="power")) == {1}
+
+
+def test_memory_nearly_full(health_run):
+    series = health_run("memory-nearly-full", seconds=6)
+    assert health(series, "3", "memory_pressure") == 2
+    assert health(series, "6", "memory_pressure") == 1
+    assert health(series, "0", "memory_pressure") == 0
+
+
+def test_uncorrectable_ecc_and_pending_remap(health_run):
+    series = health_run("ecc-uncorrectable", seconds=8)
+    assert health(series, "1", "ecc") == 2
+    assert health(series, "1", "row_remap") == 1
+    assert health(series, "0", "ecc") == 0
+
+
+def test_row_remap_pending_and_failed(health_run):
+    series = health_run("row-remap", seconds=2)
+    assert health(series, "2", "row_remap") == 1
+    assert health(series, "5", "row_remap") == 2
+
+
+def test_nvlink_down_after_being_up(health_run):
+    series = health_run("nvlink-down", seconds=12)
+    assert health(series, "4", "nvlink") == 2
+    assert health(series, "0", "nvlink") == 0
+
+
+def test_gpu_lost(health_run):
+    series = health_run("gpu-lost", seconds=10)
+    assert health(series, "6", "gpu_lost") == 2
+    assert values(series, "gpuwarden_health_status", gpu="6") == [2]
+    assert health(series, "0", "gpu_lost") == 0
+
+
+def test_persistence_off(health_run):
+    series = health_run("persistence-off", seconds=8)
+    assert set(values(series, "gpuwarden_health", check="persistence_mode")) == {1}
+
+
+def test_retired_pages_pending_on_a_legacy_board(health_run):
+    series = health_run("legacy-pcie", seconds=3)
+    assert health(series, "1", "row_remap") == 1
+    assert health(series, "0", "row_remap") == 0
+
+
+def test_critical_xid_within_the_window(sim, tmp_path):
+    clock = ManualClock()
+    sim({"node": {"count": 2}}, clock=clock)
+    poller = Poller(settings(), wall_clock=clock)
+    poller.poll_once()
+    uuid = poller.snapshot.gpus[1].uuid
+    poller.xid.record(uuid, 79, clock())
+    poller.xid.record(poller.snapshot.gpus[0].uuid, 13, clock())    # application XID: never a verdict
+    poller.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    assert health(series, "1", "xid") == 2 and health(series, "0", "xid") == 0
+    clock.advance(601)
+    poller.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    assert health(series, "1", "xid") == 0
+
+
+def test_bad_thresholds_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'temprature_warning_celsius'"):
+        load_thresholds(write_yaml(tmp_path / "t.yaml", {"temprature_warning_celsius": 80}))
+    with pytest.raises(ConfigError, match="must not share an XID"):
+        load_thresholds(write_yaml(tmp_path / "t.yaml", {"xid_warning": [79]}))
+    with pytest.raises(ConfigError, match="temperature_critical_celsius must be above"):
+        load_thresholds(write_yaml(tmp_path / "t.yaml", {"temperature_critical_celsius": 80}))
