@@ -1,0 +1,89 @@
+"""The alert rules: generated from the thresholds, valid, unit-tested with promtool, each with a runbook."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.health import rules
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "alert_rules" / "gpuwarden.rules.yaml"
+TESTS = ROOT / "alert_rules" / "tests" / "gpuwarden.test.yaml"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (the README test command does)")
+
+
+def loaded() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_committed_rules_match_the_thresholds():
+    assert RULES.read_text() == rules.to_yaml(rules.build()), "run `python -m exporter.health.rules`"
+
+
+@needs_promtool
+def test_promtool_check_rules_is_clean():
+    result = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(loaded())} rules found" in result.stdout
+
+
+@needs_promtool
+def test_promtool_unit_tests_pass_on_the_rules_without_annotations(tmp_path):
+    stripped = yaml.safe_load(RULES.read_text())
+    for group in stripped["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations")
+    (tmp_path / "gpuwarden.rules.yaml").write_text(yaml.safe_dump(stripped))
+    shutil.copy(TESTS, tmp_path / "gpuwarden.test.yaml")
+    result = subprocess.run([PROMTOOL, "test", "rules", "gpuwarden.test.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_test_and_a_silent_healthy_case():
+    tests = yaml.safe_load(TESTS.read_text())["tests"]
+    fired = {check["alertname"] for test in tests for check in test["alert_rule_test"] if check["exp_alerts"]}
+    names = {rule["alert"] for rule in loaded()}
+    assert names <= fired, names - fired
+    healthy = next(test for test in tests if test["name"].startswith("a healthy node"))
+    assert {check["alertname"] for check in healthy["alert_rule_test"] if not check["exp_alerts"]} == names
+
+
+def test_conventions_severity_annotations_runbooks():
+    runbook_headings = set(re.findall(r"^## (Gpuwarden\w+)$", RUNBOOKS.read_text(), re.M))
+    for rule in loaded():
+        name = rule["alert"]
+        assert re.fullmatch(r"Gpuwarden[A-Z][A-Za-z]+", name)
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        annotations = rule["annotations"]
+        assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"]
+        assert "{{ $labels." in annotations["description"] or name == "GpuwardenGpuCountDropped"
+        assert annotations["runbook_url"].endswith(f"runbooks.md#{name.lower()}")
+        assert name in runbook_headings, f"docs/runbooks.md has no section for {name}"
+    descriptions = {rule["alert"]: rule["annotations"]["description"] for rule in loaded()}
+    assert "RMA" in descriptions["GpuwardenRowRemapFailure"]
+    assert "cordon" in descriptions["GpuwardenEccUncorrectable"]
+    assert "never" not in descriptions["GpuwardenMemoryNearlyFull"]
+
+
+def test_memory_and_utilization_never_page():
+    severities = {rule["alert"]: rule["labels"]["severity"] for rule in loaded()}
+    assert severities["GpuwardenMemoryNearlyFull"] != "critical"
+    assert severities["GpuwardenUnderutilized"] == "info"
+    assert severities["GpuwardenPowerCapSustained"] == "info"
+
+
+def test_rules_follow_overridden_thresholds():
+    from exporter.health.thresholds import Thresholds
+
+    text = rules.to_yaml(rules.build(Thresholds(temperature_warning_celsius=80, temperature_warning_for_s=600)))
+    rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == "GpuwardenTemperatureHigh")
+    assert rule["expr"].endswith("> 80") and rule["for"] == "10m"
