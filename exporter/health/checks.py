@@ -7,6 +7,7 @@ only judged once the exporter has watched that long: like Prometheus' `for:`, no
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -118,12 +119,13 @@ class HealthEvaluator:
             values = _values(gpu)
             history = self._history.setdefault(gpu.uuid, _History())
             history.add(now, values)
-            verdicts = [self._check(name, gpu.uuid, values, history, xid, now) for name in CHECKS]
+            exempt = re.fullmatch(self.t.pstate_exempt_name_regex, str(gpu.info.get("name", "")))
+            verdicts = [self._check(name, gpu.uuid, values, history, xid, now, bool(exempt)) for name in CHECKS]
             result[gpu.uuid] = tuple(verdicts)
         return result
 
     def _check(self, name: str, uuid: str, v: dict[tuple[str, tuple[str, ...]], float], h: _History,
-               xid: dict[tuple[str, int], tuple[int, float]], now: float) -> Verdict:
+               xid: dict[tuple[str, int], tuple[int, float]], now: float, pstate_exempt: bool = False) -> Verdict:
         t = self.t
 
         def verdict(level: int, observed: object = "", threshold: object = "", severity: str | None = None) -> Verdict:
@@ -209,7 +211,7 @@ class HealthEvaluator:
             pstate = v.get(("gpuwarden_performance_state", ()))
             busy = h.ratio(BUSY, SAMPLED, now, t.pstate_for_s)
             degraded = pstate is not None and pstate >= t.pstate_degraded_min and busy is not None \
-                and busy > t.pstate_busy_ratio
+                and busy > t.pstate_busy_ratio and not pstate_exempt
             # idle GPUs (H100 idles in P0 at 345 MHz) and P-states of idle boards never count: busy must be high
             if self._sustained(uuid, "pstate", degraded, now, t.pstate_for_s):
                 return verdict(WARNING, f"P{pstate:.0f} while {busy:.0%} busy",

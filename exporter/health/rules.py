@@ -159,7 +159,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             Rule("GpuwardenPerformanceStateDegraded",
                  f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
                  f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
-                 f"> {t.pstate_busy_ratio:g}",
+                 f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
+                 f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
                  "warning", "A busy GPU is stuck in a low performance state.",
                  f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
                  "thermals, and application clocks.", 300),

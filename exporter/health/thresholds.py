@@ -41,6 +41,8 @@ class Thresholds(BaseModel):
     pstate_degraded_min: int = Field(2, ge=1, le=15)
     pstate_busy_ratio: float = Field(0.5, gt=0, lt=1)
     pstate_for_s: int = Field(900, ge=1)
+    # CUDA runs GeForce/Quadro/TITAN boards in P2 by design ("CUDA - Force P2 State"): not a degradation there
+    pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
     # XIDs (alerting.md §4): a critical XID seen within the window
     xid_window_s: int = Field(600, ge=1)
     xid_critical: tuple[int, ...] = (46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146,

@@ -1,0 +1,233 @@
+"""End to end: simulated nodes → real Prometheus with the shipped rules → real Alertmanager with the shipped
+config → a PagerDuty Events-v2 receiver and a ticket webhook, both in this test.
+
+One exporter process per scenario (pynvml's library is process-wide), scraped by one Prometheus every second.
+Test-time transforms, and nothing else: every `for:` is divided by 240 (1h → 15 s, 5m → 1 s; promtool covers the
+real durations), Alertmanager's group waits are shortened, and the PagerDuty URL, routing-key file and ticket URL
+point at this test. Prometheus and Alertmanager are Debian's binaries (no Docker engine here; testcontainers is not
+used for that reason).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from exporter.health import rules
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+ROUTING_KEY = "gpuwarden-test-routing-key"
+FOR_SCALE = 1 / 240
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None or ALERTMANAGER is None,
+                                reason="Debian's prometheus and prometheus-alertmanager (the README test command "
+                                       "installs them)")
+
+# scenario → (alerts that must page, alerts that must open a ticket)
+EXPECTED = {
+    "healthy": (set(), set()),
+    "training": (set(), set()),
+    "gpu-lost": ({"GpuwardenGpuLost"}, set()),
+    "ecc-uncorrectable": ({"GpuwardenEccUncorrectable", "GpuwardenRecoveryActionNeeded"}, set()),
+    "row-remap": ({"GpuwardenRowRemapFailure"}, {"GpuwardenRowRemapPending"}),
+    "nvlink-down": ({"GpuwardenNvlinkDown"}, set()),
+    "thermal-throttling": ({"GpuwardenTemperatureCritical"}, set()),
+    "memory-nearly-full": (set(), {"GpuwardenMemoryNearlyFull"}),
+    "data-starvation": (set(), set()),
+    "persistence-off": (set(), {"GpuwardenPersistenceModeOff"}),
+    "power-capping": (set(), {"GpuwardenPowerLimitReduced"}),
+    "driver-not-loaded": (set(), {"GpuwardenNvmlDown"}),
+    "legacy-pcie": (set(), {"GpuwardenRetiredPagesPending"}),
+}
+NEVER_PAGE = {"healthy", "training", "memory-nearly-full", "data-starvation", "persistence-off", "power-capping",
+              "driver-not-loaded", "legacy-pcie"}
+
+
+class Receiver:
+    """PagerDuty Events API v2 and a ticket webhook on one loopback port, recording every POST."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with receiver.lock:
+                    receiver.events.append((self.path, body))
+                self.send_response(202)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"status":"success","message":"Event processed"}')
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def pages(self) -> list[dict]:
+        with self.lock:
+            return [body for path, body in self.events if path == "/v2/enqueue"]
+
+    def tickets(self) -> list[dict]:
+        with self.lock:
+            return [alert for path, body in self.events if path == "/tickets" for alert in body["alerts"]]
+
+
+def wait_ready(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("alerting")
+    receiver = Receiver()
+    procs: list[subprocess.Popen] = []
+    ports: dict[int, str] = {}
+    try:
+        for scenario in EXPECTED:
+            port = free_port()
+            ports[port] = scenario
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
+                 "--web.listen-address", f"127.0.0.1:{port}", "--poll.fast-interval", "0.5",
+                 "--poll.slow-interval", "1", "--poll.samples-interval", "1", "--poll.nvlink-errors-interval", "1",
+                 "--no-nvml.xid-events"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # the shipped rules, with `for:` shortened
+        (tmp / "rules.yaml").write_text(rules.to_yaml(rules.build(), for_scale=FOR_SCALE))
+        # the shipped Alertmanager config, pointed at this test
+        am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+        (tmp / "routing-key").write_text(ROUTING_KEY)
+        for receiver_config in am["receivers"]:
+            for pd in receiver_config.get("pagerduty_configs", []):
+                pd["url"] = f"http://127.0.0.1:{receiver.port}/v2/enqueue"
+                pd["routing_key_file"] = str(tmp / "routing-key")
+            for hook in receiver_config.get("webhook_configs", []):
+                hook["url"] = f"http://127.0.0.1:{receiver.port}/tickets"
+        routes = [am["route"], *am["route"]["routes"]]
+        for route in routes:
+            route.update(group_wait="1s", group_interval="2s")
+        (tmp / "am.yml").write_text(yaml.safe_dump(am))
+        am_port, prom_port = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        prom = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(tmp / "rules.yaml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
+                {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": "test"}} for port in ports]}],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom))
+        procs.append(subprocess.Popen(
+            [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_ready(f"http://127.0.0.1:{prom_port}/-/ready")
+        wait_ready(f"http://127.0.0.1:{am_port}/-/ready")
+        for port in ports:
+            wait_ready(f"http://127.0.0.1:{port}/healthz")
+        yield {"receiver": receiver, "ports": ports, "prometheus": f"http://127.0.0.1:{prom_port}"}
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        receiver.server.shutdown()
+
+
+def scenario_of(stack, instance: str) -> str:
+    return stack["ports"][int(instance.rsplit(":", 1)[1])]
+
+
+def collect(stack, timeout: float = 120) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Wait until every expected page and ticket arrived (or time out); return what arrived per scenario."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pages: dict[str, set[str]] = {name: set() for name in EXPECTED}
+        tickets: dict[str, set[str]] = {name: set() for name in EXPECTED}
+        for event in stack["receiver"].pages():
+            if event.get("event_action") == "trigger":
+                pages[scenario_of(stack, event["payload"]["source"])].add(event["payload"]["class"])
+        for alert in stack["receiver"].tickets():
+            if alert["status"] == "firing":
+                tickets[scenario_of(stack, alert["labels"]["instance"])].add(alert["labels"]["alertname"])
+        done = all(want_pages <= pages[name] and want_tickets <= tickets[name]
+                   for name, (want_pages, want_tickets) in EXPECTED.items())
+        if done or time.monotonic() > deadline:
+            return pages, tickets
+        time.sleep(1)
+
+
+def test_alerts_reach_pagerduty_and_tickets_as_the_scenarios_imply(stack):
+    pages, tickets = collect(stack)
+    time.sleep(5)       # anything that should not arrive has had its chance too
+    pages, tickets = collect(stack, timeout=0)
+    for name, (want_pages, want_tickets) in EXPECTED.items():
+        assert want_pages <= pages[name], f"{name}: pages {pages[name]}, expected {want_pages}"
+        assert want_tickets <= tickets[name], f"{name}: tickets {tickets[name]}, expected {want_tickets}"
+    for name in NEVER_PAGE:
+        assert not pages[name], f"{name} paged: {pages[name]}"
+    assert not tickets["healthy"] and not tickets["training"], (tickets["healthy"], tickets["training"])
+    assert not tickets["data-starvation"], "underutilization is info: routed nowhere"
+    # CUDA holds Quadro boards in P2 by design: not a degraded P-state
+    assert "GpuwardenPerformanceStateDegraded" not in tickets["legacy-pcie"]
+
+
+def test_pagerduty_events_carry_severity_routing_key_summary_and_runbook(stack):
+    collect(stack)
+    events = [e for e in stack["receiver"].pages() if e["payload"]["class"] == "GpuwardenGpuLost"]
+    assert events, "no GpuLost page"
+    event = events[0]
+    assert event["routing_key"] == ROUTING_KEY
+    assert event["event_action"] == "trigger"
+    assert event["payload"]["severity"] == "critical"
+    assert event["payload"]["summary"] == "A GPU has fallen off the bus."
+    assert scenario_of(stack, event["payload"]["source"]) == "gpu-lost"
+    assert "gpu 6" in event["payload"]["component"]
+    runbook = [link["href"] for link in event["links"] if link["text"] == "Runbook"]
+    assert runbook and runbook[0].endswith("docs/runbooks.md#gpuwardengpulost")
+    assert "drain and cordon" in event["payload"]["custom_details"]["description"]
+    # every page is critical, every ticket a warning
+    assert {e["payload"]["severity"] for e in stack["receiver"].pages()} == {"critical"}
+    assert {a["labels"]["severity"] for a in stack["receiver"].tickets()} == {"warning"}
+
+
+def test_critical_alert_inhibits_the_same_gpus_warnings(stack):
+    collect(stack)
+    # GPU 2 of thermal-throttling is above 90 °C (critical) and so above 83 °C (warning): only the page goes out
+    hot = [a for a in stack["receiver"].tickets() if a["labels"]["alertname"] == "GpuwardenTemperatureHigh"
+           and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"]
+    assert not hot, hot
+    response = httpx.get(stack["prometheus"] + "/api/v1/alerts", timeout=5).json()
+    firing = {(a["labels"]["alertname"], a["labels"].get("gpu")) for a in response["data"]["alerts"]
+              if a["state"] == "firing" and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"}
+    assert ("GpuwardenTemperatureHigh", "2") in firing and ("GpuwardenTemperatureCritical", "2") in firing
