@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
+from exporter.health.diagnosis import as_json, diagnose
 from exporter.metrics import FAMILIES
 from exporter.poller import Poller
 from exporter.render import Renderer, content_type
@@ -44,6 +45,8 @@ class Gpu(BaseModel):
     sample_age_seconds: dict[str, float] = Field(description="per tier: seconds since its last reading")
     info: dict[str, Any]
     metrics: dict[str, Metric] = Field(description="metric name (without gpuwarden_) → values")
+    health: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                              description="check → level (0/1/2), severity, observed, threshold")
 
 
 class GpuList(BaseModel):
@@ -67,12 +70,29 @@ class Topology(BaseModel):
     peers: dict[str, list[TopologyPeer]]
 
 
+class FindingModel(BaseModel):
+    gpu: int | None
+    uuid: str | None
+    check: str
+    severity: str = Field(description="critical, warning or info")
+    observed: str
+    threshold: str
+    likely_cause: str
+    recommended_action: str
+
+
+class Diagnosis(BaseModel):
+    nvml_up: bool
+    driver: dict[str, str]
+    findings: list[FindingModel]
+
+
 class Problem(BaseModel):
     error: str
     detail: Any = None
 
 
-def gpu_json(gpu: GpuSnapshot, now: float) -> Gpu:
+def gpu_json(gpu: GpuSnapshot, now: float, verdicts: tuple[Any, ...] = ()) -> Gpu:
     metrics: dict[str, Metric] = {}
     for sample in gpu.samples:
         family = FAMILIES[sample.name]
@@ -83,7 +103,9 @@ def gpu_json(gpu: GpuSnapshot, now: float) -> Gpu:
     return Gpu(index=gpu.index, uuid=gpu.uuid, up=gpu.up, stale=gpu.stale, lost_reason=gpu.lost_reason,
                hardware_error=gpu.hardware_error,
                sample_age_seconds={tier: round(max(now - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
-               info=gpu.info, metrics=metrics)
+               info=gpu.info, metrics=metrics,
+               health={v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
+                                 "threshold": v.threshold} for v in verdicts})
 
 
 def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
@@ -170,7 +192,7 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
         snap, now = poller.snapshot, time.time()
         return GpuList(nvml_up=snap.nvml_up, nvml_error=snap.nvml_error, driver=snap.driver,
                        snapshot_age_seconds=round(max(now - snap.taken_at, 0.0), 3),
-                       gpus=[gpu_json(gpu, now) for gpu in snap.gpus])
+                       gpus=[gpu_json(gpu, now, snap.health.get(gpu.uuid, ())) for gpu in snap.gpus])
 
     @app.get("/api/v1/gpus/{gpu}", response_model=Gpu, responses={404: {"model": Problem}},
              summary="One GPU by index or UUID")
@@ -181,7 +203,22 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
             return JSONResponse({"error": f"no GPU '{gpu}' on this node",
                                  "detail": {"known": [g.index for g in poller.snapshot.gpus]}},
                                 status_code=404)
-        return gpu_json(found, time.time())
+        return gpu_json(found, time.time(), poller.snapshot.health.get(found.uuid, ()))
+
+    @app.get("/api/v1/diagnosis", response_model=Diagnosis,
+             summary="Findings for the node: check, severity, observed, threshold, cause, action")
+    def diagnosis() -> Any:
+        snap = poller.snapshot
+        return as_json(snap, diagnose(snap))
+
+    @app.get("/api/v1/diagnosis/{gpu}", response_model=Diagnosis, responses={404: {"model": Problem}},
+             summary="Findings for one GPU")
+    def gpu_diagnosis(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index or UUID")]) -> Any:
+        snap = poller.snapshot
+        found = snap.gpu(gpu)
+        if found is None:
+            return JSONResponse({"error": f"no GPU '{gpu}' on this node"}, status_code=404)
+        return as_json(snap, [f for f in diagnose(snap) if f.uuid == found.uuid])
 
     @app.get("/api/v1/topology", response_model=Topology, summary="GPU matrix as nvidia-smi topo -m shows it")
     def topology() -> Topology:
@@ -206,7 +243,7 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
         state = "up" if snap.nvml_up else f"down ({html.escape(snap.nvml_error or '')})"
         up = sum(1 for gpu in snap.gpus if gpu.up)
         links = "".join(f'<li><a href="{path}">{path}</a></li>' for path in (
-            telemetry_path, "/api/v1/gpus", "/api/v1/topology", "/readyz", "/healthz", "/docs"))
+            telemetry_path, "/api/v1/gpus", "/api/v1/topology", "/api/v1/diagnosis", "/readyz", "/healthz", "/docs"))
         return HTMLResponse(
             f"<!doctype html><html><head><title>gpuwarden</title></head><body><h1>gpuwarden {__version__}</h1>"
             f"<p>NVML {state}; {up} of {len(snap.gpus)} GPU(s) answering; driver "
