@@ -11,9 +11,6 @@ used for that reason).
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,11 +21,10 @@ import pytest
 import yaml
 
 from exporter.health import rules
-from tests.conftest import free_port
+from tests.stack import ALERTMANAGER, PROMETHEUS
+from tests.stack import stack as running_stack
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMETHEUS = shutil.which("prometheus")
-ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 ROUTING_KEY = "gpuwarden-test-routing-key"
 FOR_SCALE = 1 / 240
 
@@ -90,35 +86,13 @@ class Receiver:
             return [alert for path, body in self.events if path == "/tickets" for alert in body["alerts"]]
 
 
-def wait_ready(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("alerting")
     receiver = Receiver()
-    procs: list[subprocess.Popen] = []
-    ports: dict[int, str] = {}
-    try:
+    with running_stack(tmp) as parts:
         for scenario in EXPECTED:
-            port = free_port()
-            ports[port] = scenario
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
-                 "--web.listen-address", f"127.0.0.1:{port}", "--poll.fast-interval", "0.5",
-                 "--poll.slow-interval", "1", "--poll.samples-interval", "1", "--poll.nvlink-errors-interval", "1",
-                 "--no-nvml.xid-events"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        # the shipped rules, with `for:` shortened
-        (tmp / "rules.yaml").write_text(rules.to_yaml(rules.build(), for_scale=FOR_SCALE))
+            parts.exporter(scenario, "--no-nvml.xid-events")
         # the shipped Alertmanager config, pointed at this test
         am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
         (tmp / "routing-key").write_text(ROUTING_KEY)
@@ -128,40 +102,13 @@ def stack(tmp_path_factory):
                 pd["routing_key_file"] = str(tmp / "routing-key")
             for hook in receiver_config.get("webhook_configs", []):
                 hook["url"] = f"http://127.0.0.1:{receiver.port}/tickets"
-        routes = [am["route"], *am["route"]["routes"]]
-        for route in routes:
+        for route in [am["route"], *am["route"]["routes"]]:
             route.update(group_wait="1s", group_interval="2s")
-        (tmp / "am.yml").write_text(yaml.safe_dump(am))
-        am_port, prom_port = free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        prom = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(tmp / "rules.yaml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
-                {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": "test"}} for port in ports]}],
-        }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        procs.append(subprocess.Popen(
-            [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_ready(f"http://127.0.0.1:{prom_port}/-/ready")
-        wait_ready(f"http://127.0.0.1:{am_port}/-/ready")
-        for port in ports:
-            wait_ready(f"http://127.0.0.1:{port}/healthz")
-        yield {"receiver": receiver, "ports": ports, "prometheus": f"http://127.0.0.1:{prom_port}"}
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        receiver.server.shutdown()
+        am_port = parts.alertmanager(am)
+        # the shipped rules, with `for:` shortened
+        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=FOR_SCALE), am_port)
+        yield {"receiver": receiver, "ports": parts.exporters, "prometheus": parts.prometheus}
+    receiver.server.shutdown()
 
 
 def scenario_of(stack, instance: str) -> str:

@@ -1,0 +1,113 @@
+"""Real monitoring parts on loopback ports for end-to-end tests: simulated exporters (one process per scenario:
+pynvml's library is process-wide), Debian's Prometheus and Alertmanager binaries (no Docker engine here)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.conftest import free_port
+
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+FAST_EXPORTER_FLAGS = ["--poll.fast-interval", "0.5", "--poll.slow-interval", "1", "--poll.samples-interval", "1",
+                       "--poll.nvlink-errors-interval", "1"]
+
+
+def wait_ready(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready")
+
+
+class Stack:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.exporters: dict[int, str] = {}        # port → scenario
+        self.prometheus = ""
+
+    def _spawn(self, args: list[str]) -> None:
+        self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def exporter(self, scenario: str, *flags: str) -> int:
+        port = free_port()
+        self.exporters[port] = scenario
+        self._spawn([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
+                     "--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, *flags])
+        return port
+
+    def alertmanager(self, config: dict[str, Any]) -> int:
+        port = free_port()
+        (self.tmp / "am.yml").write_text(yaml.safe_dump(config))
+        self._spawn([ALERTMANAGER or "alertmanager", f"--config.file={self.tmp / 'am.yml'}",
+                     f"--storage.path={self.tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
+                     "--cluster.listen-address="])
+        wait_ready(f"http://127.0.0.1:{port}/-/ready")
+        return port
+
+    def start_prometheus(self, rules_text: str | None = None, alertmanager_port: int | None = None) -> str:
+        port = free_port()
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
+                {"targets": [f"127.0.0.1:{p}" for p in self.exporters], "labels": {"cluster": "test"}}]}],
+        }
+        if rules_text is not None:
+            (self.tmp / "rules.yaml").write_text(rules_text)
+            config["rule_files"] = [str(self.tmp / "rules.yaml")]
+        if alertmanager_port is not None:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [
+                {"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]}
+        (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self._spawn([PROMETHEUS or "prometheus", f"--config.file={self.tmp / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={self.tmp / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"])
+        self.prometheus = f"http://127.0.0.1:{port}"
+        wait_ready(self.prometheus + "/-/ready")
+        for exporter_port in self.exporters:
+            wait_ready(f"http://127.0.0.1:{exporter_port}/healthz")
+        return self.prometheus
+
+    def scenario_of(self, instance: str) -> str:
+        return self.exporters[int(instance.rsplit(":", 1)[1])]
+
+    def instance_of(self, scenario: str) -> str:
+        return next(f"127.0.0.1:{port}" for port, name in self.exporters.items() if name == scenario)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        body = httpx.get(self.prometheus + "/api/v1/query", params={"query": expr}, timeout=10).json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def stack(tmp: Path):
+    running = Stack(tmp)
+    try:
+        yield running
+    finally:
+        running.stop()
