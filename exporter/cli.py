@@ -6,6 +6,7 @@ import argparse
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -106,13 +107,44 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpuwarden: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    return serve(settings)
+    return serve(settings, argv)
+
+
+RESTART_ONLY = ("web", "nvml.backend", "nvml.scenario", "log.format")
+
+
+def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: Any) -> Settings:
+    """SIGHUP: re-read file, environment and the original flags; apply what can change live, atomically.
+
+    An invalid configuration is rejected with one log line and the running one stays in force.
+    """
+    from exporter import logs
+    from exporter.health.thresholds import load_thresholds
+    from exporter.poller import family_filter
+
+    try:
+        new = settings_from_argv(argv)
+        load_thresholds(new.health.thresholds_file)     # validate before anything changes
+    except (ConfigError, SystemExit) as exc:
+        log.error("reload rejected, keeping the running configuration: %s", exc)
+        return current
+    old, fresh = current.model_dump(), new.model_dump()
+    for key in RESTART_ONLY:
+        section, _, name = key.partition(".")
+        before = old[section].get(name) if name else old[section]
+        after = fresh[section].get(name) if name else fresh[section]
+        if before != after:
+            log.warning("reload: %s changed; it takes effect only after a restart", key)
+    poller.reconfigure(new)
+    renderer.refilter(family_filter(new.metrics.include, new.metrics.exclude))
+    logs.set_level(new.log.level)
+    log.info("configuration reloaded")
+    return new
 
 
 def _graceful_server(config: Any) -> Any:
     """A uvicorn Server that stops on SIGTERM/SIGINT and returns (exit 0) instead of re-raising the signal."""
     import contextlib
-    import signal
 
     import uvicorn
 
@@ -132,7 +164,7 @@ def _graceful_server(config: Any) -> Any:
     return Server(config)
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, argv: list[str] | None = None) -> int:
     import uvicorn
 
     from exporter import logs
@@ -164,6 +196,18 @@ def serve(settings: Settings) -> int:
     # which otherwise walk FastAPI's and pydantic's object graphs and show up as scrape-latency spikes.
     gc.collect()
     gc.freeze()
+    reload_requested = threading.Event()
+
+    def watch_reload() -> None:
+        nonlocal settings
+        while not stopped.is_set():
+            if reload_requested.wait(0.5):
+                reload_requested.clear()
+                settings = reload_settings(argv or [], settings, poller, renderer)
+
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
+        threading.Thread(target=watch_reload, name="gpuwarden-reload", daemon=True).start()
     poller.start()
     threading.Thread(target=watch_fatal, name="gpuwarden-fatal", daemon=True).start()
     log.info("gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address,

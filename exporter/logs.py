@@ -42,3 +42,7 @@ def setup(level: str, fmt: str) -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").disabled = True
+
+
+def set_level(level: str) -> None:
+    logging.getLogger().setLevel(_LEVELS[level])

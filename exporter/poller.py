@@ -96,12 +96,7 @@ class Poller:
         self.settings = settings
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
         self._wall = wall_clock
-        wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
-        # A reader with no wanted family is never run: query only what is exported (nvml.md §3).
-        self.readers: dict[Tier, list[Reader]] = {tier: [] for tier in Tier}
-        for reader in all_readers():
-            if not reader.families or any(wanted(name) for name in reader.families):
-                self.readers[reader.tier].append(reader)
+        self.readers = self._select_readers(settings)
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
         self._lock = threading.RLock()
@@ -129,7 +124,24 @@ class Poller:
         self._watcher = XidWatcher(self._event_devices, self.xid) if settings.nvml.xid_events else None
         self.ready_once = threading.Event()   # set after the first fast cycle was published
 
+    @staticmethod
+    def _select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
+        """A reader with no wanted family is never run: query only what is exported (nvml.md §3)."""
+        wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
+        readers: dict[Tier, list[Reader]] = {tier: [] for tier in Tier}
+        for reader in all_readers():
+            if not reader.families or any(wanted(name) for name in reader.families):
+                readers[reader.tier].append(reader)
+        return readers
+
     # -- public ----------------------------------------------------------------------------------------
+
+    def reconfigure(self, settings: Settings) -> None:
+        """Apply a reloaded configuration: intervals, deadlines, metric selection and thresholds take effect at
+        the next cycle. Each attribute is swapped whole, so a cycle sees the old or the new value, never a mix."""
+        self.readers = self._select_readers(settings)
+        self.health.t = load_thresholds(settings.health.thresholds_file)
+        self.settings = settings
 
     @property
     def snapshot(self) -> Snapshot:
@@ -163,9 +175,9 @@ class Poller:
     # -- loops -----------------------------------------------------------------------------------------
 
     def _fast_loop(self) -> None:
-        interval = self.settings.poll.fast_interval
         next_tick = time.monotonic()
         while not self._stop.is_set():
+            interval = self.settings.poll.fast_interval      # read each cycle: a reload may change it
             try:
                 self._fast_cycle()
                 self._publish()
@@ -177,9 +189,9 @@ class Poller:
 
     def _slow_loop(self) -> None:
         self.ready_once.wait(self.settings.poll.call_deadline * 2)
-        interval = self.settings.poll.slow_interval
         next_tick = time.monotonic()
         while not self._stop.is_set():
+            interval = self.settings.poll.slow_interval
             try:
                 if self.nvml_up:
                     self._tier_cycle(Tier.SLOW)

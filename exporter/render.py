@@ -131,6 +131,13 @@ class Renderer:
         self._cache: dict[tuple[bool, bool], bytes] = {}
         self.renders = 0    # how many times bytes were actually produced (tests assert one per snapshot)
 
+    def refilter(self, wanted: Callable[[str], bool]) -> None:
+        """Serve a new metric selection (config reload): drop the cached bytes so the next scrape re-renders."""
+        with self._lock:
+            self.wanted = wanted
+            self._cache = {}
+            self._snapshot_id = -1
+
     def cached(self, snapshot: Snapshot, openmetrics: bool = False, compress: bool = False) -> bytes | None:
         """This snapshot's bytes if already rendered: no lock, no work (the hot path of a scrape)."""
         if self._snapshot_id != snapshot.id:     # read the id first: render() swaps the dict before the id

@@ -1,0 +1,75 @@
+"""Soak: run the daemon for a long time at fast polling with faults injected, sample RSS, fds and threads.
+
+Usage: python3 bench/soak.py --seconds 3600 --json OUT.json   (defaults: bench/soak-faults.yaml, 0.1 s polling)
+Scrapes /metrics every 5 s and /api/v1/gpus every 30 s; samples every 60 s; counts failed scrapes and tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_daemon import proc_status  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=3600)
+    parser.add_argument("--scenario", default=str(Path(__file__).resolve().parent / "soak-faults.yaml"))
+    parser.add_argument("--port", type=int, default=10051)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    url = f"http://127.0.0.1:{args.port}"
+    log = open("/tmp/gpuwarden-soak.log", "w")  # noqa: SIM115 - the child's stderr for the whole run
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", args.scenario,
+                             "--web.listen-address", f"127.0.0.1:{args.port}", "--poll.fast-interval", "0.1",
+                             "--poll.slow-interval", "1", "--poll.call-deadline", "2"],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    time.sleep(3)
+    start = time.monotonic()
+    samples, failures, scrapes = [], 0, 0
+    next_sample = 0.0
+    while time.monotonic() - start < args.seconds:
+        elapsed = time.monotonic() - start
+        if elapsed >= next_sample:
+            samples.append({"t_s": round(elapsed), **proc_status(proc.pid)})
+            print(json.dumps(samples[-1]), flush=True)
+            next_sample += 60
+        try:
+            urllib.request.urlopen(url + "/metrics", timeout=5).read()
+            if int(elapsed) % 30 < 5:
+                urllib.request.urlopen(url + "/api/v1/gpus", timeout=5).read()
+            scrapes += 1
+        except OSError:
+            failures += 1
+        time.sleep(5)
+    samples.append({"t_s": round(time.monotonic() - start), **proc_status(proc.pid)})
+    proc.terminate()
+    proc.wait(timeout=15)
+    log.close()
+    logs = Path("/tmp/gpuwarden-soak.log").read_text()
+    after_warmup = [s for s in samples if s["t_s"] >= 120] or samples
+    result = {
+        "seconds": samples[-1]["t_s"], "scrapes": scrapes, "failed_scrapes": failures,
+        "rss_mib_first": round(samples[0]["rss_mib"], 1), "rss_mib_at_2min": round(after_warmup[0]["rss_mib"], 1),
+        "rss_mib_last": round(samples[-1]["rss_mib"], 1),
+        "rss_growth_after_2min_mib": round(samples[-1]["rss_mib"] - after_warmup[0]["rss_mib"], 2),
+        "threads": sorted({s["threads"] for s in samples}), "fds": sorted({s["fds"] for s in samples}),
+        "cpu_millicores": round(1000 * (samples[-1]["cpu_s"] - samples[0]["cpu_s"]) / max(samples[-1]["t_s"], 1), 1),
+        "tracebacks_in_log": logs.count("Traceback"), "log_lines": logs.count("\n"), "exit_code": proc.returncode,
+        "samples": samples,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

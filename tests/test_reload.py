@@ -1,0 +1,81 @@
+"""Hot reload: SIGHUP re-reads the configuration atomically; /metrics never goes empty; a bad file is rejected."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, write_yaml
+
+
+def wait_for(predicate, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
+    config = write_yaml(tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim", "scenario": "healthy"},
+                                                      "poll": {"fast_interval": 0.2}})
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(config),
+                             "--web.listen-address", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=base)
+    url = f"http://127.0.0.1:{port}/metrics"
+    bad_scrapes: list[str] = []
+    stop = threading.Event()
+
+    def scrape_all_the_time() -> None:
+        while not stop.is_set():
+            try:
+                body = httpx.get(url, timeout=5).text
+                if "gpuwarden_nvml_up 1.0" not in body or "gpuwarden_gpu_up" not in body:
+                    bad_scrapes.append(body[:200])
+            except httpx.HTTPError as exc:
+                bad_scrapes.append(repr(exc))
+            time.sleep(0.02)
+
+    try:
+        wait_for(lambda: _ready(port))
+        assert "gpuwarden_temperature_celsius" in httpx.get(url).text
+        scraper = threading.Thread(target=scrape_all_the_time)
+        scraper.start()
+        write_yaml(config, {"nvml": {"backend": "sim", "scenario": "healthy"}, "poll": {"fast_interval": 0.2},
+                            "metrics": {"exclude": ["gpuwarden_temperature_celsius"]}})
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "gpuwarden_temperature_celsius" not in httpx.get(url).text)
+        # an invalid file: rejected, the running configuration stays (temperature still excluded)
+        config.write_text("poll: {fast_interval: -1}\n")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        body = httpx.get(url).text
+        assert "gpuwarden_temperature_celsius" not in body and "gpuwarden_power_usage_watts" in body
+        stop.set()
+        scraper.join()
+        assert bad_scrapes == []
+        assert proc.poll() is None
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(timeout=10)
+    logs = proc.stderr.read()
+    assert "configuration reloaded" in logs
+    assert "reload rejected, keeping the running configuration: config file" in logs
+    assert "poll.fast_interval" in logs and "Traceback" not in logs
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
