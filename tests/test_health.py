@@ -155,3 +155,25 @@ def test_bad_thresholds_file_is_one_line(tmp_path):
         load_thresholds(write_yaml(tmp_path / "t.yaml", {"xid_warning": [79]}))
     with pytest.raises(ConfigError, match="temperature_critical_celsius must be above"):
         load_thresholds(write_yaml(tmp_path / "t.yaml", {"temperature_critical_celsius": 80}))
+
+
+def test_history_stays_bounded_at_fast_polling():
+    """An hour of 0.1 s polls keeps one point per spacing, not one per poll (found by the soak run)."""
+    from exporter.health.checks import HealthEvaluator
+    from exporter.health.thresholds import DEFAULT
+    from exporter.snapshot import GpuSnapshot, Sample
+
+    evaluator = HealthEvaluator(DEFAULT)
+    for step in range(36_000):
+        now = 1000.0 + step * 0.1
+        samples = (Sample("gpuwarden_busy_seconds_total", (), step * 0.05),
+                   Sample("gpuwarden_utilization_sampled_seconds_total", (), step * 0.1),
+                   Sample("gpuwarden_temperature_celsius", (), 60.0))
+        gpu = GpuSnapshot(0, "G0", True, False, None, None, {"name": "NVIDIA H100 80GB HBM3"}, samples, {})
+        evaluator.evaluate([gpu], {}, now)
+    history = evaluator._history["G0"]
+    assert len(history.points) <= history.keep / history.spacing + 2
+    assert all(key[0] != "gpuwarden_temperature_celsius" for key in history.latest)
+    busy = history.ratio(("gpuwarden_busy_seconds_total", ()), ("gpuwarden_utilization_sampled_seconds_total", ()),
+                         now, DEFAULT.utilization_for_s)
+    assert busy == pytest.approx(0.5)

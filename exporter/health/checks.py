@@ -18,7 +18,6 @@ from exporter.snapshot import GpuSnapshot
 OK, WARNING, CRITICAL = 0, 1, 2
 CHECKS = ("gpu_lost", "ecc", "row_remap", "xid", "nvlink", "temperature", "thermal_throttling", "power",
           "performance_state", "memory_pressure", "utilization", "persistence_mode", "pcie")
-_KEEP_S = 3600 + 120      # the longest window (power limit reduced) plus slack
 
 
 @dataclass(frozen=True)
@@ -34,55 +33,60 @@ def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
     return {(s.name, s.labels): s.value for s in gpu.samples}
 
 
-class _History:
-    """Timestamped readings of one GPU, kept for the longest window."""
+# The counters the windowed checks need; everything else is judged on the current snapshot.
+_HISTORY_NAMES = {"gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
+                  "gpuwarden_throttle_seconds_total", "gpuwarden_nvlink_errors_total",
+                  "gpuwarden_pcie_replay_errors_total"}
 
-    def __init__(self) -> None:
+
+class _History:
+    """Readings of one GPU's counters, one point per `spacing` seconds, kept for the longest window.
+
+    Bounded: (longest window / spacing) points of a few dozen counters, whatever the poll rate.
+    """
+
+    def __init__(self, spacing: float, keep: float) -> None:
+        self.spacing, self.keep = spacing, keep
         self.points: deque[tuple[float, dict[tuple[str, tuple[str, ...]], float]]] = deque()
+        self.latest: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def add(self, now: float, values: dict[tuple[str, tuple[str, ...]], float]) -> None:
-        self.points.append((now, values))
-        while self.points and self.points[0][0] < now - _KEEP_S:
-            self.points.popleft()
+        self.latest = {key: value for key, value in values.items() if key[0] in _HISTORY_NAMES}
+        if not self.points or now - self.points[-1][0] >= self.spacing:
+            self.points.append((now, self.latest))
+            while self.points[0][0] < now - self.keep:
+                self.points.popleft()
 
     def span(self, now: float) -> float:
         return now - self.points[0][0] if self.points else 0.0
 
-    def at_or_before(self, when: float) -> dict[tuple[str, tuple[str, ...]], float] | None:
-        """The newest reading taken at or before `when`."""
+    def _then(self, now: float, window: float) -> tuple[float, dict[tuple[str, tuple[str, ...]], float]] | None:
+        """The newest point at least `window` seconds old; None until the window has been watched."""
+        if self.span(now) < window:
+            return None
         found = None
-        for t, values in self.points:
-            if t > when:
+        for point in self.points:
+            if point[0] > now - window:
                 break
-            found = values
+            found = point
         return found
 
     def rate(self, key: tuple[str, tuple[str, ...]], now: float, window: float) -> float | None:
-        """Increase per second of a counter over the window; None until the window has been watched."""
-        if self.span(now) < window:
+        """Increase per second of a counter over (at least) the window."""
+        then = self._then(now, window)
+        if then is None or key not in then[1] or key not in self.latest or now <= then[0]:
             return None
-        then = self.at_or_before(now - window)
-        current = self.points[-1][1]
-        if then is None or key not in then or key not in current:
-            return None
-        return max(current[key] - then[key], 0.0) / window
+        return max(self.latest[key] - then[1][key], 0.0) / (now - then[0])
 
     def ratio(self, numerator: tuple[str, tuple[str, ...]], denominator: tuple[str, tuple[str, ...]],
               now: float, window: float) -> float | None:
         """Δnumerator / Δdenominator over the window (busy seconds / sampled seconds)."""
-        if self.span(now) < window:
-            return None
-        then = self.at_or_before(now - window)
-        current = self.points[-1][1]
+        then = self._then(now, window)
         keys = {numerator, denominator}
-        if then is None or not keys <= then.keys() or not keys <= current.keys():
+        if then is None or not keys <= then[1].keys() or not keys <= self.latest.keys():
             return None
-        base = current[denominator] - then[denominator]
-        return None if base <= 0 else (current[numerator] - then[numerator]) / base
-
-    def max_of(self, key: tuple[str, tuple[str, ...]]) -> float | None:
-        seen = [values[key] for _, values in self.points if key in values]
-        return max(seen) if seen else None
+        base = self.latest[denominator] - then[1][denominator]
+        return None if base <= 0 else (self.latest[numerator] - then[1][numerator]) / base
 
 
 BUSY = ("gpuwarden_busy_seconds_total", ())
@@ -100,6 +104,14 @@ class HealthEvaluator:
         self.t = thresholds
         self._history: dict[str, _History] = {}
         self._since: dict[tuple[str, str], float] = {}
+        self._links_seen_up: dict[str, set[str]] = {}
+
+    def _new_history(self) -> _History:
+        t = self.t
+        windows = (t.utilization_for_s, t.thermal_slowdown_for_s, t.power_cap_for_s, t.pstate_for_s,
+                   t.nvlink_crc_for_s, t.pcie_replays_for_s, 900)
+        spacing = min(max(min(windows) / 10, 0.5), 15.0)
+        return _History(spacing, max(windows) + 2 * spacing)
 
     def _sustained(self, uuid: str, key: str, condition: bool, now: float, duration: float) -> bool:
         """True once `condition` has held continuously for `duration` seconds."""
@@ -117,7 +129,7 @@ class HealthEvaluator:
                 result[gpu.uuid] = (Verdict("gpu_lost", CRITICAL, "critical", gpu.lost_reason or "lost", "gpu_up 1"),)
                 continue
             values = _values(gpu)
-            history = self._history.setdefault(gpu.uuid, _History())
+            history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
             history.add(now, values)
             exempt = re.fullmatch(self.t.pstate_exempt_name_regex, str(gpu.info.get("name", "")))
             verdicts = [self._check(name, gpu.uuid, values, history, xid, now, bool(exempt)) for name in CHECKS]
@@ -159,8 +171,9 @@ class HealthEvaluator:
             return verdict(OK, "no critical XID", f"none in {t.xid_window_s} s")
         if name == "nvlink":
             links = {labels[0]: value for (n, labels), value in v.items() if n == "gpuwarden_nvlink_up"}
-            down = sorted((link for link, up in links.items() if not up and h.max_of(("gpuwarden_nvlink_up", (link,)))),
-                          key=int)
+            seen_up = self._links_seen_up.setdefault(uuid, set())
+            seen_up.update(link for link, up in links.items() if up)
+            down = sorted((link for link, up in links.items() if not up and link in seen_up), key=int)
             # a link that was never up in our history may simply be unused: not a regression
             if self._sustained(uuid, "nvlink_down", bool(down), now, t.nvlink_down_for_s):
                 return verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
