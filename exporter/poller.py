@@ -45,7 +45,7 @@ class Worker:
     """A daemon thread that runs one GPU's jobs for one tier. A hung NVML call blocks only this thread."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = \
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any] | None, concurrent.futures.Future[Any] | None]] = \
             queue.SimpleQueue()
         self.busy = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -60,9 +60,15 @@ class Worker:
         self._jobs.put((job, future))
         return future
 
+    def stop(self) -> None:
+        """Let the thread end once it is idle (a thread stuck in a wedged call ends when the call returns)."""
+        self._jobs.put((None, None))
+
     def _run(self) -> None:
         while True:
             job, future = self._jobs.get()
+            if job is None:
+                return
             try:
                 future.set_result(job())
             except BaseException as exc:  # noqa: BLE001 - delivered to the poller through the future
@@ -162,7 +168,10 @@ class Poller:
             self._watcher.stop()
         for thread in self._threads:
             thread.join(timeout)
-        if self.nvml_up and not any(worker.busy for worker in self._workers.values()):
+        wedged = any(worker.busy for worker in self._workers.values())
+        for worker in self._workers.values():
+            worker.stop()
+        if self.nvml_up and not wedged:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
 
