@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import json
+import threading
 import time
 from typing import Annotated, Any
 
@@ -42,7 +44,8 @@ class Gpu(BaseModel):
     stale: bool = Field(description="true while a read is stuck past the deadline; values are from earlier")
     lost_reason: str | None = None
     hardware_error: str | None = None
-    sample_age_seconds: dict[str, float] = Field(description="per tier: seconds since its last reading")
+    sample_age_seconds: dict[str, float] = Field(
+        description="per tier: age of its last reading when the snapshot was taken (add snapshot_age_seconds)")
     info: dict[str, Any]
     metrics: dict[str, Metric] = Field(description="metric name (without gpuwarden_) → values")
     health: dict[str, dict[str, Any]] = Field(default_factory=dict,
@@ -92,20 +95,50 @@ class Problem(BaseModel):
     detail: Any = None
 
 
-def gpu_json(gpu: GpuSnapshot, now: float, verdicts: tuple[Any, ...] = ()) -> Gpu:
-    metrics: dict[str, Metric] = {}
+def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = ()) -> dict[str, Any]:
+    """One GPU as JSON-ready plain data (the shape of the `Gpu` model; ages as of the snapshot)."""
+    metrics: dict[str, dict[str, Any]] = {}
     for sample in gpu.samples:
         family = FAMILIES[sample.name]
         entry = metrics.setdefault(sample.name.removeprefix("gpuwarden_"),
-                                   Metric(unit=family.unit, type=family.type, values=[]))
-        entry.values.append(MetricValue(labels=dict(zip(family.labels, sample.labels, strict=True)),
-                                        value=sample.value))
-    return Gpu(index=gpu.index, uuid=gpu.uuid, up=gpu.up, stale=gpu.stale, lost_reason=gpu.lost_reason,
-               hardware_error=gpu.hardware_error,
-               sample_age_seconds={tier: round(max(now - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
-               info=gpu.info, metrics=metrics,
-               health={v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
-                                 "threshold": v.threshold} for v in verdicts})
+                                   {"unit": family.unit, "type": family.type, "values": []})
+        entry["values"].append({"labels": dict(zip(family.labels, sample.labels, strict=True)),
+                                "value": sample.value})
+    return {"index": gpu.index, "uuid": gpu.uuid, "up": gpu.up, "stale": gpu.stale, "lost_reason": gpu.lost_reason,
+            "hardware_error": gpu.hardware_error,
+            "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
+            "info": gpu.info, "metrics": metrics,
+            "health": {v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
+                                 "threshold": v.threshold} for v in verdicts}}
+
+
+class GpuJsonCache:
+    """The GPUs' JSON, serialized once per snapshot and shared by every request (as the exposition is)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snapshot_id = -1
+        self._by_index: dict[int, bytes] = {}
+        self._all = b"[]"
+
+    def cached(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]] | None:
+        if self._snapshot_id != snapshot.id:
+            return None
+        return self._all, self._by_index
+
+    def build(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]]:
+        with self._lock:
+            if self._snapshot_id != snapshot.id:
+                by_index = {gpu.index: json.dumps(gpu_dict(gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ())),
+                                                  ensure_ascii=False).encode()
+                            for gpu in snapshot.gpus}
+                self._all = b"[" + b",".join(by_index.values()) + b"]"
+                self._by_index = by_index
+                self._snapshot_id = snapshot.id
+            return self._all, self._by_index
+
+    async def get(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]]:
+        return self.cached(snapshot) or await anyio.to_thread.run_sync(self.build, snapshot)
 
 
 def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
@@ -187,23 +220,27 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
             return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
         return JSONResponse({"status": "ready"})
 
+    gpu_json = GpuJsonCache()
+
     @app.get("/api/v1/gpus", response_model=GpuList, summary="Every GPU's latest readings, with units")
-    def gpus() -> GpuList:
-        snap, now = poller.snapshot, time.time()
-        return GpuList(nvml_up=snap.nvml_up, nvml_error=snap.nvml_error, driver=snap.driver,
-                       snapshot_age_seconds=round(max(now - snap.taken_at, 0.0), 3),
-                       gpus=[gpu_json(gpu, now, snap.health.get(gpu.uuid, ())) for gpu in snap.gpus])
+    async def gpus() -> Any:
+        snap = poller.snapshot
+        all_gpus, _ = await gpu_json.get(snap)
+        head = json.dumps({"nvml_up": snap.nvml_up, "nvml_error": snap.nvml_error, "driver": snap.driver,
+                           "snapshot_age_seconds": round(max(time.time() - snap.taken_at, 0.0), 3)})
+        return Response(head[:-1].encode() + b', "gpus": ' + all_gpus + b"}", media_type="application/json")
 
     @app.get("/api/v1/gpus/{gpu}", response_model=Gpu, responses={404: {"model": Problem}},
              summary="One GPU by index or UUID")
-    def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]
-            ) -> Gpu | JSONResponse:
-        found = poller.snapshot.gpu(gpu)
+    async def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]
+                  ) -> Any:
+        snap = poller.snapshot
+        found = snap.gpu(gpu)
         if found is None:
             return JSONResponse({"error": f"no GPU '{gpu}' on this node",
-                                 "detail": {"known": [g.index for g in poller.snapshot.gpus]}},
-                                status_code=404)
-        return gpu_json(found, time.time(), poller.snapshot.health.get(found.uuid, ()))
+                                 "detail": {"known": [g.index for g in snap.gpus]}}, status_code=404)
+        _, by_index = await gpu_json.get(snap)
+        return Response(by_index[found.index], media_type="application/json")
 
     @app.get("/api/v1/diagnosis", response_model=Diagnosis,
              summary="Findings for the node: check, severity, observed, threshold, cause, action")
