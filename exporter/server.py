@@ -182,6 +182,25 @@ class MetricsFastPath:
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
 
+MAX_HEADER_BYTES = 16 * 1024
+
+
+class HeaderLimit:
+    """Refuse requests whose headers exceed 16 KiB with 431 JSON (uvicorn's httptools parser sets no limit)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
+            body = json.dumps({"error": f"request headers exceed {MAX_HEADER_BYTES} bytes"}).encode()
+            await send({"type": "http.response.start", "status": 431,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics") -> FastAPI:
     app = FastAPI(title="gpuwarden", version=__version__,
                   description="NVIDIA GPU metrics, health and topology from NVML.")
@@ -287,6 +306,7 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
             f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>")
 
     app.add_middleware(MetricsFastPath, path=telemetry_path, poller=poller, renderer=renderer)
+    app.add_middleware(HeaderLimit)     # added last: runs first
     return app
 
 

@@ -153,3 +153,11 @@ def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
     logs = proc.stderr.read().decode()
     assert "Traceback" not in logs
     assert '"level": "info"' in logs and "listening on" in logs
+
+
+def test_oversized_headers_are_refused_and_the_server_stays_up(live_server):
+    server = live_server("healthy")
+    big = server.get("/metrics", headers={"X-Big": "a" * 100_000})
+    assert big.status_code == 431 and "exceed" in big.json()["error"]
+    assert server.get("/healthz").status_code == 200
+    assert server.get("/api/v1/gpus", headers={"X-Small": "a" * 1000}).status_code == 200
