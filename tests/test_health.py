@@ -177,3 +177,10 @@ def test_history_stays_bounded_at_fast_polling():
     busy = history.ratio(("gpuwarden_busy_seconds_total", ()), ("gpuwarden_utilization_sampled_seconds_total", ()),
                          now, DEFAULT.utilization_for_s)
     assert busy == pytest.approx(0.5)
+
+
+def test_nvlink_replay_errors_warn_naming_the_link(health_run):
+    series = health_run({"node": {"count": 2}, "faults": [
+        {"kind": "nvlink_errors", "gpu": 1, "link": 9, "type": "replay", "at": 20, "every": 1, "count": 2}]},
+        seconds=930)
+    assert health(series, "1", "nvlink") == 1 and health(series, "0", "nvlink") == 0

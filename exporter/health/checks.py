@@ -33,10 +33,22 @@ def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
     return {(s.name, s.labels): s.value for s in gpu.samples}
 
 
-# The counters the windowed checks need; everything else is judged on the current snapshot.
-_HISTORY_NAMES = {"gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
-                  "gpuwarden_throttle_seconds_total", "gpuwarden_nvlink_errors_total",
-                  "gpuwarden_pcie_replay_errors_total"}
+# The counters the windowed checks need; everything else is judged on the current snapshot. NVLink error counters
+# are kept as one sum per type over the GPU's links, not per link: the history stays a dozen numbers per point.
+_HISTORY_KEYS = {("gpuwarden_busy_seconds_total", ()), ("gpuwarden_utilization_sampled_seconds_total", ()),
+                 ("gpuwarden_pcie_replay_errors_total", ())} | {
+    ("gpuwarden_throttle_seconds_total", (reason,))
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")}
+NVLINK_SUM = "nvlink_errors_sum"
+
+
+def _history_values(values: dict[tuple[str, tuple[str, ...]], float]) -> dict[tuple[str, tuple[str, ...]], float]:
+    kept = {key: value for key, value in values.items() if key in _HISTORY_KEYS}
+    for (name, labels), value in values.items():
+        if name == "gpuwarden_nvlink_errors_total":
+            key = (NVLINK_SUM, (labels[1],))
+            kept[key] = kept.get(key, 0.0) + value
+    return kept
 
 
 class _History:
@@ -51,7 +63,7 @@ class _History:
         self.latest: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def add(self, now: float, values: dict[tuple[str, tuple[str, ...]], float]) -> None:
-        self.latest = {key: value for key, value in values.items() if key[0] in _HISTORY_NAMES}
+        self.latest = _history_values(values)
         if not self.points or now - self.points[-1][0] >= self.spacing:
             self.points.append((now, self.latest))
             while self.points[0][0] < now - self.keep:
@@ -177,14 +189,15 @@ class HealthEvaluator:
             # a link that was never up in our history may simply be unused: not a regression
             if self._sustained(uuid, "nvlink_down", bool(down), now, t.nvlink_down_for_s):
                 return verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
-            for link in links:
-                for kind in ("replay", "recovery"):
-                    increase = h.rate(("gpuwarden_nvlink_errors_total", (link, kind)), now, 900)
-                    if increase:
-                        return verdict(WARNING, f"link {link} {kind} errors", "none in 15 m")
-                crc = h.rate(("gpuwarden_nvlink_errors_total", (link, "crc_flit")), now, t.nvlink_crc_for_s)
-                if crc is not None and crc > t.nvlink_crc_per_second:
-                    return verdict(WARNING, f"link {link} CRC {crc:.0f}/s", f"<= {t.nvlink_crc_per_second:g}/s")
+            for kind in ("replay", "recovery"):
+                if h.rate((NVLINK_SUM, (kind,)), now, 900):
+                    named = sorted({labels[0] for (n, labels), value in v.items()
+                                    if n == "gpuwarden_nvlink_errors_total" and labels[1] == kind and value}, key=int)
+                    return verdict(WARNING, f"{kind} errors on link {', '.join(named)}", "none in 15 m")
+            crc = h.rate((NVLINK_SUM, ("crc_flit",)), now, t.nvlink_crc_for_s)
+            if crc is not None and crc > t.nvlink_crc_per_second:
+                # the sum over links: a conservative reading of the per-link threshold of the alert rule
+                return verdict(WARNING, f"CRC {crc:.0f}/s over all links", f"<= {t.nvlink_crc_per_second:g}/s")
             return verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
         if name == "temperature":
             temp = v.get(("gpuwarden_temperature_celsius", ()))
