@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from_argv(argv)
         if settings.web.config_file is not None:
-            raise ConfigError("web.config_file: TLS and basic auth are not implemented in this version; "
-                              "terminate TLS in front of gpuwarden or remove the option")
+            from exporter.webconfig import load_web_config
+            load_web_config(settings.web.config_file)
         if settings.nvml.backend == "sim":
             from exporter.sim import install_simulator
             install_simulator(settings.nvml.scenario)
@@ -173,11 +173,14 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter.server import create_app
 
     logs.setup(settings.log.level, settings.log.format)
+    from exporter.webconfig import WebConfig, load_web_config
+
+    web = load_web_config(settings.web.config_file) if settings.web.config_file else WebConfig()
     poller = Poller(settings)
     renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
-    app = create_app(poller, renderer, settings.web.telemetry_path)
+    app = create_app(poller, renderer, settings.web.telemetry_path, web.basic_auth_users)
     server = _graceful_server(uvicorn.Config(
-        app, host=settings.web.host, port=settings.web.port, log_config=None, access_log=False,
+        app, host=settings.web.host, port=settings.web.port, log_config=None, access_log=False, **web.uvicorn_ssl(),
         timeout_graceful_shutdown=5, server_header=False, limit_concurrency=512, h11_max_incomplete_event_size=16384))
     exit_code = 0
     stopped = threading.Event()

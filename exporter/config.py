@@ -186,24 +186,23 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a config file; every failure becomes one ConfigError line naming the file."""
+def read_yaml(path: Path, what: str = "config file", flag: str = "--config") -> dict[str, Any]:
+    """Read a YAML file; every failure becomes one ConfigError line naming the file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it ({exc.strerror}); check the --config path") from None
+        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror}); check the {flag} path") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"config file {path}: {problem}{where}; fix the YAML syntax") from None
+        raise ConfigError(f"{what} {path}: {problem}{where}; fix the YAML syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: top level must be a mapping of sections "
-                          f"({', '.join(Settings.model_fields)})")
+        raise ConfigError(f"{what} {path}: top level must be a mapping of keys")
     return data
 
 

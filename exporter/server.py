@@ -21,6 +21,7 @@ from exporter.metrics import FAMILIES
 from exporter.poller import Poller
 from exporter.render import Renderer, content_type
 from exporter.snapshot import GpuSnapshot, Snapshot
+from exporter.webconfig import BasicAuth
 
 READY_INTERVALS = 3      # /readyz fails when the fast snapshot is older than this many intervals
 GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
@@ -201,7 +202,8 @@ class HeaderLimit:
         await self.app(scope, receive, send)
 
 
-def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics") -> FastAPI:
+def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics",
+               basic_auth_users: dict[str, str] | None = None) -> FastAPI:
     app = FastAPI(title="gpuwarden", version=__version__,
                   description="NVIDIA GPU metrics, health and topology from NVML.")
     fast_interval = poller.settings.poll.fast_interval
@@ -306,6 +308,8 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
             f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>")
 
     app.add_middleware(MetricsFastPath, path=telemetry_path, poller=poller, renderer=renderer)
+    if basic_auth_users:
+        app.add_middleware(BasicAuth, users=basic_auth_users)
     app.add_middleware(HeaderLimit)     # added last: runs first
     return app
 

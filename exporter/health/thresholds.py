@@ -84,6 +84,6 @@ def load_thresholds(path: Path | None) -> Thresholds:
     if path is None:
         return DEFAULT
     try:
-        return Thresholds.model_validate(read_yaml(path))
+        return Thresholds.model_validate(read_yaml(path, "thresholds file", "health.thresholds_file"))
     except ValidationError as exc:
         raise ConfigError(describe_error(exc, f"thresholds file {path}", Thresholds)) from None

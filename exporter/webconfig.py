@@ -1,0 +1,136 @@
+"""TLS and basic auth from a Prometheus exporter-toolkit web-config file (`--web.config.file`).
+
+The same YAML operators already use for node_exporter and friends:
+
+    tls_server_config:
+      cert_file: server.crt
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # or NoClientCert, VerifyClientCertIfGiven
+      client_ca_file: ca.crt
+    basic_auth_users:
+      prometheus: $2y$10$...                          # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
+
+Basic auth guards every endpoint except the probes (/healthz, /readyz), so kubelet probes keep working without
+credentials; they reveal only "alive" and "ready". A bad file stops the daemon with one line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import ssl
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import bcrypt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from exporter.config import ConfigError, describe_error, read_yaml
+
+PROBES = ("/healthz", "/readyz")
+_CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+
+
+class TlsServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cert_file: Path
+    key_file: Path
+    client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = \
+        "NoClientCert"
+    client_ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _files(self) -> TlsServerConfig:
+        for name in ("cert_file", "key_file", "client_ca_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {path} does not exist or is not a file")
+        if self.client_auth_type != "NoClientCert" and self.client_ca_file is None:
+            raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
+        return self
+
+
+class WebConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tls_server_config: TlsServerConfig | None = None
+    basic_auth_users: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _hashes(self) -> WebConfig:
+        for user, hashed in self.basic_auth_users.items():
+            if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+                raise ValueError(f"basic_auth_users.{user} must be a bcrypt hash ($2y$...), not a plain password")
+        return self
+
+    def uvicorn_ssl(self) -> dict[str, Any]:
+        """The keyword arguments uvicorn.Config takes for this TLS setup (empty without TLS)."""
+        tls = self.tls_server_config
+        if tls is None:
+            return {}
+        options: dict[str, Any] = {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file),
+                                   "ssl_cert_reqs": _CLIENT_AUTH[tls.client_auth_type]}
+        if tls.client_ca_file is not None:
+            options["ssl_ca_certs"] = str(tls.client_ca_file)
+        return options
+
+
+def load_web_config(path: Path) -> WebConfig:
+    try:
+        config = WebConfig.model_validate(read_yaml(path, "web config", "--web.config.file"))
+    except ValidationError as exc:
+        raise ConfigError(describe_error(exc, f"web config {path}", WebConfig)) from None
+    tls = config.tls_server_config
+    if tls is not None:      # load once now, so a bad certificate or key is a start-up error, not a runtime one
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert_file, tls.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"web config {path}: tls_server_config: cannot load cert_file/key_file ({exc}); "
+                              "check that they are a matching PEM certificate and key") from None
+    return config
+
+
+class BasicAuth:
+    """ASGI middleware: HTTP basic auth against bcrypt hashes, probes exempt; verified credentials are cached."""
+
+    def __init__(self, app: Any, users: dict[str, str]) -> None:
+        self.app = app
+        self.users = {user: hashed.encode() for user, hashed in users.items()}
+        self._verified: set[bytes] = set()
+        self._lock = threading.Lock()
+
+    def _check(self, header: bytes) -> bool:
+        if not header.startswith(b"Basic "):
+            return False
+        digest = hashlib.sha256(header).digest()     # cache key: never the credentials themselves
+        if digest in self._verified:
+            return True
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None or not bcrypt.checkpw(password.encode(), hashed):
+            return False
+        with self._lock:
+            if len(self._verified) > 1024:
+                self._verified.clear()
+            self._verified.add(digest)
+        return True
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in PROBES:
+            await self.app(scope, receive, send)
+            return
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        cached = hashlib.sha256(header).digest() in self._verified
+        # bcrypt takes ~100 ms by design: never on the event loop
+        if cached or await anyio.to_thread.run_sync(self._check, header):
+            await self.app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 401, "headers": [
+            (b"content-type", b"application/json"), (b"www-authenticate", b'Basic realm="gpuwarden"')]})
+        await send({"type": "http.response.body", "body": json.dumps({"error": "unauthorized"}).encode()})

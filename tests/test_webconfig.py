@@ -1,0 +1,124 @@
+"""TLS, mTLS and basic auth from an exporter-toolkit web-config file, over real handshakes with the daemon."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import sys
+import time
+
+import bcrypt
+import httpx
+import pytest
+import trustme
+
+from exporter.config import ConfigError
+from exporter.webconfig import load_web_config
+from tests.conftest import free_port, write_yaml
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("prometheus.monitoring")
+    files = {"ca": tmp / "ca.pem", "cert": tmp / "server.pem", "key": tmp / "server.key", "client": tmp / "client.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(files["client"]))
+    return files
+
+
+def start(tmp_path, web: dict) -> tuple[subprocess.Popen, int]:
+    config = write_yaml(tmp_path / "web.yml", web)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", "healthy",
+                             "--web.config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    return proc, port
+
+
+def wait(url: str, **kwargs) -> httpx.Response:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return httpx.get(url, timeout=2, **kwargs)
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> str:
+    proc.terminate()
+    proc.wait(timeout=10)
+    return proc.stderr.read()
+
+
+def test_tls_with_basic_auth(tmp_path, pki):
+    hashed = bcrypt.hashpw(b"s3cret-pass", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
+    proc, port = start(tmp_path, {"tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
+                                  "basic_auth_users": {"prometheus": hashed}})
+    base = f"https://127.0.0.1:{port}"
+    ca = ssl.create_default_context(cafile=str(pki["ca"]))
+    try:
+        assert wait(base + "/healthz", verify=ca).status_code == 200      # probes need no credentials
+        wait_ready = time.monotonic() + 10
+        while httpx.get(base + "/readyz", verify=ca).status_code != 200:
+            assert time.monotonic() < wait_ready
+            time.sleep(0.1)
+        for path in ("/metrics", "/api/v1/gpus", "/api/v1/diagnosis", "/", "/docs", "/openapi.json"):
+            refused = httpx.get(base + path, verify=ca)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic"), path
+        wrong = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "nope"))
+        assert wrong.status_code == 401
+        ok = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "s3cret-pass"))
+        assert ok.status_code == 200 and "gpuwarden_gpu_up" in ok.text
+        with pytest.raises(httpx.TransportError):     # plain HTTP to a TLS port fails, it does not leak data
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    finally:
+        logs = stop(proc)
+    assert "s3cret-pass" not in logs and hashed not in logs and "Traceback" not in logs
+
+
+def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
+    proc, port = start(tmp_path, {"tls_server_config": {
+        "cert_file": str(pki["cert"]), "key_file": str(pki["key"]),
+        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki["ca"])}})
+    base = f"https://127.0.0.1:{port}"
+    try:
+        with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
+        with_cert.load_cert_chain(str(pki["client"]))
+        assert wait(base + "/metrics", verify=with_cert).status_code == 200
+        without = ssl.create_default_context(cafile=str(pki["ca"]))
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+            httpx.get(base + "/metrics", verify=without, timeout=3)
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize(("web", "expected"), [
+    ({"tls_server_config": {"cert_file": "/nope.pem", "key_file": "/nope.key"}},
+     "tls_server_config: cert_file /nope.pem does not exist"),
+    ({"basic_auth_users": {"admin": "plaintext"}}, "basic_auth_users.admin must be a bcrypt hash"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "RequireAnyClientCert"}},
+     "client_auth_type"),
+    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type":
+                            "RequireAndVerifyClientCert"}}, "needs client_ca_file"),
+    ({"tls_config": {}}, "unknown key 'tls_config'; allowed here: tls_server_config, basic_auth_users"),
+    ({"tls_server_config": {"cert_file": "KEY", "key_file": "KEY"}}, "cannot load cert_file/key_file"),
+])
+def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
+    text = str(web).replace("CERT", str(pki["cert"])).replace("KEY", str(pki["key"]))
+    path = tmp_path / "web.yml"
+    path.write_text(text.replace("'", '"'))
+    with pytest.raises(ConfigError) as caught:
+        load_web_config(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+    result = subprocess.run([sys.executable, "-m", "exporter", "--sim", "--web.config.file", str(path),
+                             "--web.listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
