@@ -70,7 +70,8 @@ def test_unknown_environment_variable_is_rejected():
     ([], {"GPUWARDEN_LOG_LEVEL": "loud"}, "environment: log.level: Input should be"),
     (["--config", "/nonexistent.yaml"], {}, "cannot read it"),
     (["--sim", "--nvml.scenario", "no-such-scenario"], {}, "scenario 'no-such-scenario': no such file"),
-    (["--web.config.file", "/etc/web.yml"], {}, "web config /etc/web.yml: cannot read it (No such file or directory); check the --web.config.file"),
+    (["--web.config.file", "/etc/web.yml"], {},
+     "web config /etc/web.yml: cannot read it (No such file or directory); check the --web.config.file path"),
 ])
 def test_cli_errors_exit_2_with_one_line(args, env, expected):
     result = run_cli(*args, env=env)
