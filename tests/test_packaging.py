@@ -1,0 +1,64 @@
+"""The container image's install steps, performed here (no Docker engine runs on the build machines): build the
+wheel, install it into a fresh venv, start the exporter from it. And the Dockerfile's own rules."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_dockerfile_rules():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM (\S+)", text, re.M)
+    assert len(stages) == 2 and all(s.startswith("python:3.12-slim") for s in stages)
+    runtime = text.split("\nFROM ")[-1]
+    assert "pip wheel" in text and "pip install --no-cache-dir --no-index /wheels/*.whl" in runtime
+    assert re.search(r"^USER 10045", runtime, re.M), "runs as a non-root user"
+    assert "EXPOSE 10045" in runtime and 'ENTRYPOINT ["gpuwarden"]' in runtime
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility" in runtime
+    for label in ("title", "description", "version", "licenses", "source"):
+        assert f"org.opencontainers.image.{label}" in runtime
+    assert "gcc" not in runtime and "build-essential" not in runtime
+
+
+def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", str(wheels),
+                    str(ROOT)], check=True, timeout=300)
+    wheel = next(wheels.glob("gpuwarden-*.whl"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", str(wheel)], check=True,
+                   timeout=600)
+    gpuwarden = env_dir / "bin" / "gpuwarden"
+    version = subprocess.run([str(gpuwarden), "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
+    port = free_port()
+    proc = subprocess.Popen([str(gpuwarden), "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "the installed exporter did not get ready"
+            time.sleep(0.2)
+        # the shipped scenarios travel inside the wheel
+        assert "gpuwarden_gpu_up" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
