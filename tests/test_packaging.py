@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
 import httpx
 
 from tests.conftest import free_port
+from tests.stack import wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,15 +48,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     proc = subprocess.Popen([str(gpuwarden), "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "the installed exporter did not get ready"
-            time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
         # the shipped scenarios travel inside the wheel
         assert "gpuwarden_gpu_up" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, write_yaml
+from tests.stack import wait_ready
 
 
 def wait_for(predicate, timeout: float = 15.0) -> None:
@@ -46,7 +47,7 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
             time.sleep(0.02)
 
     try:
-        wait_for(lambda: _ready(port))
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
         assert "gpuwarden_temperature_celsius" in httpx.get(url).text
         scraper = threading.Thread(target=scrape_all_the_time)
         scraper.start()
@@ -73,9 +74,3 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
     assert "reload rejected, keeping the running configuration: config file" in logs
     assert "poll.fast_interval" in logs and "Traceback" not in logs
 
-
-def _ready(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.conftest import free_port, parse_exposition, values
+from tests.stack import wait_ready
 
 
 def test_metrics_text_openmetrics_and_gzip(live_server):
@@ -136,15 +137,7 @@ def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
                              "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, proc.stderr.read1().decode() if proc.poll() is not None else ""
-            time.sleep(0.1)
+        wait_ready(f"http://127.0.0.1:{port}/readyz")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
