@@ -33,7 +33,7 @@ from exporter.health.thresholds import load_thresholds
 from exporter.nvml.device import ErrorLedger, GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
 from exporter.readers import Reader, all_readers
-from exporter.snapshot import GpuSnapshot, PeerLink, Sample, SampleWriter, Snapshot, Tier, TierReading
+from exporter.snapshot import EMPTY, GpuSnapshot, PeerLink, Sample, SampleWriter, Snapshot, Tier, TierReading
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Poller:
         self.tier_duration: dict[str, float] = {}
         self.tier_finished: dict[str, float] = {}
         self._snapshot_ids = itertools.count(1)
-        self._snapshot = Snapshot(id=0, taken_at=0.0, nvml_up=False, nvml_error="starting", driver={}, gpus=())
+        self._snapshot = EMPTY
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = XidWatcher(self._event_devices, self.xid) if settings.nvml.xid_events else None
