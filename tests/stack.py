@@ -40,16 +40,18 @@ class Stack:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.exporters: dict[int, str] = {}        # port → scenario
+        self._pending: list[list[str]] = []
         self.prometheus = ""
 
     def _spawn(self, args: list[str]) -> None:
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     def exporter(self, scenario: str, *flags: str) -> int:
+        """Plan an exporter; it starts once Prometheus runs, so the first scrapes see a scenario's first seconds."""
         port = free_port()
         self.exporters[port] = scenario
-        self._spawn([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
-                     "--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, *flags])
+        self._pending.append([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
+                              "--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, *flags])
         return port
 
     def alertmanager(self, config: dict[str, Any]) -> int:
@@ -79,6 +81,9 @@ class Stack:
                      f"--storage.tsdb.path={self.tmp / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"])
         self.prometheus = f"http://127.0.0.1:{port}"
         wait_ready(self.prometheus + "/-/ready")
+        for args in self._pending:
+            self._spawn(args)
+        self._pending = []
         for exporter_port in self.exporters:
             wait_ready(f"http://127.0.0.1:{exporter_port}/healthz")
         return self.prometheus
