@@ -65,7 +65,8 @@ def test_conventions_severity_annotations_runbooks():
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
         annotations = rule["annotations"]
         assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"]
-        assert "{{ $labels." in annotations["description"] or name == "GpuwardenGpuCountDropped"
+        node_level = ("GpuwardenGpuCountDropped", "GpuwardenExporterAbsent")
+        assert "{{ $labels." in annotations["description"] or name in node_level
         assert annotations["runbook_url"].endswith(f"runbooks.md#{name.lower()}")
         assert name in runbook_headings, f"docs/runbooks.md has no section for {name}"
     descriptions = {rule["alert"]: rule["annotations"]["description"] for rule in loaded()}

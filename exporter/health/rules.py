@@ -67,6 +67,9 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             Rule("GpuwardenExporterDown", f"up{{{s}}} == 0", "warning", "A gpuwarden exporter is down.",
                  "gpuwarden on {{ $labels.instance }} has not answered scrapes for 5 minutes, so its GPUs are "
                  "unmonitored; check the pod or service and its logs.", t.exporter_down_for_s),
+            Rule("GpuwardenExporterAbsent", f"absent(up{{{s}}})", "warning", "No gpuwarden exporter is scraped.",
+                 "Prometheus has no gpuwarden target at all, so every GPU rule evaluates to nothing and looks "
+                 "healthy; check the ServiceMonitor or scrape config and the DaemonSet.", t.exporter_absent_for_s),
             Rule("GpuwardenNvmlDown", f"gpuwarden_nvml_up{{{s}}} == 0", "warning", "NVML is down on a GPU node.",
                  "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver is "
                  "not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
@@ -136,6 +139,12 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                  "A GPU is in the thermal danger zone.",
                  f"{gpu} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the cooling "
                  "before the GPU shuts down.", t.temperature_critical_for_s, "cordon"),
+            Rule("GpuwardenMemoryTemperatureHigh",
+                 f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
+                 f'(gpuwarden_temperature_threshold_celsius{{{s},threshold="memory_max"}} '
+                 f"- {t.memory_temperature_margin_celsius:g})", "warning", "A GPU's memory is running hot.",
+                 f"The HBM of {gpu} is at {{{{ $value }}}} °C, within {t.memory_temperature_margin_celsius:g} °C of "
+                 "its limit; check airflow and cooling.", t.memory_temperature_for_s),
             Rule("GpuwardenHwThermalSlowdown",
                  f"{throttle('hw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
                  "warning", "A GPU is throttled for heat.",

@@ -30,6 +30,9 @@ class Thresholds(BaseModel):
     temperature_warning_for_s: int = Field(300, ge=0)
     temperature_critical_celsius: float = Field(90, gt=0, lt=130)
     temperature_critical_for_s: int = Field(120, ge=0)
+    # HBM temperature: within this many °C of the board's own memory_max threshold
+    memory_temperature_margin_celsius: float = Field(5, ge=0, le=30)
+    memory_temperature_for_s: int = Field(300, ge=0)
     # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
     thermal_slowdown_ratio: float = Field(0.1, gt=0, le=1)
     thermal_slowdown_for_s: int = Field(300, ge=0)
@@ -61,6 +64,7 @@ class Thresholds(BaseModel):
     retired_pages_limit: int = Field(63, ge=1)
     # the exporter itself
     exporter_down_for_s: int = Field(300, ge=0)
+    exporter_absent_for_s: int = Field(900, ge=0)
     nvml_down_for_s: int = Field(300, ge=0)
     collection_stale_s: int = Field(300, ge=1)
 
