@@ -100,6 +100,19 @@ class HealthSettings(_Section):
         None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py).")
 
 
+class PodsSettings(_Section):
+    attribution: bool = Field(
+        True, description="Read the kubelet pod-resources API to label GPUs with the pods holding them "
+                          "(turns itself off, with one log line, where the socket is absent).")
+    resources_socket: Path = Field(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="The kubelet pod-resources gRPC socket (mount its directory read-only).")
+    refresh_interval: float = Field(10.0, ge=1, le=600, description="Seconds between pod-resources List calls.")
+    resource_names: tuple[str, ...] = Field(
+        ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"),
+        description="Extended-resource name globs that are GPUs. Comma-separated in env and flags.")
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warn", "error"] = Field("info", description="Log level.")
     format: Literal["logfmt", "json"] = Field("logfmt", description="Log line format.")
@@ -111,6 +124,7 @@ class Settings(_Section):
     nvml: NvmlSettings = NvmlSettings()
     metrics: MetricsSettings = MetricsSettings()
     health: HealthSettings = HealthSettings()
+    pods: PodsSettings = PodsSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

@@ -70,6 +70,16 @@ _FAMILIES = [
        "samples, with the alert rules' thresholds and durations).", "check"),
     _f("gpuwarden_health_status", "gauge",
        "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical."),
+    # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background
+    _f("gpuwarden_pod_attribution_up", "gauge",
+       "1 when the last kubelet pod-resources List succeeded; 0 when the socket is absent or the call fails "
+       "(absent when pods.attribution is off).", per_gpu=False),
+    _f("gpuwarden_pod_attribution_unmatched_devices", "gauge",
+       "Allocated GPU device IDs that name no GPU visible to this exporter (MIG instances, hidden GPUs).",
+       per_gpu=False),
+    _f("gpuwarden_gpu_allocation", "gauge",
+       "1 for each container the kubelet allocated the GPU to (several under time-slicing or MPS); join with "
+       "`* on(uuid) group_left(namespace, pod, container)`.", "namespace", "pod", "container"),
     # per-GPU identity and state
     _f("gpuwarden_gpu_info", "gauge", "Static identity of the GPU; always 1.",
        "name", "serial", "pci_bus_id", "vbios_version", "compute_capability"),

@@ -25,7 +25,7 @@ from typing import Any
 
 import pynvml
 
-from exporter import topology
+from exporter import podresources, topology
 from exporter.config import Settings
 from exporter.events import XidCounts, XidWatcher
 from exporter.health.checks import HealthEvaluator
@@ -128,6 +128,7 @@ class Poller:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = XidWatcher(self._event_devices, self.xid) if settings.nvml.xid_events else None
+        self.pods = self._pod_attribution(settings)
         self.ready_once = threading.Event()   # set after the first fast cycle was published
 
     @staticmethod
@@ -140,6 +141,13 @@ class Poller:
                 readers[reader.tier].append(reader)
         return readers
 
+    def _pod_attribution(self, settings: Settings) -> podresources.PodAttribution | None:
+        pods = settings.pods
+        if not pods.attribution:
+            return None
+        return podresources.PodAttribution(pods.resources_socket, pods.refresh_interval, pods.resource_names,
+                                           wall_clock=self._wall)
+
     # -- public ----------------------------------------------------------------------------------------
 
     def reconfigure(self, settings: Settings) -> None:
@@ -147,6 +155,12 @@ class Poller:
         the next cycle. Each attribute is swapped whole, so a cycle sees the old or the new value, never a mix."""
         self.readers = self._select_readers(settings)
         self.health.t = load_thresholds(settings.health.thresholds_file)
+        if settings.pods != self.settings.pods:
+            old, self.pods = self.pods, self._pod_attribution(settings)
+            if old is not None:
+                old.stop()
+            if self.pods is not None and self._threads:
+                self.pods.start()
         self.settings = settings
 
     @property
@@ -160,12 +174,16 @@ class Poller:
             self._threads.append(thread)
         if self._watcher is not None:
             self._watcher.start()
+        if self.pods is not None:
+            self.pods.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the loops; shut NVML down only if no call is wedged (nvml.md §11)."""
         self._stop.set()
         if self._watcher is not None:
             self._watcher.stop()
+        if self.pods is not None:
+            self.pods.stop()
         for thread in self._threads:
             thread.join(timeout)
         wedged = any(worker.busy for worker in self._workers.values())
@@ -487,10 +505,13 @@ class Poller:
             xid = self.xid.snapshot()
             now = self._wall()
             health = self.health.evaluate(gpus, xid, now) if self.nvml_up else {}
+            view = self.pods.view if self.pods is not None else podresources.DISABLED
+            pods, unmatched = podresources.assign(view, ((g.index, g.uuid) for g in gpus if g.up))
             snapshot = Snapshot(
                 id=next(self._snapshot_ids), taken_at=now, nvml_up=self.nvml_up,
                 nvml_error=self.nvml_error, driver=dict(self.driver) if self.nvml_up else {},
                 gpus=tuple(gpus), topology=matrix, xid=xid, health=health,
+                pods_state=view.state, pods=pods, pods_unmatched=unmatched,
                 collect_errors=self.ledger.errors(), collect_timeouts=self.ledger.timeouts(),
                 reinit_total=self.reinit_total, tier_duration=dict(self.tier_duration),
                 tier_finished=dict(self.tier_finished))

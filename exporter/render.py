@@ -67,6 +67,10 @@ class SnapshotCollector:
         for call, count in sorted(snap.collect_timeouts.items()):
             node("gpuwarden_collect_timeouts_total", count, call)
         node("gpuwarden_nvml_reinit_total", snap.reinit_total)
+        if snap.pods_state != "disabled":
+            node("gpuwarden_pod_attribution_up", 1 if snap.pods_state == "ok" else 0)
+            if snap.pods_state == "ok":
+                node("gpuwarden_pod_attribution_unmatched_devices", snap.pods_unmatched)
 
         index_of = {gpu.uuid: str(gpu.index) for gpu in snap.gpus}
         for gpu in snap.gpus:
@@ -81,6 +85,9 @@ class SnapshotCollector:
                 rows["gpuwarden_gpu_hardware_error_info"].append((ids + [gpu.hardware_error], 1))
             for sample in gpu.samples:
                 rows[sample.name].append((ids + list(sample.labels), sample.value))
+            for allocation in snap.pods.get(gpu.uuid, ()):
+                rows["gpuwarden_gpu_allocation"].append(
+                    (ids + [allocation.namespace, allocation.pod, allocation.container], 1))
             for peer in snap.topology.get(gpu.uuid, ()):
                 rows["gpuwarden_topology_info"].append((ids + [str(peer.peer_index), peer.level], 1))
                 if peer.nvlinks >= 0:

@@ -51,6 +51,9 @@ class Gpu(BaseModel):
     metrics: dict[str, Metric] = Field(description="metric name (without gpuwarden_) → values")
     health: dict[str, dict[str, Any]] = Field(default_factory=dict,
                                               description="check → level (0/1/2), severity, observed, threshold")
+    pods: list[dict[str, str]] = Field(default_factory=list,
+                                       description="containers the kubelet allocated this GPU to: namespace, pod, "
+                                                   "container")
 
 
 class GpuList(BaseModel):
@@ -96,7 +99,8 @@ class Problem(BaseModel):
     detail: Any = None
 
 
-def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = ()) -> dict[str, Any]:
+def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = (),
+             pods: tuple[Any, ...] = ()) -> dict[str, Any]:
     """One GPU as JSON-ready plain data (the shape of the `Gpu` model; ages as of the snapshot)."""
     metrics: dict[str, dict[str, Any]] = {}
     for sample in gpu.samples:
@@ -110,7 +114,8 @@ def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = ()) 
             "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
             "info": gpu.info, "metrics": metrics,
             "health": {v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
-                                 "threshold": v.threshold} for v in verdicts}}
+                                 "threshold": v.threshold} for v in verdicts},
+            "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods]}
 
 
 class GpuJsonCache:
@@ -130,7 +135,8 @@ class GpuJsonCache:
     def build(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]]:
         with self._lock:
             if self._snapshot_id != snapshot.id:
-                by_index = {gpu.index: json.dumps(gpu_dict(gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ())),
+                by_index = {gpu.index: json.dumps(gpu_dict(gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ()),
+                                                           snapshot.pods.get(gpu.uuid, ())),
                                                   ensure_ascii=False).encode()
                             for gpu in snapshot.gpus}
                 self._all = b"[" + b",".join(by_index.values()) + b"]"

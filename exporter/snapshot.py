@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.metrics import FAMILIES
+from exporter.podresources import Allocation
 
 
 class Tier(enum.Enum):
@@ -87,6 +88,9 @@ class Snapshot:
     tier_duration: dict[str, float] = field(default_factory=dict)
     tier_finished: dict[str, float] = field(default_factory=dict)
     health: dict[str, tuple[Any, ...]] = field(default_factory=dict)   # uuid → health Verdicts
+    pods_state: str = "disabled"        # pod attribution: disabled | starting | ok | no_socket | error
+    pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)   # uuid → containers holding it
+    pods_unmatched: int = 0
 
     def gpu(self, key: str) -> GpuSnapshot | None:
         """Find a GPU by index ("0") or UUID."""

@@ -80,6 +80,8 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}
+    # Only with a kubelet answering, covered in test_podresources.
+    hardware |= {"gpuwarden_gpu_allocation", "gpuwarden_pod_attribution_unmatched_devices"}
     missing = set(FAMILIES) - hardware - {n for n in seen} - {n.removesuffix("_total") for n in seen}
     assert not missing, missing
 

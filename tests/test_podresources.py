@@ -1,0 +1,226 @@
+"""Pod attribution against a fake kubelet: a real gRPC server on a unix socket speaking pod-resources v1.
+
+Only the kubelet is stood in for (no kubelet runs here); the exporter's gRPC client, the protobuf decoding, the
+poller, the renderer and HTTP are the real ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from exporter.podresources import PodAttribution, assign, device_key
+from exporter.podresources import podresources_pb2 as pb
+from tests.conftest import parse_exposition, values
+
+GPU = "nvidia.com/gpu"
+
+
+class FakeKubelet:
+    """A PodResourcesLister on a unix socket; `pods` is what List answers, changeable while it runs."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self.pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]] = []
+        self.calls = 0
+        self.server: grpc.Server | None = None
+
+    def _list(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> pb.ListPodResourcesResponse:
+        self.calls += 1
+        response = pb.ListPodResourcesResponse()
+        for namespace, name, containers in self.pods:
+            pod = response.pod_resources.add(name=name, namespace=namespace)
+            for container_name, devices in containers:
+                container = pod.containers.add(name=container_name)
+                for resource, ids in devices:
+                    container.devices.add(resource_name=resource, device_ids=ids)
+        return response
+
+    def start(self) -> FakeKubelet:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+            "List": grpc.unary_unary_rpc_method_handler(
+                self._list, request_deserializer=pb.ListPodResourcesRequest.FromString,
+                response_serializer=pb.ListPodResourcesResponse.SerializeToString)})
+        self.server.add_generic_rpc_handlers((handler,))
+        self.server.add_insecure_port(f"unix://{self.socket_path}")
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace=None).wait()
+            self.server = None
+        self.socket_path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    # unix socket paths are limited to ~107 bytes; pytest's tmp_path can be long
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
+        fake = FakeKubelet(Path(short) / "kubelet.sock").start()
+        yield fake
+        fake.stop()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_device_ids_lose_the_replica_suffix_only() -> None:
+    assert device_key("GPU-abc::3") == "GPU-abc"
+    assert device_key("GPU-abc") == "GPU-abc"
+    assert device_key("0") == "0"
+    assert device_key("MIG-1234") == "MIG-1234"
+
+
+def test_exclusive_shared_index_and_foreign_devices(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [
+        ("train", "llama-0", [("trainer", [(GPU, ["GPU-aaa", "GPU-bbb"]), ("cpu", ["0", "1"])])]),
+        # time-slicing: two pods on one GPU; one container with two replicas of it counts once
+        ("notebooks", "alice", [("jupyter", [("nvidia.com/gpu.shared", ["GPU-ccc::0", "GPU-ccc::1"])])]),
+        ("notebooks", "bob", [("jupyter", [("nvidia.com/gpu.shared", ["GPU-ccc::2"])])]),
+        # device plugin with the index strategy; an unrelated device plugin; a MIG instance
+        ("batch", "idx", [("main", [(GPU, ["3"])])]),
+        ("net", "rdma", [("main", [("rdma/hca", ["GPU-aaa"])])]),
+        ("infer", "mig", [("main", [("nvidia.com/mig-1g.10gb", ["MIG-0f0f"])])]),
+    ]
+    pods = PodAttribution(kubelet.socket_path, 10, ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"))
+    view = pods.refresh()
+    assert view.state == "ok"
+    held = {(a.device_id, a.namespace, a.pod, a.container) for a in view.allocations}
+    assert held == {
+        ("GPU-aaa", "train", "llama-0", "trainer"), ("GPU-bbb", "train", "llama-0", "trainer"),
+        ("GPU-ccc", "notebooks", "alice", "jupyter"), ("GPU-ccc", "notebooks", "bob", "jupyter"),
+        ("3", "batch", "idx", "main"), ("MIG-0f0f", "infer", "mig", "main")}
+    by_uuid, unmatched = assign(view, [(0, "GPU-aaa"), (2, "GPU-ccc"), (3, "GPU-ddd")])
+    assert [a.pod for a in by_uuid["GPU-aaa"]] == ["llama-0"]
+    assert sorted(a.pod for a in by_uuid["GPU-ccc"]) == ["alice", "bob"]
+    assert [a.pod for a in by_uuid["GPU-ddd"]] == ["idx"]       # index "3" → GPU 3
+    assert unmatched == 2                                        # GPU-bbb is not visible here; MIG-0f0f
+
+
+def test_over_http_pods_come_and_go_and_the_socket_disappears(
+        kubelet: FakeKubelet, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.podresources")
+    server = live_server("healthy", pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
+    gpus = server.poller.snapshot.gpus      # type: ignore[attr-defined]
+    first, second = gpus[0].uuid, gpus[1].uuid
+    kubelet.pods = [("train", "job-a", [("worker", [(GPU, [first])])])]
+
+    def scrape() -> dict:
+        return parse_exposition(server.get("/metrics").text)   # type: ignore[attr-defined]
+
+    wait_for(lambda: values(scrape(), "gpuwarden_gpu_allocation", pod="job-a"))
+    series = scrape()
+    assert values(series, "gpuwarden_pod_attribution_up") == [1]
+    assert values(series, "gpuwarden_gpu_allocation", uuid=first, namespace="train", pod="job-a",
+                  container="worker", gpu=str(gpus[0].index)) == [1]
+    assert not values(series, "gpuwarden_gpu_allocation", uuid=second)
+    api = server.get(f"/api/v1/gpus/{gpus[0].index}").json()   # type: ignore[attr-defined]
+    assert api["pods"] == [{"namespace": "train", "pod": "job-a", "container": "worker"}]
+
+    # job-a ends, two time-sliced pods share the second GPU
+    kubelet.pods = [("dev", "p1", [("c", [("nvidia.com/gpu.shared", [f"{second}::0"])])]),
+                    ("dev", "p2", [("c", [("nvidia.com/gpu.shared", [f"{second}::1"])])])]
+    wait_for(lambda: not values(scrape(), "gpuwarden_gpu_allocation", pod="job-a"))
+    series = scrape()
+    assert sorted(k[1] for k in series if k[0] == "gpuwarden_gpu_allocation") == sorted([
+        frozenset({("gpu", str(gpus[1].index)), ("uuid", second), ("namespace", "dev"), ("pod", p),
+                   ("container", "c")}) for p in ("p1", "p2")])
+
+    # the kubelet goes away: allocations are dropped (not left stale), the gauge says so, one log line
+    calls = kubelet.calls
+    kubelet.stop()
+    wait_for(lambda: values(scrape(), "gpuwarden_pod_attribution_up") == [0])
+    assert not values(scrape(), "gpuwarden_gpu_allocation")
+    time.sleep(2.2)   # two more refreshes while absent: still one line
+    off_lines = [r for r in caplog.records if "pod attribution off" in r.getMessage()]
+    assert len(off_lines) == 1, [r.getMessage() for r in caplog.records]
+    assert kubelet.calls == calls
+
+    # it comes back on the same path
+    kubelet.pods = [("train", "job-b", [("worker", [(GPU, [first])])])]
+    kubelet.start()
+    wait_for(lambda: values(scrape(), "gpuwarden_gpu_allocation", pod="job-b"))
+    assert values(scrape(), "gpuwarden_pod_attribution_up") == [1]
+
+
+def test_no_socket_at_start_turns_itself_off(tmp_path: Path, live_server: Callable[..., object],
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.podresources")
+    missing = tmp_path / "nope" / "kubelet.sock"
+    server = live_server("healthy", pods={"resources_socket": str(missing)})
+    wait_for(lambda: values(parse_exposition(server.get("/metrics").text),   # type: ignore[attr-defined]
+                            "gpuwarden_pod_attribution_up") == [0])
+    assert any(str(missing) in r.getMessage() and "pod attribution off" in r.getMessage() for r in caplog.records)
+
+
+def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) -> None:
+    code = ("import sys\n"
+            "from tests.conftest import settings\n"
+            "from exporter.sim import install_simulator\n"
+            "from exporter.sim.scenario import load_scenario\n"
+            "from exporter.poller import Poller\n"
+            "install_simulator(load_scenario('healthy'))\n"
+            f"p = Poller(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
+            "p.start(); p.ready_once.wait(10); p.stop()\n"
+            "print('grpc' in sys.modules, p.snapshot.pods_state)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1]).stdout.split()
+    assert out == ["False", "no_socket"]
+
+
+def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
+    import socket
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
+        path = Path(short) / "kubelet.sock"
+        listener = socket.socket(socket.AF_UNIX)   # a socket that accepts and never speaks gRPC
+        listener.bind(str(path))
+        listener.listen(1)
+        pods = PodAttribution(path, 10, ("nvidia.com/gpu",))
+        import exporter.podresources as module
+        old = module.CALL_TIMEOUT_S
+        module.CALL_TIMEOUT_S = 0.5
+        try:
+            view = pods.refresh()
+        finally:
+            module.CALL_TIMEOUT_S = old
+            listener.close()
+    assert view.state == "error" and view.allocations == ()
+    assert view.error and ("deadline" in view.error or "unavailable" in view.error)
+
+
+def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
+    from grpc_tools import protoc
+
+    proto_dir = Path(__file__).parents[1] / "exporter" / "podresources"
+    out = tmp_path / "set.pb"
+    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}",
+                        str(proto_dir / "podresources.proto")]) == 0
+    from google.protobuf import descriptor_pb2
+    fresh = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+    committed = descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb)
+    for message in fresh.message_type:       # protoc's descriptor sets carry json names, python_out drops them
+        for field in message.field:
+            field.ClearField("json_name")
+    assert committed == fresh, "run: python -m exporter.podresources.generate"
+    # the wire names the kubelet serves
+    assert pb.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == "v1.PodResourcesLister"
+    assert [f.number for f in pb.PodResources.DESCRIPTOR.fields] == [1, 2, 3]
+    assert [f.number for f in pb.ContainerDevices.DESCRIPTOR.fields] == [1, 2]
