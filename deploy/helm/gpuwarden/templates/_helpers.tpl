@@ -1,0 +1,46 @@
+{{- define "gpuwarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuwarden.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "gpuwarden.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "gpuwarden.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuwarden.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuwarden.labels" -}}
+{{ include "gpuwarden.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: exporter
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "gpuwarden.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpuwarden.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuwarden.webConfigSecret" -}}
+{{- default (printf "%s-web-config" (include "gpuwarden.fullname" .)) .Values.webConfig.existingSecret }}
+{{- end }}
+
+{{- define "gpuwarden.scheme" -}}
+{{- if and .Values.webConfig.enabled .Values.webConfig.tls }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{- define "gpuwarden.monitoringAPI" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}

@@ -1,0 +1,328 @@
+"""The Helm chart, rendered by the real Helm engine (helm-sdkpy's bundled Helm library, see deploy/helm/render.py),
+validated against the Kubernetes OpenAPI schemas, and held to the deployment policy.
+
+What is stood in for: the Kubernetes API server (render.py's loopback stand-in answers discovery and records what
+Helm creates; no cluster runs here). Helm needs Python >= 3.12, so it runs in its own venv (.venv-helm, made by the
+README's test command); the prometheus-operator kinds have no schemas in kubernetes-validate and get structural
+checks, and the PrometheusRule is checked by promtool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "gpuwarden"
+RENDER = ROOT / "deploy" / "helm" / "render.py"
+KUBERNETES_VERSION = "1.34"
+
+
+def helm_python() -> str:
+    configured = os.environ.get("GPUWARDEN_HELM_PYTHON") or str(ROOT / ".venv-helm" / "bin" / "python")
+    if not Path(configured).exists():
+        message = (f"no Python with helm-sdkpy at {configured}: run the README's test command (it makes "
+                   ".venv-helm with Python 3.12) or set GPUWARDEN_HELM_PYTHON")
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return configured
+
+
+def run_render(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_python(), str(RENDER), *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+@cache
+def _render_cached(values_json: str, monitoring_api: bool) -> tuple[dict[str, Any], ...]:
+    args = ["template", "--values-json", values_json]
+    if not monitoring_api:
+        args.append("--no-monitoring-api")
+    result = run_render(*args)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def render(values: dict[str, Any] | None = None, monitoring_api: bool = True) -> list[dict[str, Any]]:
+    return list(_render_cached(json.dumps(values or {}, sort_keys=True), monitoring_api))
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["kind"] for o in objects)
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+VARIANTS = {
+    "defaults": {},
+    "pod-attribution": {"podResources": {"enabled": True}, "runtimeClassName": "nvidia",
+                        "priorityClassName": "system-node-critical"},
+    "tls-and-basic-auth": {"webConfig": {"enabled": True, "tls": True, "tlsSecret": "gpuwarden-tls", "config": {
+        "tls_server_config": {"cert_file": "/etc/gpuwarden/tls/tls.crt", "key_file": "/etc/gpuwarden/tls/tls.key"},
+        "basic_auth_users": {"prometheus": "$2b$12$hNf2lSsxfm0.i4a.1kVpSOVyBCfIB51VRjgBUyv6kdnyTlgWj81Ay"}}},
+        "serviceMonitor": {"basicAuth": {"username": {"name": "scrape-auth", "key": "user"},
+                                         "password": {"name": "scrape-auth", "key": "password"}},
+                           "tlsConfig": {"insecureSkipVerify": True}}},
+    "podmonitor": {"podMonitor": {"enabled": True}, "service": {"enabled": False}},
+    "nothing-optional": {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
+                         "dashboards": {"enabled": False}, "serviceAccount": {"create": False}},
+}
+
+
+# -- schemas --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_core_object_validates_against_the_kubernetes_schemas(variant: str) -> None:
+    import kubernetes_validate
+
+    objects = render(VARIANTS[variant])
+    checked = 0
+    for obj in objects:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)   # raises with the path on failure
+        checked += 1
+    assert checked >= 2
+
+
+def test_a_broken_object_is_caught_by_the_schema_check() -> None:
+    import kubernetes_validate
+
+    daemonset = json.loads(json.dumps(one(render(), "DaemonSet")))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True   # typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
+
+
+def test_helm_lint_reports_no_warnings_or_errors() -> None:
+    result = run_render("lint")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["TotalChartsLinted"] == 1 and not report["Errors"]
+    assert all(message["Severity"] < 2 for message in report["Messages"]), report   # 1 = info
+
+
+def test_bad_values_are_refused_naming_the_field() -> None:
+    result = run_render("template", "--values-json", json.dumps({"podResources": {"enabeld": True}}))
+    assert result.returncode == 1
+    assert "enabeld" in result.stderr and "Traceback" not in result.stderr
+    result = run_render("template", "--values-json", json.dumps({"port": "10045"}))
+    assert result.returncode == 1 and "/port" in result.stderr
+
+
+# -- policy ---------------------------------------------------------------------------------------------------
+
+
+def test_default_install_objects() -> None:
+    assert kinds(render()) == ["ConfigMap", "ConfigMap", "ConfigMap", "DaemonSet", "PrometheusRule", "Service",
+                               "ServiceAccount", "ServiceMonitor"]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_security_settings(variant: str) -> None:
+    objects = render(VARIANTS[variant])
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert pod["hostPID"] is False and pod["hostIPC"] is False and pod["hostNetwork"] is False
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = ctr["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "add" not in security["capabilities"]
+    if VARIANTS[variant].get("podResources", {}).get("enabled"):
+        # the kubelet socket is root-only: UID 0, but still no capabilities and a read-only mount
+        assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
+        mount = next(m for m in ctr["volumeMounts"] if m["name"] == "pod-resources")
+        assert mount["readOnly"] is True
+        assert "--pods.attribution" in ctr["args"]
+    else:
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert not any("hostPath" in v for v in pod["volumes"])
+        assert "--no-pods.attribution" in ctr["args"]
+    # no GPU is requested: the exporter must not take GPUs away from the scheduler
+    for section in ("requests", "limits"):
+        assert not any(k.startswith("nvidia.com/") for k in ctr["resources"].get(section, {}))
+
+
+def test_scheduling_probes_resources_and_rollout() -> None:
+    objects = render()
+    daemonset = one(objects, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "runtimeClassName" not in pod
+    assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert ctr["startupProbe"]["httpGet"]["path"] == "/healthz"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert ctr[probe]["httpGet"]["port"] == "metrics" and ctr[probe]["httpGet"]["scheme"] == "HTTP"
+    assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in ctr["env"]
+    # sized from the measured RSS (81-83 MiB on real hosts): the request covers it, the limit leaves headroom
+    def mib(quantity: str) -> int:
+        assert quantity.endswith("Mi")
+        return int(quantity[:-2])
+    assert 83 < mib(ctr["resources"]["requests"]["memory"]) <= mib(ctr["resources"]["limits"]["memory"])
+    assert "cpu" not in ctr["resources"].get("limits", {})
+    values_text = (CHART / "values.yaml").read_text()
+    assert "81-83 MiB" in values_text and "docs/benchmarks.md" in values_text   # where the number came from
+
+
+def test_variants_switch_what_they_say() -> None:
+    on = render(VARIANTS["pod-attribution"])
+    pod = one(on, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "system-node-critical"
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+
+    tls = render(VARIANTS["tls-and-basic-auth"])
+    ctr = container(tls)
+    assert all(ctr[p]["httpGet"]["scheme"] == "HTTPS" for p in ("livenessProbe", "readinessProbe"))
+    assert "--web.config.file=/etc/gpuwarden/web/web-config.yml" in ctr["args"]
+    secret = one(tls, "Secret")
+    assert yaml.safe_load(secret["stringData"]["web-config.yml"]) == VARIANTS["tls-and-basic-auth"]["webConfig"][
+        "config"]
+    endpoint = one(tls, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert endpoint["scheme"] == "https" and endpoint["basicAuth"]["username"]["name"] == "scrape-auth"
+
+    podmonitor = render(VARIANTS["podmonitor"])
+    assert "ServiceMonitor" not in kinds(podmonitor) and "Service" not in kinds(podmonitor)
+    endpoint = one(podmonitor, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "metrics"
+
+    bare = render(VARIANTS["nothing-optional"])
+    assert kinds(bare) == ["ConfigMap", "DaemonSet", "Service"]
+    assert one(bare, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+
+    extra = render({"extraArgs": ["--metrics.exclude=gpuwarden_nvlink_errors_total"]})
+    assert "--metrics.exclude=gpuwarden_nvlink_errors_total" in container(extra)["args"]
+
+
+def test_without_the_operator_crds_no_monitoring_objects_are_rendered() -> None:
+    objects = render(monitoring_api=False)
+    assert not any(o["apiVersion"].startswith("monitoring.coreos.com/") for o in objects)
+    assert "DaemonSet" in kinds(objects)
+
+
+def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> None:
+    """The ConfigMap's file and the container's flags go through gpuwarden's own parser."""
+    from exporter.cli import settings_from_argv
+
+    for variant in VARIANTS.values():
+        objects = render(variant)
+        config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "gpuwarden.yaml" in o["data"])
+        config_file = tmp_path / "gpuwarden.yaml"
+        config_file.write_text(config_map["data"]["gpuwarden.yaml"])
+        args = [a.replace("/etc/gpuwarden/config/gpuwarden.yaml", str(config_file)) for a in container(objects)["args"]
+                if not a.startswith("--web.config.file")]
+        settings = settings_from_argv(args)
+        assert settings.web.port == 10045
+        assert settings.log.format == "json"
+        assert settings.pods.attribution is bool(variant.get("podResources", {}).get("enabled"))
+
+
+def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
+    objects = render()
+    service = one(objects, "Service")
+    pod_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert set(service["spec"]["selector"].items()) <= set(pod_labels.items())
+    assert service["spec"]["ports"][0]["targetPort"] == container(objects)["ports"][0]["name"] == "metrics"
+    monitor = one(objects, "ServiceMonitor")
+    assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(service["metadata"]["labels"].items())
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+            "action": "replace"} in endpoint["relabelings"]
+
+
+# -- one source of truth ----------------------------------------------------------------------------------------
+
+
+def test_chart_files_are_copies_of_the_sources() -> None:
+    """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
+    fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
+    assert (CHART / "files" / "gpuwarden.rules.yaml").read_bytes() == \
+        (ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_bytes(), fix
+    sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
+    copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
+    assert copies == sources, fix
+
+
+def test_prometheus_rule_equals_alert_rules_and_passes_promtool(tmp_path: Path) -> None:
+    source = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_text())
+    rule = one(render(), "PrometheusRule")
+    assert rule["spec"]["groups"] == source["groups"]
+
+    base = "https://runbooks.example.internal/gpu"
+    moved = one(render({"prometheusRule": {"runbookBaseURL": base}}), "PrometheusRule")
+    urls = [r["annotations"]["runbook_url"] for g in moved["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(u.startswith(base + "#gpuwarden") for u in urls)
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: the README's test command installs Debian's prometheus package")
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": moved["spec"]["groups"]}))
+    check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_dashboard_configmaps_equal_the_dashboards() -> None:
+    objects = render({"dashboards": {"label": "grafana_dashboard", "labelValue": "1", "folder": "GPU"}})
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard")]
+    by_key = {key: value for cm in maps for key, value in cm["data"].items()}
+    sources = {p.name: p.read_text() for p in (ROOT / "grafana_dashboards").glob("*.json")}
+    assert set(by_key) == set(sources)
+    for name, text in sources.items():
+        assert json.loads(by_key[name]) == json.loads(text)
+    assert all(cm["metadata"]["annotations"]["grafana_folder"] == "GPU" for cm in maps)
+    assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in maps)
+
+
+def test_plain_manifests_are_the_default_render() -> None:
+    rendered = render()
+    plain = [doc for name in ("gpuwarden.yaml", "monitoring.yaml")
+             for doc in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text()) if doc]
+    key = lambda o: (o["kind"], o["metadata"]["name"])   # noqa: E731
+    assert sorted(plain, key=key) == sorted(rendered, key=key), \
+        "deploy/kubernetes/ drifted from the chart: run .venv-helm/bin/python deploy/helm/render.py sync"
+
+
+def test_kustomize_builds_the_plain_manifests() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with kustomize) is not on this machine")
+    built = subprocess.run([kubectl, "kustomize", str(ROOT / "deploy" / "kubernetes")], capture_output=True,
+                           text=True, check=True).stdout
+    objects = [o for o in yaml.safe_load_all(built) if o]
+    assert kinds(objects) == sorted(kinds(render()) + ["Namespace"])
+    namespace = one(objects, "Namespace")
+    assert all(o["metadata"].get("namespace") == namespace["metadata"]["name"] for o in objects
+               if o["kind"] != "Namespace")
+
+
+if __name__ == "__main__":   # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
