@@ -68,6 +68,9 @@ _FAMILIES = [
     _f("gpuwarden_health", "gauge",
        "Health verdict per check: 0 ok, 1 warning, 2 critical (sustained conditions judged over the exporter's own "
        "samples, with the alert rules' thresholds and durations).", "check"),
+    _f("gpuwarden_health_since_timestamp_seconds", "gauge",
+       "Unix time the current non-ok verdict of the check began, as this exporter saw it (present only while "
+       "gpuwarden_health > 0; restarts with the exporter).", "check", unit="seconds"),
     _f("gpuwarden_health_status", "gauge",
        "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical."),
     # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background

@@ -98,6 +98,8 @@ class SnapshotCollector:
             ids = [str(gpu.index), gpu.uuid]
             for verdict in verdicts:
                 rows["gpuwarden_health"].append((ids + [verdict.check], verdict.level))
+                if verdict.level > 0:
+                    rows["gpuwarden_health_since_timestamp_seconds"].append((ids + [verdict.check], verdict.since))
             if verdicts:
                 rows["gpuwarden_health_status"].append((ids, max(v.level for v in verdicts)))
         for (uuid, xid), (count, last) in sorted(snap.xid.items()):

@@ -114,7 +114,8 @@ def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = (),
             "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
             "info": gpu.info, "metrics": metrics,
             "health": {v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
-                                 "threshold": v.threshold} for v in verdicts},
+                                 "threshold": v.threshold, **({"since": v.since} if v.level else {})}
+                       for v in verdicts},
             "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods]}
 
 

@@ -184,3 +184,38 @@ def test_nvlink_replay_errors_warn_naming_the_link(health_run):
         {"kind": "nvlink_errors", "gpu": 1, "link": 9, "type": "replay", "at": 20, "every": 1, "count": 2}]},
         seconds=930)
     assert health(series, "1", "nvlink") == 1 and health(series, "0", "nvlink") == 0
+
+
+def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
+    clock = ManualClock()
+    sim("nvlink-down", clock=clock)
+    path = write_yaml(tmp_path / "thresholds.yaml", SHORT)
+    poller = Poller(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
+    first_bad = None
+    for _ in range(20):
+        poller.poll_once()
+        if first_bad is None and any(v.level for v in poller.snapshot.health[poller.snapshot.gpus[4].uuid]
+                                     if v.check == "nvlink"):
+            first_bad = clock()
+        clock.advance(1)
+    poller.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    assert first_bad is not None
+    assert values(series, "gpuwarden_health_since_timestamp_seconds", gpu="4", check="nvlink") == [first_bad]
+    assert not values(series, "gpuwarden_health_since_timestamp_seconds", gpu="0")   # ok checks carry none
+    poller.stop(timeout=0.2)
+
+
+def test_health_since_restarts_when_the_level_changes():
+    from exporter.health.checks import HealthEvaluator, Verdict
+    from exporter.health.thresholds import DEFAULT
+
+    evaluator = HealthEvaluator(DEFAULT)
+    warn, crit, ok = (Verdict("temperature", level, "", "", "") for level in (1, 2, 0))
+    assert evaluator._stamp({"GPU-a": (warn,)}, 100.0)["GPU-a"][0].since == 100.0
+    assert evaluator._stamp({"GPU-a": (warn,)}, 160.0)["GPU-a"][0].since == 100.0
+    assert evaluator._stamp({"GPU-a": (crit,)}, 220.0)["GPU-a"][0].since == 220.0
+    assert evaluator._stamp({"GPU-a": (ok,)}, 280.0)["GPU-a"][0].since == 0.0
+    assert evaluator._stamp({"GPU-a": (warn,)}, 340.0)["GPU-a"][0].since == 340.0
+    evaluator._stamp({}, 400.0)
+    assert evaluator._began == {}          # forgotten with the GPU

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.health.thresholds import Thresholds
 from exporter.snapshot import GpuSnapshot
@@ -27,6 +27,7 @@ class Verdict:
     severity: str            # ok, info, warning, critical (info: worth showing, level stays 0)
     observed: str
     threshold: str
+    since: float = 0.0       # unix time this non-ok level began (as this exporter saw it); 0 while ok
 
 
 def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -115,6 +116,7 @@ class HealthEvaluator:
     def __init__(self, thresholds: Thresholds) -> None:
         self.t = thresholds
         self._history: dict[str, _History] = {}
+        self._began: dict[tuple[str, str], tuple[int, float]] = {}   # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
         self._links_seen_up: dict[str, set[str]] = {}
 
@@ -146,7 +148,24 @@ class HealthEvaluator:
             exempt = re.fullmatch(self.t.pstate_exempt_name_regex, str(gpu.info.get("name", "")))
             verdicts = [self._check(name, gpu.uuid, values, history, xid, now, bool(exempt)) for name in CHECKS]
             result[gpu.uuid] = tuple(verdicts)
-        return result
+        return self._stamp(result, now)
+
+    def _stamp(self, result: dict[str, tuple[Verdict, ...]], now: float) -> dict[str, tuple[Verdict, ...]]:
+        """Carry when each non-ok level began; a level change (warning → critical) starts a new run."""
+        since: dict[tuple[str, str], tuple[int, float]] = {}
+        stamped: dict[str, tuple[Verdict, ...]] = {}
+        for uuid, verdicts in result.items():
+            out = []
+            for verdict in verdicts:
+                if verdict.level > 0:
+                    level, began = self._began.get((uuid, verdict.check), (verdict.level, now))
+                    began = began if level == verdict.level else now
+                    since[(uuid, verdict.check)] = (verdict.level, began)
+                    verdict = replace(verdict, since=began)
+                out.append(verdict)
+            stamped[uuid] = tuple(out)
+        self._began = since   # GPUs and checks that are gone or ok are forgotten: bounded by the current set
+        return stamped
 
     def _check(self, name: str, uuid: str, v: dict[tuple[str, tuple[str, ...]], float], h: _History,
                xid: dict[tuple[str, int], tuple[int, float]], now: float, pstate_exempt: bool = False) -> Verdict:
