@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuwarden",
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
                     "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
-                    "compares its readings with nvidia-smi on a GPU host.",
+                    "compares its readings with nvidia-smi on a GPU host; `gpuwarden fleet --prometheus-url URL` "
+                    "serves the fleet view from Prometheus.",
         epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.")
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["validate"]:
         from exporter.validate import main as validate
         return validate(argv[1:])
+    if argv[:1] == ["fleet"]:
+        from exporter.fleet.main import main as fleet
+        return fleet(argv[1:])
     try:
         settings = settings_from_argv(argv)
         if settings.web.config_file is not None:

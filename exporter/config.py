@@ -180,7 +180,7 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     known = {opt.env: opt for opt in options()}
     layer: dict[str, dict[str, Any]] = {}
     for var, raw in environ.items():
-        if not var.startswith(ENV_PREFIX):
+        if not var.startswith(ENV_PREFIX) or var.startswith(f"{ENV_PREFIX}FLEET_"):   # the fleet service's own
             continue
         opt = known.get(var)
         if opt is None:

@@ -42,6 +42,7 @@ class Stack:
         self.exporters: dict[int, str] = {}        # port → scenario
         self._pending: list[list[str]] = []
         self.prometheus = ""
+        self.dead_targets: list[str] = []          # scraped, never answering: an exporter that is down
 
     def _spawn(self, args: list[str]) -> None:
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -68,7 +69,8 @@ class Stack:
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
-                {"targets": [f"127.0.0.1:{p}" for p in self.exporters], "labels": {"cluster": "test"}}]}],
+                {"targets": [f"127.0.0.1:{p}" for p in self.exporters] + self.dead_targets,
+                 "labels": {"cluster": "test"}}]}],
         }
         if rules_text is not None:
             (self.tmp / "rules.yaml").write_text(rules_text)

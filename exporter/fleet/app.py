@@ -1,0 +1,171 @@
+"""The fleet service's HTTP API and overview page (FastAPI; the page is server-rendered with Jinja2).
+
+Prometheus unreachable → 503, too slow → 504, a refused query → 502, always as JSON {"error", "detail"}; bad
+parameters → 422 JSON naming the parameter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from exporter import __version__
+from exporter.fleet import planner
+from exporter.fleet.prometheus import PrometheusClient, PrometheusError
+from exporter.fleet.settings import FleetSettings, parse_duration
+from exporter.fleet.views import Fleet
+from exporter.server import jsonable_errors
+
+TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                        autoescape=select_autoescape(["html"]))
+
+
+def _problem(status: int, error: str, detail: Any = None) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+
+
+def create_app(settings: FleetSettings, client: PrometheusClient | None = None) -> FastAPI:
+    client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
+    fleet = Fleet(client, settings)
+    max_window_s = parse_duration(settings.max_window)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        await client.close()
+
+    app = FastAPI(title="gpuwarden fleet", version=__version__, lifespan=lifespan,
+                  description="A fleet view of every GPU, computed by Prometheus from gpuwarden's series.")
+
+    @app.exception_handler(PrometheusError)
+    async def _prometheus(request: Request, exc: PrometheusError) -> JSONResponse:
+        return _problem(exc.status, "prometheus", str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _problem(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _problem(422, "invalid request", jsonable_errors(exc))
+
+    def window_seconds(window: str) -> int:
+        try:
+            seconds = parse_duration(window)
+        except ValueError as exc:
+            raise RequestValidationError([{"loc": ("query", "window"), "msg": str(exc), "type": "value_error"}]) \
+                from None
+        if seconds > max_window_s or seconds < 300:
+            raise RequestValidationError([{"loc": ("query", "window"), "type": "value_error",
+                                           "msg": f"window must be between 5m and {settings.max_window}"}])
+        return seconds
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        started = time.monotonic()
+        await client.query("vector(1)")   # Prometheus errors become 503/504 through the handler
+        return JSONResponse({"status": "ready", "prometheus": settings.prometheus_url,
+                             "seconds": round(time.monotonic() - started, 3)})
+
+    @app.get("/api/v1/fleet")
+    async def inventory() -> dict[str, Any]:
+        """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
+        return await fleet.inventory()
+
+    @app.get("/api/v1/fleet/health")
+    async def health() -> dict[str, Any]:
+        """Every GPU that is not healthy, with its failing checks, severity and since when."""
+        return await fleet.health()
+
+    @app.get("/api/v1/fleet/cordon-candidates")
+    async def cordon_candidates() -> dict[str, Any]:
+        """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
+        return await fleet.cordon_candidates()
+
+    @app.get("/api/v1/fleet/utilization")
+    async def utilization(window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
+                          limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
+        return await fleet.utilization(window, window_seconds(window), limit)
+
+    @app.get("/api/v1/plan")
+    async def plan(
+        parameters: Annotated[float, Query(gt=0, le=1e14, description="model parameters, e.g. 7e9")],
+        precision: Annotated[planner.Precision, Query()] = "bf16",
+        optimizer: Annotated[planner.Optimizer, Query()] = "adamw",
+        sharding: Annotated[planner.Sharding, Query(description="none (DDP), zero1, zero2, zero3, fsdp")] = "none",
+        gpus: Annotated[int, Query(ge=1, le=100_000)] = 1,
+        mode: Annotated[planner.Mode, Query()] = "training",
+        activations_gib: Annotated[float | None, Query(ge=0, le=10_000)] = None,
+        layers: Annotated[int | None, Query(ge=1, le=1000)] = None,
+        hidden_size: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+        heads: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+        sequence_length: Annotated[int | None, Query(ge=1, le=10_000_000)] = None,
+        micro_batch_size: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+        activation_checkpointing: bool = False,
+        flash_attention: bool = True,
+    ) -> JSONResponse:
+        """Memory per GPU (weights + gradients + optimizer state + activations) and the fleet's GPUs that fit."""
+        shape_fields = (layers, hidden_size, heads, sequence_length, micro_batch_size)
+        shape = None
+        if any(v is not None for v in shape_fields):
+            if any(v is None for v in shape_fields):
+                return _problem(422, "invalid request", [{
+                    "loc": ["query"], "msg": "the activation estimate needs layers, hidden_size, heads, "
+                                             "sequence_length and micro_batch_size together"}])
+            shape = planner.ActivationShape(layers, hidden_size, heads, sequence_length,  # type: ignore[arg-type]
+                                            micro_batch_size, activation_checkpointing,  # type: ignore[arg-type]
+                                            flash_attention)
+        try:
+            result = planner.plan(parameters, precision, optimizer, sharding, gpus, mode, shape, activations_gib)
+        except planner.PlanError as exc:
+            return _problem(422, "invalid request", [{"loc": ["query"], "msg": str(exc)}])
+        gib = planner.GIB
+        body: dict[str, Any] = {
+            "input": {"parameters": parameters, "precision": precision, "optimizer": result.optimizer,
+                      "sharding": result.sharding, "gpus": gpus, "mode": mode},
+            "per_gpu": {"weights_gib": round(result.weights_bytes / gib, 2),
+                        "gradients_gib": round(result.gradients_bytes / gib, 2),
+                        "optimizer_state_gib": round(result.optimizer_bytes / gib, 2),
+                        "activations_gib": round(result.activations_bytes / gib, 2),
+                        "activations": result.activations_source,
+                        "total_gib": round(result.per_gpu_bytes / gib, 2),
+                        "total_gb": round(result.per_gpu_bytes / 1e9, 2)},
+            "model_states_unsharded_gib": round(result.model_states_unsharded_bytes / gib, 2),
+            "usable_memory_ratio": planner.USABLE_MEMORY_RATIO,
+        }
+        try:
+            body["fleet"] = await fleet.fit(result)
+        except PrometheusError as exc:   # the plan stands on its own; say why the fleet part is missing
+            body["fleet"], body["fleet_error"] = None, str(exc)
+        return JSONResponse(body)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def overview() -> HTMLResponse:
+        """A quick look when Grafana is not at hand."""
+        try:
+            inventory, health, cordon, usage = await asyncio.gather(
+                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 3600, 20))
+        except PrometheusError as exc:
+            page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings,
+                                                               version=__version__)
+            return HTMLResponse(page, status_code=exc.status)
+        page = TEMPLATES.get_template("overview.html").render(
+            inventory=inventory, health=health, cordon=cordon, usage=usage, settings=settings, version=__version__,
+            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+        return HTMLResponse(page)
+
+    return app

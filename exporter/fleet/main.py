@@ -1,0 +1,32 @@
+"""Entry point of `gpuwarden fleet`: settings, logging, uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from exporter.config import ConfigError
+
+EXIT_CONFIG = 2
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str]) -> int:
+    from exporter.fleet.settings import parse
+
+    try:
+        settings = parse(argv)
+    except ConfigError as exc:
+        print(f"gpuwarden fleet: {str(exc).removeprefix('gpuwarden fleet: ')}", file=sys.stderr)
+        return EXIT_CONFIG
+    import uvicorn
+
+    from exporter import __version__, logs
+    from exporter.fleet.app import create_app
+
+    logs.setup("info", "logfmt")
+    log.info("gpuwarden fleet %s listening on %s, asking %s (%s)", __version__, settings.listen_address,
+             settings.prometheus_url, settings.selector)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False,
+                server_header=False, timeout_graceful_shutdown=5)
+    return 0

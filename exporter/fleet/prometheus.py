@@ -1,0 +1,116 @@
+"""A small client for the Prometheus HTTP API (Thanos, Mimir and VictoriaMetrics speak it too).
+
+Every query is an instant query evaluated on the server — the fleet service never pulls raw series — with a
+deadline, and its answer is cached for `cache_ttl` seconds: concurrent callers of the same query share one request.
+Failures are typed so the HTTP layer can answer 503 (unreachable, 5xx) or 504 (too slow) with a JSON reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class PrometheusError(Exception):
+    """The fleet cannot be answered because Prometheus could not be asked."""
+
+    status = 503
+
+
+class PrometheusUnavailable(PrometheusError):
+    status = 503
+
+
+class PrometheusTimeout(PrometheusError):
+    status = 504
+
+
+class PrometheusQueryError(PrometheusError):
+    """Prometheus refused a query (a bug on our side or an incompatible server): 502, the upstream said no."""
+
+    status = 502
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: dict[str, str]
+    value: float
+
+
+class PrometheusClient:
+    def __init__(self, base_url: str, timeout: float = 5.0, cache_ttl: float = 15.0,
+                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.cache_ttl = cache_ttl
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=headers,
+                                         transport=transport)
+        self._cache: dict[str, tuple[float, list[Series]]] = {}
+        self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def query(self, expr: str) -> list[Series]:
+        """Instant vector (or scalar) at now; cached and shared between concurrent callers."""
+        now = time.monotonic()
+        cached = self._cache.get(expr)
+        if cached and now - cached[0] < self.cache_ttl:
+            return cached[1]
+        pending = self._inflight.get(expr)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[list[Series]] = asyncio.get_running_loop().create_future()
+        self._inflight[expr] = future
+        try:
+            result = await self._fetch(expr)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()   # retrieved: no "never retrieved" warning when nobody else waited
+            raise
+        else:
+            future.set_result(result)
+            self._cache[expr] = (time.monotonic(), result)
+            if len(self._cache) > 512:   # queries are a fixed set times a few windows; bound it anyway
+                oldest = min(self._cache, key=lambda k: self._cache[k][0])
+                del self._cache[oldest]
+            return result
+        finally:
+            del self._inflight[expr]
+
+    async def _fetch(self, expr: str) -> list[Series]:
+        try:
+            response = await self._client.post("/api/v1/query", data={"query": expr, "timeout": f"{self.timeout:g}"})
+        except httpx.TimeoutException:
+            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") \
+                from None
+        except httpx.HTTPError as exc:
+            raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
+        body = _json(response)
+        if body.get("errorType") == "timeout":
+            raise PrometheusTimeout(f"Prometheus at {self.base_url} timed out evaluating a query: "
+                                    f"{body.get('error')}")
+        if response.status_code >= 500:
+            raise PrometheusUnavailable(f"Prometheus at {self.base_url} answered {response.status_code}: "
+                                        f"{body.get('error') or response.text[:200]}")
+        if response.status_code >= 400 or body.get("status") != "success":
+            raise PrometheusQueryError(f"Prometheus at {self.base_url} refused the query ({response.status_code}, "
+                                       f"{body.get('errorType')}): {body.get('error')}")
+        data = body["data"]
+        if data["resultType"] == "scalar":
+            return [Series({}, float(data["result"][1]))]
+        if data["resultType"] != "vector":
+            raise PrometheusQueryError(f"expected an instant vector, got {data['resultType']}")
+        return [Series(item["metric"], float(item["value"][1])) for item in data["result"]]
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

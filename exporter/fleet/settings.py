@@ -1,0 +1,128 @@
+"""Settings of `gpuwarden fleet`: flags (`--prometheus-url`) over environment (`GPUWARDEN_FLEET_PROMETHEUS_URL`)
+over defaults, validated in one place; every problem is one line naming the flag."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from exporter.config import ConfigError, WebSettings
+from exporter.health.thresholds import DEFAULT
+
+ENV_PREFIX = "GPUWARDEN_FLEET_"
+_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_MATCHER = r'\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
+_SELECTOR = re.compile(f"{_MATCHER}(,{_MATCHER})*")
+
+
+def parse_duration(value: str) -> int:
+    """'90s', '15m', '6h', '7d' → seconds; ValueError otherwise."""
+    match = _DURATION.match(value.strip())
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"{value!r} is not a duration like 30m, 6h or 7d")
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+class FleetSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prometheus_url: str = Field(description="Base URL of the Prometheus HTTP API (Thanos, Mimir, "
+                                            "VictoriaMetrics work too), e.g. http://prometheus:9090.")
+    listen_address: str = Field(":10046", description="Address to listen on, HOST:PORT.")
+    selector: str = Field('job="gpuwarden"', description="Label matchers that select gpuwarden's series.")
+    node_label: str = Field("instance", description="The label that names a node (`node` with the Helm chart's "
+                                                    "ServiceMonitor).")
+    query_timeout: float = Field(5.0, gt=0, le=60, description="Seconds a Prometheus query may take.")
+    cache_ttl: float = Field(15.0, ge=0, le=600, description="Seconds an answer from Prometheus is reused.")
+    stale_after: float = Field(60.0, gt=0, le=3600,
+                               description="Seconds after which an exporter's last fast poll counts as stale.")
+    price_per_gpu_hour: float = Field(2.5, ge=0, description="Price of one GPU-hour, for the cost of waste.")
+    currency: str = Field("USD", min_length=1, max_length=8, description="Currency of price_per_gpu_hour.")
+    idle_ratio: float = Field(DEFAULT.utilization_low_ratio, gt=0, lt=1,
+                              description="Utilization below which a GPU counts as idle (no job) or starved "
+                                          "(a job holds it); the alert rules' threshold by default.")
+    max_window: str = Field("7d", description="Longest window a caller may ask for.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        return WebSettings(listen_address=value).listen_address
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http(s) URL, e.g. http://prometheus:9090")
+        return value.rstrip("/")
+
+    @field_validator("node_label")
+    @classmethod
+    def _check_label(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", value):
+            raise ValueError("must be a Prometheus label name")
+        return value
+
+    @field_validator("selector")
+    @classmethod
+    def _check_selector(cls, value: str) -> str:
+        if not _SELECTOR.fullmatch(value):
+            raise ValueError('must be label matchers without braces, e.g. job="gpuwarden",cluster="a"')
+        return value
+
+    @field_validator("max_window")
+    @classmethod
+    def _check_window(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen_address.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def port(self) -> int:
+        return int(self.listen_address.rpartition(":")[2])
+
+
+def _flag(name: str) -> str:
+    return "--web.listen-address" if name == "listen_address" else "--" + name.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"gpuwarden fleet: {message}")
+
+
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSettings:
+    """Flags over GPUWARDEN_FLEET_* over defaults; ConfigError with one line on any problem."""
+    environ = os.environ if environ is None else environ
+    parser = _Parser(prog="gpuwarden fleet", description="Fleet view of every GPU, served from Prometheus.")
+    for name, field in FleetSettings.model_fields.items():
+        parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(),
+                            help=f"{field.description} Env: {ENV_PREFIX}{name.upper()}.")
+    args = vars(parser.parse_args(argv))
+    known = {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
+    values: dict[str, Any] = {}
+    for var, raw in environ.items():
+        if var.startswith(ENV_PREFIX):
+            if var not in known:
+                raise ConfigError(f"environment: {var} is not a gpuwarden fleet setting; known: "
+                                  f"{', '.join(sorted(known))}")
+            values[known[var]] = raw
+    values.update({k: v for k, v in args.items() if v is not None})
+    try:
+        return FleetSettings(**values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else "settings"
+        if error["type"] == "missing":
+            raise ConfigError(f"{_flag(name)} is required (or {ENV_PREFIX}{name.upper()}), e.g. "
+                              f"{_flag(name)} http://prometheus:9090") from None
+        raise ConfigError(f"{_flag(name)}: {error['msg'].removeprefix('Value error, ')} "
+                          f"(got {error.get('input')!r})") from None

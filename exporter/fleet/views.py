@@ -1,0 +1,280 @@
+"""What each fleet endpoint answers, built from instant queries that Prometheus aggregates.
+
+Every query is bounded: aggregated by node (a series per node, not per GPU), or filtered to the GPUs that are
+unhealthy, idle or starved. Nothing pulls raw per-GPU series or ranges. The hardware findings behind cordon
+candidates are the alert rules' own expressions (exporter/health/rules.py), so the fleet view and the pages agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.fleet.planner import USABLE_MEMORY_RATIO, Plan
+from exporter.fleet.prometheus import PrometheusClient, Series
+from exporter.fleet.settings import FleetSettings
+from exporter.health.rules import RUNBOOK_BASE, anchor, build
+
+CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
+ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The queries, for one selector and node label."""
+
+    client: PrometheusClient
+    settings: FleetSettings
+
+    @property
+    def s(self) -> str:
+        return self.settings.selector
+
+    @property
+    def n(self) -> str:
+        return self.settings.node_label
+
+    async def many(self, *exprs: str) -> list[list[Series]]:
+        return list(await asyncio.gather(*(self.client.query(e) for e in exprs)))
+
+    def node(self, series: Series) -> str:
+        return series.labels.get(self.n, "")
+
+    # -- inventory ----------------------------------------------------------------------------------------------
+
+    async def inventory(self) -> dict[str, Any]:
+        s, n = self.s, self.n
+        up, models, memory, drivers, versions, nvml, age, visible = await self.many(
+            f"max by ({n}) (up{{{s}}})",
+            f"count by ({n}, name) (gpuwarden_gpu_info{{{s}}})",
+            f"max by ({n}, name) (gpuwarden_memory_total_bytes{{{s}}} "
+            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{s}}})",
+            f"max by ({n}, driver_version, cuda_driver_version) (gpuwarden_driver_info{{{s}}})",
+            f"max by ({n}, version) (gpuwarden_build_info{{{s}}})",
+            f"max by ({n}) (gpuwarden_nvml_up{{{s}}})",
+            f'time() - max by ({n}) (gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}})',
+            f"max by ({n}) (gpuwarden_gpus{{{s}}})",
+        )
+        nodes: dict[str, dict[str, Any]] = defaultdict(lambda: {
+            "gpus": 0, "models": {}, "memory_bytes": {}, "driver_version": None, "cuda_driver_version": None,
+            "exporter_version": None, "exporter_up": False, "nvml_up": None, "last_poll_age_seconds": None,
+            "gpus_visible": None})
+        for row in up:
+            nodes[self.node(row)]["exporter_up"] = row.value == 1
+        for row in models:
+            entry = nodes[self.node(row)]
+            entry["models"][row.labels.get("name", "")] = int(row.value)
+            entry["gpus"] += int(row.value)
+        for row in memory:
+            nodes[self.node(row)]["memory_bytes"][row.labels.get("name", "")] = row.value
+        for row in drivers:
+            nodes[self.node(row)].update(driver_version=row.labels.get("driver_version"),
+                                         cuda_driver_version=row.labels.get("cuda_driver_version"))
+        for row in versions:
+            nodes[self.node(row)]["exporter_version"] = row.labels.get("version")
+        for row in nvml:
+            nodes[self.node(row)]["nvml_up"] = row.value == 1
+        for row in age:
+            nodes[self.node(row)]["last_poll_age_seconds"] = round(row.value, 1)
+        for row in visible:
+            nodes[self.node(row)]["gpus_visible"] = int(row.value)
+        stale = []
+        for name, entry in nodes.items():
+            reason = self._staleness(entry)
+            entry["state"] = reason or "ok"
+            if reason:
+                stale.append({"node": name, "reason": reason, "last_poll_age_seconds": entry["last_poll_age_seconds"]})
+        by_model: dict[str, dict[str, Any]] = {}
+        for entry in nodes.values():
+            for model, count in entry["models"].items():
+                item = by_model.setdefault(model, {"gpus": 0, "nodes": 0, "memory_bytes": 0.0})
+                item["gpus"] += count
+                item["nodes"] += 1
+                item["memory_bytes"] = max(item["memory_bytes"], entry["memory_bytes"].get(model, 0.0))
+        return {
+            "nodes": [{"node": name, **entry} for name, entry in sorted(nodes.items())],
+            "totals": {
+                "nodes": len(nodes), "gpus": sum(e["gpus"] for e in nodes.values()),
+                "models": dict(sorted(by_model.items())),
+                "driver_versions": _tally(e["driver_version"] for e in nodes.values()),
+                "exporter_versions": _tally(e["exporter_version"] for e in nodes.values()),
+            },
+            "stale_exporters": sorted(stale, key=lambda x: x["node"]),
+        }
+
+    def _staleness(self, entry: dict[str, Any]) -> str | None:
+        if not entry["exporter_up"]:
+            return "exporter down (scrape failing)"
+        if entry["nvml_up"] is False:
+            return "nvml down on the node"
+        age = entry["last_poll_age_seconds"]
+        if age is not None and age > self.settings.stale_after:
+            return f"last fast poll {age:.0f} s ago"
+        return None
+
+    # -- health ---------------------------------------------------------------------------------------------------
+
+    async def health(self) -> dict[str, Any]:
+        s = self.s
+        unhealthy, since, down = await self.many(
+            f"gpuwarden_health{{{s}}} > 0",
+            f"gpuwarden_health_since_timestamp_seconds{{{s}}}",
+            f"up{{{s}}} == 0",
+        )
+        began = {(self.node(r), r.labels.get("uuid"), r.labels.get("check")): r.value for r in since}
+        gpus: dict[tuple[str, str], dict[str, Any]] = {}
+        now = time.time()
+        for row in unhealthy:
+            node, uuid = self.node(row), row.labels.get("uuid", "")
+            gpu = gpus.setdefault((node, uuid), {"node": node, "gpu": row.labels.get("gpu"), "uuid": uuid,
+                                                 "severity": "warning", "checks": []})
+            level = int(row.value)
+            started = began.get((node, uuid, row.labels.get("check")))
+            gpu["checks"].append({
+                "check": row.labels.get("check"), "level": level, "severity": "critical" if level >= 2 else "warning",
+                "since": started, "for_seconds": round(now - started, 0) if started else None})
+            if level >= 2:
+                gpu["severity"] = "critical"
+        for gpu in gpus.values():
+            gpu["checks"].sort(key=lambda c: (-c["level"], c["check"]))
+            known = [c["since"] for c in gpu["checks"] if c["since"]]
+            gpu["since"] = min(known) if known else None
+        ordered = sorted(gpus.values(), key=lambda g: (g["severity"] != "critical", g["node"], g["gpu"] or ""))
+        return {"unhealthy_gpus": ordered,
+                "counts": {"critical": sum(g["severity"] == "critical" for g in ordered),
+                           "warning": sum(g["severity"] == "warning" for g in ordered)},
+                "unknown_nodes": sorted({self.node(r) for r in down}),
+                "note": "since: when the exporter first judged the current level (restarts with the exporter)"}
+
+    # -- cordon candidates ----------------------------------------------------------------------------------------
+
+    async def cordon_candidates(self) -> dict[str, Any]:
+        rules = [r for g in build(selector=self.s) for r in g.rules
+                 if r.action in CORDON_ACTIONS and r.severity == "critical"]
+        answers = await self.many(*(r.expr for r in rules))
+        nodes: dict[str, dict[str, Any]] = {}
+        for rule, rows in zip(rules, answers, strict=True):
+            for row in rows:
+                node = self.node(row)
+                entry = nodes.setdefault(node, {"node": node, "findings": []})
+                labels = {k: v for k, v in row.labels.items() if k in ("gpu", "uuid", "xid", "link", "type")}
+                entry["findings"].append({
+                    "alert": rule.alert, "summary": rule.summary, "action": rule.action, "labels": labels,
+                    "value": row.value, "query": rule.expr,
+                    "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}"})
+        out = []
+        for node, entry in nodes.items():
+            entry["findings"].sort(key=lambda f: (ACTION_ORDER.get(f["action"], 9), f["alert"]))
+            name = _node_name(node)
+            entry["commands"] = [f"kubectl cordon {name}",
+                                 f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m"]
+            entry["gpus"] = sorted({f["labels"].get("gpu", "") for f in entry["findings"]} - {""})
+            out.append(entry)
+        out.sort(key=lambda e: (min(ACTION_ORDER.get(f["action"], 9) for f in e["findings"]), e["node"]))
+        return {"candidates": out, "rules": [r.alert for r in rules],
+                "note": "instant evaluation of the alert expressions, without their `for:` durations; review "
+                        "before draining. The commands are printed, never run."}
+
+    # -- utilization ----------------------------------------------------------------------------------------------
+
+    def _util(self, window: str) -> str:
+        s = self.s
+        return (f"clamp_max(rate(gpuwarden_busy_seconds_total{{{s}}}[{window}]) "
+                f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}]), 1)")
+
+    async def utilization(self, window: str, window_s: int, limit: int) -> dict[str, Any]:
+        s, n, u = self.s, self.n, self._util(window)
+        idle_ratio = self.settings.idle_ratio
+        alloc = f"max_over_time(gpuwarden_gpu_allocation{{{s}}}[{window}])"
+        share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
+        per_node, gpu_count, average, idle, starved, by_namespace, allocated_ns = await self.many(
+            f"sum by ({n}) (1 - {u})",
+            f"count by ({n}) ({u})",
+            f"avg by ({n}) ({u})",
+            f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
+            f"max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0)",
+            f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
+            f"min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0)",
+            f"sum by (namespace) ((1 - {u}) * on (instance, uuid) group_right () {share})",
+            f"sum by (namespace) ({share})",
+        )
+        hours = window_s / 3600
+        price = self.settings.price_per_gpu_hour
+        nodes: dict[str, dict[str, Any]] = {}
+        for row in gpu_count:
+            nodes[self.node(row)] = {"node": self.node(row), "gpus": int(row.value)}
+        for row in average:
+            nodes.setdefault(self.node(row), {"node": self.node(row)})["utilization"] = round(row.value, 4)
+        for row in per_node:
+            entry = nodes.setdefault(self.node(row), {"node": self.node(row)})
+            entry["wasted_gpu_hours"] = round(row.value * hours, 3)
+            entry["wasted_cost"] = round(row.value * hours * price, 2)
+
+        def gpu_rows(rows: list[Series]) -> list[dict[str, Any]]:
+            return sorted(({"node": self.node(r), "gpu": r.labels.get("gpu"), "uuid": r.labels.get("uuid"),
+                            "utilization": round(r.value, 4)} for r in rows), key=lambda x: (x["node"], x["gpu"] or ""))
+
+        namespaces = {r.labels.get("namespace", ""): {"namespace": r.labels.get("namespace", ""),
+                                                      "allocated_gpu_hours": round(r.value * hours, 3)}
+                      for r in allocated_ns}
+        for row in by_namespace:
+            entry = namespaces.setdefault(row.labels.get("namespace", ""),
+                                          {"namespace": row.labels.get("namespace", "")})
+            entry["wasted_gpu_hours"] = round(row.value * hours, 3)
+            entry["wasted_cost"] = round(row.value * hours * price, 2)
+        wasted = sum(e.get("wasted_gpu_hours", 0.0) for e in nodes.values())
+        ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
+        return {
+            "window": window, "idle_ratio": idle_ratio, "price_per_gpu_hour": price,
+            "currency": self.settings.currency,
+            "totals": {"gpus": sum(e.get("gpus", 0) for e in nodes.values()),
+                       "gpu_hours": round(sum(e.get("gpus", 0) for e in nodes.values()) * hours, 3),
+                       "wasted_gpu_hours": round(wasted, 3), "wasted_cost": round(wasted * price, 2),
+                       "idle_gpus": len(idle), "starved_gpus": len(starved)},
+            "idle_gpus": gpu_rows(idle), "starved_gpus": gpu_rows(starved),
+            "by_node": ordered_nodes[:limit],
+            "by_namespace": sorted(namespaces.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0)),
+            "definitions": {
+                "utilization": "share of the window in which a kernel ran (busy / sampled seconds)",
+                "idle": f"utilization < {idle_ratio:g} and no process on the GPU during the window",
+                "starved": f"utilization < {idle_ratio:g} while a process held the GPU the whole window",
+                "wasted_gpu_hours": "sum over GPUs of (1 - utilization) x window hours",
+                "by_namespace": "from gpuwarden_gpu_allocation (pod attribution); a GPU shared by n containers "
+                                "counts 1/n to each"},
+        }
+
+    # -- planner's fleet side ---------------------------------------------------------------------------------------
+
+    async def fit(self, plan: Plan) -> list[dict[str, Any]]:
+        s = self.s
+        memory, counts = await self.many(
+            f"max by (name) (gpuwarden_memory_total_bytes{{{s}}} "
+            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{s}}})",
+            f"count by (name) (gpuwarden_gpu_info{{{s}}})")
+        count = {r.labels.get("name", ""): int(r.value) for r in counts}
+        out = []
+        for row in memory:
+            model = row.labels.get("name", "")
+            usable = row.value * USABLE_MEMORY_RATIO
+            out.append({"model": model, "memory_bytes": row.value, "usable_bytes": round(usable),
+                        "gpus_in_fleet": count.get(model, 0), "fits": plan.fits(row.value),
+                        "enough_gpus": count.get(model, 0) >= plan.gpus,
+                        "headroom_bytes": round(usable - plan.per_gpu_bytes)})
+        return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
+
+
+def _tally(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        if value:
+            counts[value] = counts.get(value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _node_name(node: str) -> str:
+    """A Kubernetes node name from the node label; an `instance` label's host:port loses its port."""
+    return re.sub(r":\d+$", "", node)

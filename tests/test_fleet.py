@@ -1,0 +1,294 @@
+"""The fleet service end to end: simulated nodes under different scenarios, scraped by a real Prometheus, asked by
+`gpuwarden fleet` over real HTTP. Each endpoint's answer is checked against what the scenarios imply.
+
+Stood in for: the kubelet of one node (a fake pod-resources gRPC server, as in test_podresources) and, for the
+failure cases, a Prometheus that is down, slow or refusing (small local servers).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from exporter.fleet.app import create_app
+from exporter.fleet.settings import FleetSettings, parse
+from tests.conftest import free_port, write_yaml
+from tests.stack import PROMETHEUS, stack, wait_ready
+from tests.test_podresources import FakeKubelet
+
+SHORT = {"utilization_for_s": 8, "memory_for_s": 3, "temperature_warning_for_s": 3, "temperature_critical_for_s": 3,
+         "thermal_slowdown_for_s": 8, "power_cap_for_s": 8, "nvlink_down_for_s": 2, "persistence_off_for_s": 3}
+SCENARIOS = ["healthy", "training", "data-starvation", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "row-remap"]
+HARDWARE = {"ecc-uncorrectable": ("GpuwardenEccUncorrectable", "1"), "nvlink-down": ("GpuwardenNvlinkDown", "4"),
+            "gpu-lost": ("GpuwardenGpuLost", "6"), "row-remap": ("GpuwardenRowRemapFailure", "5")}
+
+
+class FleetServer:
+    def __init__(self, settings: FleetSettings) -> None:
+        self.port = int(settings.listen_address.rpartition(":")[2])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
+                                                    log_config=None, access_log=False))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> FleetServer:
+        self.thread.start()
+        wait_ready(self.url + "/healthz")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+    def get(self, path: str, **params: Any) -> httpx.Response:
+        return httpx.get(self.url + path, params=params, timeout=30)
+
+
+def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:
+    return FleetSettings(prometheus_url=prometheus, listen_address=f"127.0.0.1:{free_port()}", cache_ttl=0,
+                         **extra)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if PROMETHEUS is None:
+        pytest.fail("prometheus missing: the README's test command installs Debian's prometheus package")
+    tmp = tmp_path_factory.mktemp("fleet")
+    thresholds = write_yaml(tmp / "thresholds.yaml", SHORT)
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as short, stack(tmp) as parts:
+        kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
+        for scenario in SCENARIOS:
+            flags = ["--health.thresholds-file", str(thresholds)]
+            if scenario == "data-starvation":
+                flags += ["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
+            parts.exporter(scenario, *flags)
+        parts.dead_targets.append(f"127.0.0.1:{free_port()}")
+        parts.start_prometheus()
+        starving = parts.instance_of("data-starvation")
+        uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
+        # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
+        kubelet.pods = [("team-a", "trainer", [("main", [("nvidia.com/gpu", uuids[:6])])]),
+                        ("team-b", "nb-1", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::0"])])]),
+                        ("team-b", "nb-2", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::1"])])])]
+        # long enough for the shortened sustained checks, the rates and the remap/link/lost events
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready = (parts.query('gpuwarden_health{check="utilization"} > 0')
+                     and parts.query("gpuwarden_gpu_allocation")
+                     and parts.query("gpuwarden_nvlink_up == 0") and parts.query("gpuwarden_gpu_up == 0"))
+            if ready:
+                break
+            time.sleep(1)
+        time.sleep(3)
+        with FleetServer(fleet_settings(parts.prometheus)) as fleet:
+            yield {"stack": parts, "fleet": fleet, "uuids": uuids}
+        kubelet.stop()
+
+
+def instance(world: dict[str, Any], scenario: str) -> str:
+    return world["stack"].instance_of(scenario)
+
+
+def test_inventory(world: dict[str, Any]) -> None:
+    body = world["fleet"].get("/api/v1/fleet").json()
+    assert "nodes" in body, body
+    nodes = {n["node"]: n for n in body["nodes"]}
+    dead = world["stack"].dead_targets[0]
+    assert set(nodes) == {instance(world, s) for s in SCENARIOS} | {dead}
+    for scenario in SCENARIOS:
+        node = nodes[instance(world, scenario)]
+        assert node["gpus"] == 8 and node["exporter_up"] and node["nvml_up"]
+        assert node["models"] == {"NVIDIA H100 80GB HBM3": 8}
+        assert node["memory_bytes"]["NVIDIA H100 80GB HBM3"] == pytest.approx(85520809984, rel=0.01)
+        assert node["driver_version"] and node["exporter_version"] == "0.1.0"
+    assert nodes[instance(world, "gpu-lost")]["gpus_visible"] == 7
+    assert body["totals"]["gpus"] == 8 * len(SCENARIOS)
+    assert body["totals"]["models"]["NVIDIA H100 80GB HBM3"]["nodes"] == len(SCENARIOS)
+    assert [s["node"] for s in body["stale_exporters"]] == [dead]
+    assert "down" in body["stale_exporters"][0]["reason"]
+
+
+def test_health_lists_exactly_the_unhealthy_gpus_with_since(world: dict[str, Any]) -> None:
+    body = world["fleet"].get("/api/v1/fleet/health").json()
+    by_node: dict[str, dict[str, dict[str, Any]]] = {}
+    for gpu in body["unhealthy_gpus"]:
+        by_node.setdefault(gpu["node"], {})[gpu["gpu"]] = gpu
+    for scenario, (_, gpu) in HARDWARE.items():
+        entry = by_node[instance(world, scenario)][gpu]
+        assert entry["severity"] == "critical"
+        assert entry["since"] and entry["since"] <= time.time()
+    assert {c["check"] for c in by_node[instance(world, "ecc-uncorrectable")]["1"]["checks"]} >= {"ecc"}
+    assert "gpu_lost" in {c["check"] for c in by_node[instance(world, "gpu-lost")]["6"]["checks"]}
+    starving = by_node[instance(world, "data-starvation")]
+    assert len(starving) == 8 and all(
+        any(c["check"] == "utilization" for c in g["checks"]) for g in starving.values())
+    assert instance(world, "healthy") not in by_node and instance(world, "training") not in by_node
+    assert body["unknown_nodes"] == world["stack"].dead_targets
+    assert body["counts"]["critical"] >= 4
+
+
+def test_cordon_candidates_are_the_hardware_nodes_with_evidence(world: dict[str, Any]) -> None:
+    body = world["fleet"].get("/api/v1/fleet/cordon-candidates").json()
+    candidates = {c["node"]: c for c in body["candidates"]}
+    assert set(candidates) == {instance(world, s) for s in HARDWARE}
+    for scenario, (alert, gpu) in HARDWARE.items():
+        entry = candidates[instance(world, scenario)]
+        finding = next(f for f in entry["findings"] if f["alert"] == alert)
+        assert finding["labels"]["gpu"] == gpu
+        assert finding["runbook_url"].endswith("#" + alert.lower())
+        node_name = instance(world, scenario).rsplit(":", 1)[0]
+        assert entry["commands"][0] == f"kubectl cordon {node_name}"
+        assert entry["commands"][1].startswith(f"kubectl drain {node_name} --ignore-daemonsets")
+    # the RMA case sorts first: a failed remap needs the board replaced
+    assert body["candidates"][0]["node"] == instance(world, "row-remap")
+
+
+def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) -> None:
+    body = world["fleet"].get("/api/v1/fleet/utilization", window="5m").json()
+    idle_nodes = {g["node"] for g in body["idle_gpus"]}
+    starved_nodes = {g["node"] for g in body["starved_gpus"]}
+    assert instance(world, "healthy") in idle_nodes
+    assert len([g for g in body["idle_gpus"] if g["node"] == instance(world, "healthy")]) == 8
+    assert starved_nodes == {instance(world, "data-starvation")}
+    assert instance(world, "training") not in idle_nodes | starved_nodes
+    nodes = {n["node"]: n for n in body["by_node"]}
+    healthy, training = nodes[instance(world, "healthy")], nodes[instance(world, "training")]
+    assert healthy["utilization"] < 0.05 and healthy["wasted_gpu_hours"] == pytest.approx(8 * 5 / 60, rel=0.05)
+    assert training["utilization"] > 0.8 and training["wasted_gpu_hours"] < healthy["wasted_gpu_hours"]
+    assert healthy["wasted_cost"] == pytest.approx(healthy["wasted_gpu_hours"] * 2.5, abs=0.01)
+    namespaces = {n["namespace"]: n for n in body["by_namespace"]}
+    assert set(namespaces) == {"team-a", "team-b"}
+    # team-a holds 6 GPUs, team-b shares one (1/2 + 1/2); allocation only began after start, so <= the window
+    assert namespaces["team-a"]["allocated_gpu_hours"] == pytest.approx(6 * 5 / 60, rel=0.01)
+    assert namespaces["team-b"]["allocated_gpu_hours"] == pytest.approx(1 * 5 / 60, rel=0.01)
+    # the starved job wastes ~70 % of its GPUs (30 % duty)
+    assert namespaces["team-a"]["wasted_gpu_hours"] == pytest.approx(6 * 5 / 60 * 0.7, rel=0.2)
+    assert body["totals"]["wasted_cost"] == pytest.approx(body["totals"]["wasted_gpu_hours"] * 2.5, abs=0.05)
+
+
+def test_utilization_window_is_validated(world: dict[str, Any]) -> None:
+    for bad in ("1y", "abc", "1m", "30d"):
+        response = world["fleet"].get("/api/v1/fleet/utilization", window=bad)
+        assert response.status_code == 422, bad
+        assert response.json()["detail"][0]["loc"][-1] == "window"
+
+
+def test_plan_against_worked_examples_and_the_fleet(world: dict[str, Any]) -> None:
+    fleet = world["fleet"]
+    unsharded = fleet.get("/api/v1/plan", parameters=7e9, precision="fp16", optimizer="adam").json()
+    # ZeRO paper accounting: 16 bytes per parameter → 112 GB = 104.3 GiB of model states
+    assert unsharded["per_gpu"]["total_gb"] == pytest.approx(112.0, abs=0.1)
+    assert unsharded["per_gpu"]["total_gib"] == pytest.approx(104.31, abs=0.01)
+    h100 = next(f for f in unsharded["fleet"] if f["model"] == "NVIDIA H100 80GB HBM3")
+    assert h100["fits"] is False and h100["gpus_in_fleet"] == 8 * len(SCENARIOS)
+    zero3 = fleet.get("/api/v1/plan", parameters=7e9, precision="bf16", optimizer="adamw", sharding="zero3",
+                      gpus=8).json()
+    assert 11 <= zero3["per_gpu"]["total_gib"] <= 13.1
+    assert zero3["model_states_unsharded_gib"] == pytest.approx(104.31, abs=0.01)
+    assert next(f for f in zero3["fleet"] if f["model"] == "NVIDIA H100 80GB HBM3")["fits"] is True
+    with_act = fleet.get("/api/v1/plan", parameters=7e9, sharding="zero3", gpus=8, layers=32, hidden_size=4096,
+                         heads=32, sequence_length=4096, micro_batch_size=1, activation_checkpointing="true").json()
+    assert with_act["per_gpu"]["activations"] == "estimated"
+    assert with_act["per_gpu"]["activations_gib"] == pytest.approx(1.0, abs=0.01)   # 2·s·b·h·L bytes
+    bad = fleet.get("/api/v1/plan", parameters=7e9, precision="int4")
+    assert bad.status_code == 422 and "inference" in bad.json()["detail"][0]["msg"]
+    assert fleet.get("/api/v1/plan", parameters=7e9, optimizer="adamx").status_code == 422
+    assert fleet.get("/api/v1/plan", parameters=7e9, layers=32).status_code == 422
+    assert fleet.get("/api/v1/plan").status_code == 422
+
+
+def test_overview_page_renders_the_fleet(world: dict[str, Any]) -> None:
+    response = world["fleet"].get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    for scenario in HARDWARE:
+        assert instance(world, scenario) in page
+    assert "GpuwardenRowRemapFailure" in page and "kubectl cordon" in page
+    assert "<script" not in page   # server-rendered, no front-end build
+
+
+# -- Prometheus down, slow, refusing ------------------------------------------------------------------------------
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    delay = 0.0
+    status = 200
+    body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        time.sleep(self.delay)
+        try:
+            self.send_response(self.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(self.body)))
+            self.end_headers()
+            self.wfile.write(self.body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def upstream(**attrs: Any) -> ThreadingHTTPServer:
+    handler = type("Upstream", (_Upstream,), attrs)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("path", ["/api/v1/fleet", "/api/v1/fleet/health", "/api/v1/fleet/cordon-candidates",
+                                  "/api/v1/fleet/utilization", "/readyz"])
+def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    down_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    slow = upstream(delay=2.0)
+    refusing = upstream(status=400, body=b'{"status":"error","errorType":"bad_data","error":"parse error"}')
+    timing_out = upstream(status=503, body=b'{"status":"error","errorType":"timeout","error":"query timed out"}')
+    try:
+        cases = [(down_url, 503, "unreachable"), (f"http://127.0.0.1:{slow.server_port}", 504, "did not answer"),
+                 (f"http://127.0.0.1:{refusing.server_port}", 502, "refused"),
+                 (f"http://127.0.0.1:{timing_out.server_port}", 504, "timed out")]
+        for url, status, words in cases:
+            with FleetServer(fleet_settings(url, query_timeout=0.5)) as fleet:
+                started = time.monotonic()
+                response = fleet.get(path)
+                assert response.status_code == status, (url, response.text)
+                body = response.json()
+                assert body["error"] == "prometheus" and words in body["detail"], body
+                assert time.monotonic() - started < 5
+    finally:
+        for server in (slow, refusing, timing_out):
+            server.shutdown()
+
+
+def test_plan_still_answers_when_prometheus_is_down() -> None:
+    with FleetServer(fleet_settings("http://127.0.0.1:9", query_timeout=0.5)) as fleet:
+        body = fleet.get("/api/v1/plan", parameters=7e9).json()
+    assert body["per_gpu"]["total_gib"] > 100 and body["fleet"] is None and "unreachable" in body["fleet_error"]
+
+
+def test_overview_page_says_prometheus_is_down() -> None:
+    with FleetServer(fleet_settings("http://127.0.0.1:9", query_timeout=0.5)) as fleet:
+        response = fleet.get("/")
+    assert response.status_code == 503 and "Prometheus cannot be asked" in response.text
+
+
+def test_settings_from_flags_and_environment() -> None:
+    settings = parse(["--prometheus-url", "http://prom:9090/", "--price-per-gpu-hour", "3.1"],
+                     environ={"GPUWARDEN_FLEET_NODE_LABEL": "node"})
+    assert settings.prometheus_url == "http://prom:9090" and settings.price_per_gpu_hour == 3.1
+    assert settings.node_label == "node"
