@@ -99,7 +99,8 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None) 
     async def utilization(window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
-        return await fleet.utilization(window, window_seconds(window), limit)
+        window_seconds(window)
+        return await fleet.utilization(window, limit)
 
     @app.get("/api/v1/plan")
     async def plan(
@@ -158,7 +159,7 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None) 
         """A quick look when Grafana is not at hand."""
         try:
             inventory, health, cordon, usage = await asyncio.gather(
-                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 3600, 20))
+                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20))
         except PrometheusError as exc:
             page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings,
                                                                version=__version__)

@@ -55,36 +55,46 @@ class PrometheusClient:
     async def close(self) -> None:
         await self._client.aclose()
 
-    async def query(self, expr: str) -> list[Series]:
-        """Instant vector (or scalar) at now; cached and shared between concurrent callers."""
+    def evaluation_time(self) -> float:
+        """One evaluation time for all the queries of an answer, so they describe the same instant; quantized to
+        the cache TTL so that concurrent answers share their queries."""
+        step = max(self.cache_ttl, 1.0)
+        return float(int(time.time() / step) * step)
+
+    async def query(self, expr: str, at: float | None = None) -> list[Series]:
+        """Instant vector (or scalar) at `at` (default: now); cached and shared between concurrent callers."""
+        key = f"{at}|{expr}"
         now = time.monotonic()
-        cached = self._cache.get(expr)
+        cached = self._cache.get(key)
         if cached and now - cached[0] < self.cache_ttl:
             return cached[1]
-        pending = self._inflight.get(expr)
+        pending = self._inflight.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
         future: asyncio.Future[list[Series]] = asyncio.get_running_loop().create_future()
-        self._inflight[expr] = future
+        self._inflight[key] = future
         try:
-            result = await self._fetch(expr)
+            result = await self._fetch(expr, at)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()   # retrieved: no "never retrieved" warning when nobody else waited
             raise
         else:
             future.set_result(result)
-            self._cache[expr] = (time.monotonic(), result)
+            self._cache[key] = (time.monotonic(), result)
             if len(self._cache) > 512:   # queries are a fixed set times a few windows; bound it anyway
                 oldest = min(self._cache, key=lambda k: self._cache[k][0])
                 del self._cache[oldest]
             return result
         finally:
-            del self._inflight[expr]
+            del self._inflight[key]
 
-    async def _fetch(self, expr: str) -> list[Series]:
+    async def _fetch(self, expr: str, at: float | None) -> list[Series]:
+        form = {"query": expr, "timeout": f"{self.timeout:g}"}
+        if at is not None:
+            form["time"] = f"{at:.3f}"
         try:
-            response = await self._client.post("/api/v1/query", data={"query": expr, "timeout": f"{self.timeout:g}"})
+            response = await self._client.post("/api/v1/query", data=form)
         except httpx.TimeoutException:
             raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") \
                 from None

@@ -39,7 +39,9 @@ class Fleet:
         return self.settings.node_label
 
     async def many(self, *exprs: str) -> list[list[Series]]:
-        return list(await asyncio.gather(*(self.client.query(e) for e in exprs)))
+        """Evaluate the queries of one answer concurrently, at one instant."""
+        at = self.client.evaluation_time()
+        return list(await asyncio.gather(*(self.client.query(e, at) for e in exprs)))
 
     def node(self, series: Series) -> str:
         return series.labels.get(self.n, "")
@@ -186,54 +188,68 @@ class Fleet:
         return (f"clamp_max(rate(gpuwarden_busy_seconds_total{{{s}}}[{window}]) "
                 f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}]), 1)")
 
-    async def utilization(self, window: str, window_s: int, limit: int) -> dict[str, Any]:
+    async def utilization(self, window: str, limit: int) -> dict[str, Any]:
+        """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
+        part of the window counts only the part it was seen."""
         s, n, u = self.s, self.n, self._util(window)
         idle_ratio = self.settings.idle_ratio
+        sampled = f"increase(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}])"
+        idle_s = f"clamp_min({sampled} - increase(gpuwarden_busy_seconds_total{{{s}}}[{window}]), 0)"
         alloc = f"max_over_time(gpuwarden_gpu_allocation{{{s}}}[{window}])"
         share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
-        per_node, gpu_count, average, idle, starved, by_namespace, allocated_ns = await self.many(
-            f"sum by ({n}) (1 - {u})",
+        observed, wasted_s, gpu_count, average, idle, starved, ns_wasted, ns_allocated = await self.many(
+            f"sum by ({n}) ({sampled})",
+            f"sum by ({n}) ({idle_s})",
             f"count by ({n}) ({u})",
             f"avg by ({n}) ({u})",
             f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
             f"max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0)",
             f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
             f"min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0)",
-            f"sum by (namespace) ((1 - {u}) * on (instance, uuid) group_right () {share})",
-            f"sum by (namespace) ({share})",
+            f"sum by (namespace) ({idle_s} * on (instance, uuid) group_right () {share})",
+            f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
         )
-        hours = window_s / 3600
         price = self.settings.price_per_gpu_hour
+
+        def hours(seconds: float) -> float:
+            return round(seconds / 3600, 4)
+
         nodes: dict[str, dict[str, Any]] = {}
+
+        def node_entry(row: Series) -> dict[str, Any]:
+            return nodes.setdefault(self.node(row), {"node": self.node(row)})
+
         for row in gpu_count:
-            nodes[self.node(row)] = {"node": self.node(row), "gpus": int(row.value)}
+            node_entry(row)["gpus"] = int(row.value)
         for row in average:
-            nodes.setdefault(self.node(row), {"node": self.node(row)})["utilization"] = round(row.value, 4)
-        for row in per_node:
-            entry = nodes.setdefault(self.node(row), {"node": self.node(row)})
-            entry["wasted_gpu_hours"] = round(row.value * hours, 3)
-            entry["wasted_cost"] = round(row.value * hours * price, 2)
+            node_entry(row)["utilization"] = round(row.value, 4)
+        for row in observed:
+            node_entry(row)["gpu_hours"] = hours(row.value)
+        for row in wasted_s:
+            entry = node_entry(row)
+            entry["wasted_gpu_hours"] = hours(row.value)
+            entry["wasted_cost"] = round(row.value / 3600 * price, 2)
 
         def gpu_rows(rows: list[Series]) -> list[dict[str, Any]]:
             return sorted(({"node": self.node(r), "gpu": r.labels.get("gpu"), "uuid": r.labels.get("uuid"),
                             "utilization": round(r.value, 4)} for r in rows), key=lambda x: (x["node"], x["gpu"] or ""))
 
-        namespaces = {r.labels.get("namespace", ""): {"namespace": r.labels.get("namespace", ""),
-                                                      "allocated_gpu_hours": round(r.value * hours, 3)}
-                      for r in allocated_ns}
-        for row in by_namespace:
-            entry = namespaces.setdefault(row.labels.get("namespace", ""),
-                                          {"namespace": row.labels.get("namespace", "")})
-            entry["wasted_gpu_hours"] = round(row.value * hours, 3)
-            entry["wasted_cost"] = round(row.value * hours * price, 2)
-        wasted = sum(e.get("wasted_gpu_hours", 0.0) for e in nodes.values())
+        namespaces: dict[str, dict[str, Any]] = {}
+        for row in ns_allocated:
+            name = row.labels.get("namespace", "")
+            namespaces.setdefault(name, {"namespace": name})["allocated_gpu_hours"] = hours(row.value)
+        for row in ns_wasted:
+            entry = namespaces.setdefault(row.labels.get("namespace", ""), {"namespace": row.labels.get("namespace")})
+            entry["wasted_gpu_hours"] = hours(row.value)
+            entry["wasted_cost"] = round(row.value / 3600 * price, 2)
+        wasted = sum(r.value for r in wasted_s) / 3600
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
         return {
             "window": window, "idle_ratio": idle_ratio, "price_per_gpu_hour": price,
             "currency": self.settings.currency,
             "totals": {"gpus": sum(e.get("gpus", 0) for e in nodes.values()),
-                       "gpu_hours": round(sum(e.get("gpus", 0) for e in nodes.values()) * hours, 3),
-                       "wasted_gpu_hours": round(wasted, 3), "wasted_cost": round(wasted * price, 2),
+                       "gpu_hours": hours(sum(r.value for r in observed)),
+                       "wasted_gpu_hours": round(wasted, 4), "wasted_cost": round(wasted * price, 2),
                        "idle_gpus": len(idle), "starved_gpus": len(starved)},
             "idle_gpus": gpu_rows(idle), "starved_gpus": gpu_rows(starved),
             "by_node": ordered_nodes[:limit],
@@ -242,9 +258,11 @@ class Fleet:
                 "utilization": "share of the window in which a kernel ran (busy / sampled seconds)",
                 "idle": f"utilization < {idle_ratio:g} and no process on the GPU during the window",
                 "starved": f"utilization < {idle_ratio:g} while a process held the GPU the whole window",
-                "wasted_gpu_hours": "sum over GPUs of (1 - utilization) x window hours",
-                "by_namespace": "from gpuwarden_gpu_allocation (pod attribution); a GPU shared by n containers "
-                                "counts 1/n to each"},
+                "gpu_hours": "hours the driver sampled utilization in the window (a GPU seen for part of it counts "
+                             "that part)",
+                "wasted_gpu_hours": "sampled minus busy hours: time no kernel ran",
+                "by_namespace": "from gpuwarden_gpu_allocation (pod attribution): a GPU's hours go to the namespaces "
+                                "that held it during the window; a GPU shared by n containers counts 1/n to each"},
         }
 
     # -- planner's fleet side ---------------------------------------------------------------------------------------
