@@ -140,17 +140,18 @@ def test_health_lists_exactly_the_unhealthy_gpus_with_since(world: dict[str, Any
 def test_cordon_candidates_are_the_hardware_nodes_with_evidence(world: dict[str, Any]) -> None:
     body = world["fleet"].get("/api/v1/fleet/cordon-candidates").json()
     candidates = {c["node"]: c for c in body["candidates"]}
-    assert set(candidates) == {instance(world, s) for s in HARDWARE}
+    assert set(candidates) == {instance(world, s) for s in HARDWARE}, body
     for scenario, (alert, gpu) in HARDWARE.items():
         entry = candidates[instance(world, scenario)]
-        finding = next(f for f in entry["findings"] if f["alert"] == alert)
+        finding = next((f for f in entry["findings"] if f["alert"] == alert), None)
+        assert finding is not None, entry
         assert finding["labels"]["gpu"] == gpu
         assert finding["runbook_url"].endswith("#" + alert.lower())
         node_name = instance(world, scenario).rsplit(":", 1)[0]
         assert entry["commands"][0] == f"kubectl cordon {node_name}"
         assert entry["commands"][1].startswith(f"kubectl drain {node_name} --ignore-daemonsets")
     # the RMA case sorts first: a failed remap needs the board replaced
-    assert body["candidates"][0]["node"] == instance(world, "row-remap")
+    assert body["candidates"][0]["node"] == instance(world, "row-remap"), body
 
 
 def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) -> None:
@@ -184,6 +185,15 @@ def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) ->
         namespaces["team-a"]["allocated_gpu_hours"] * 0.7, rel=0.2, abs=2e-4)
     assert body["totals"]["wasted_cost"] == pytest.approx(body["totals"]["wasted_gpu_hours"] * 2.5, abs=0.05)
     assert body["totals"]["gpu_hours"] == pytest.approx(sum(n["gpu_hours"] for n in body["by_node"]), abs=0.01)
+
+
+def test_utilization_limit_caps_the_lists_not_the_counts(world: dict[str, Any]) -> None:
+    body = world["fleet"].get("/api/v1/fleet/utilization", window="5m", limit=3).json()
+    full = world["fleet"].get("/api/v1/fleet/utilization", window="5m", limit=1000).json()
+    assert len(body["idle_gpus"]) == 3 and len(body["starved_gpus"]) == 3
+    assert body["totals"]["idle_gpus"] == len(full["idle_gpus"]) >= 8     # the healthy node's 8 at least
+    assert body["totals"]["starved_gpus"] == len(full["starved_gpus"]) == 8
+    assert world["fleet"].get("/api/v1/fleet/utilization", limit=0).status_code == 422
 
 
 def test_utilization_window_is_validated(world: dict[str, Any]) -> None:

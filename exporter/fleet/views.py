@@ -20,6 +20,11 @@ from exporter.fleet.settings import FleetSettings
 from exporter.health.rules import RUNBOOK_BASE, anchor, build
 
 CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
+# Rules whose expression scans a long range of many series (NVLink: 18 links per GPU over 6 h). A cheap instant
+# query finds the nodes that can match at all; the rule's own expression then runs with the selector narrowed to
+# them, which gives the same answer at a fraction of the cost (1.4 s → ~0.05 s on 1,000 nodes, docs/benchmarks.md).
+NARROWING = {"GpuwardenNvlinkDown": "gpuwarden_nvlink_up{{{s}}} == 0"}
+MAX_NARROWED_INSTANCES = 200
 ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
 
 
@@ -157,7 +162,23 @@ class Fleet:
     async def cordon_candidates(self) -> dict[str, Any]:
         rules = [r for g in build(selector=self.s) for r in g.rules
                  if r.action in CORDON_ACTIONS and r.severity == "critical"]
-        answers = await self.many(*(r.expr for r in rules))
+        narrowing = await self.many(*(NARROWING[r.alert].format(s=self.s) for r in rules if r.alert in NARROWING))
+        narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=True))
+        exprs = []
+        for rule in rules:
+            if rule.alert not in narrowed:
+                exprs.append(rule.expr)
+                continue
+            instances = sorted({row.labels.get("instance", "") for row in narrowed[rule.alert]})
+            if not instances:
+                exprs.append("vector(0) < 0")   # nothing can match: an empty answer without a scan
+            elif len(instances) > MAX_NARROWED_INSTANCES:
+                exprs.append(rule.expr)
+            else:
+                regex = "|".join(re.escape(i) for i in instances).replace("\\", "\\\\")
+                narrow = f'{self.s},instance=~"{regex}"'
+                exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
+        answers = await self.many(*exprs)
         nodes: dict[str, dict[str, Any]] = {}
         for rule, rows in zip(rules, answers, strict=True):
             for row in rows:
@@ -197,15 +218,20 @@ class Fleet:
         idle_s = f"clamp_min({sampled} - increase(gpuwarden_busy_seconds_total{{{s}}}[{window}]), 0)"
         alloc = f"max_over_time(gpuwarden_gpu_allocation{{{s}}}[{window}])"
         share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
-        observed, wasted_s, gpu_count, average, idle, starved, ns_wasted, ns_allocated = await self.many(
+        idle_expr = (f"{u} < {idle_ratio:g} and on (instance, uuid) "
+                     f"max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0")
+        starved_expr = (f"{u} < {idle_ratio:g} and on (instance, uuid) "
+                        f"min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0")
+        (observed, wasted_s, gpu_count, average, idle, starved, idle_count, starved_count, ns_wasted,
+         ns_allocated) = await self.many(
             f"sum by ({n}) ({sampled})",
             f"sum by ({n}) ({idle_s})",
             f"count by ({n}) ({u})",
             f"avg by ({n}) ({u})",
-            f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
-            f"max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0)",
-            f"bottomk({limit}, {u} < {idle_ratio:g} and on (instance, uuid) "
-            f"min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0)",
+            f"bottomk({limit}, {idle_expr})",
+            f"bottomk({limit}, {starved_expr})",
+            f"count({idle_expr})",
+            f"count({starved_expr})",
             f"sum by (namespace) ({idle_s} * on (instance, uuid) group_right () {share})",
             f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
         )
@@ -250,7 +276,9 @@ class Fleet:
             "totals": {"gpus": sum(e.get("gpus", 0) for e in nodes.values()),
                        "gpu_hours": hours(sum(r.value for r in observed)),
                        "wasted_gpu_hours": round(wasted, 4), "wasted_cost": round(wasted * price, 2),
-                       "idle_gpus": len(idle), "starved_gpus": len(starved)},
+                       "idle_gpus": int(idle_count[0].value) if idle_count else 0,
+                       "starved_gpus": int(starved_count[0].value) if starved_count else 0},
+            "listed": f"the {limit} least utilized idle and starved GPUs (?limit=)",
             "idle_gpus": gpu_rows(idle), "starved_gpus": gpu_rows(starved),
             "by_node": ordered_nodes[:limit],
             "by_namespace": sorted(namespaces.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0)),
