@@ -181,14 +181,14 @@ def test_scheduling_probes_resources_and_rollout() -> None:
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert ctr[probe]["httpGet"]["port"] == "metrics" and ctr[probe]["httpGet"]["scheme"] == "HTTP"
     assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in ctr["env"]
-    # sized from the measured RSS (81-83 MiB on real hosts): the request covers it, the limit leaves headroom
+    # sized from the measured RSS (81-87 MiB on real hosts): the request covers it, the limit leaves headroom
     def mib(quantity: str) -> int:
         assert quantity.endswith("Mi")
         return int(quantity[:-2])
-    assert 83 < mib(ctr["resources"]["requests"]["memory"]) <= mib(ctr["resources"]["limits"]["memory"])
+    assert 87 + 16 < mib(ctr["resources"]["requests"]["memory"]) <= mib(ctr["resources"]["limits"]["memory"])
     assert "cpu" not in ctr["resources"].get("limits", {})
     values_text = (CHART / "values.yaml").read_text()
-    assert "81-83 MiB" in values_text and "docs/benchmarks.md" in values_text   # where the number came from
+    assert "81-87 MiB" in values_text and "docs/benchmarks.md" in values_text   # where the number came from
 
 
 def test_variants_switch_what_they_say() -> None:
