@@ -258,6 +258,26 @@ def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
             "action": "replace"} in endpoint["relabelings"]
 
 
+@pytest.mark.parametrize("release", ["gpuwarden", "gpu-mon"])
+def test_job_label_matches_the_rules_selector_whatever_the_release(release: str) -> None:
+    """The operator names the job after the Service (release-dependent); the rules select job="gpuwarden"."""
+    from exporter.health.rules import SELECTOR
+
+    result = run_render("template", "--release", release, "--values-json", json.dumps({"podMonitor": {
+        "enabled": False}}))
+    assert result.returncode == 0, result.stderr
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]
+    job = next(r for r in one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["relabelings"]
+               if r["targetLabel"] == "job")["replacement"]
+    assert f'job="{job}"' == SELECTOR
+    assert one(objects, "Service")["metadata"]["name"] != "gpuwarden" or release == "gpuwarden"
+    rules = one(objects, "PrometheusRule")["spec"]["groups"]
+    assert all(SELECTOR in r["expr"] for g in rules for r in g["rules"] if "gpuwarden_" in r["expr"])
+    pod_monitor = one(render({"podMonitor": {"enabled": True}}), "PodMonitor")
+    assert {"targetLabel": "job", "replacement": job, "action": "replace"} in \
+        pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+
+
 # -- one source of truth ----------------------------------------------------------------------------------------
 
 
