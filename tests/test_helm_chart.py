@@ -82,6 +82,8 @@ VARIANTS = {
                                          "password": {"name": "scrape-auth", "key": "password"}},
                            "tlsConfig": {"insecureSkipVerify": True}}},
     "podmonitor": {"podMonitor": {"enabled": True}, "service": {"enabled": False}},
+    "fleet": {"fleet": {"enabled": True, "prometheusURL": "http://prometheus-operated.monitoring:9090",
+                        "pricePerGpuHour": 3.2}},
     "nothing-optional": {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
                          "dashboards": {"enabled": False}, "serviceAccount": {"create": False}},
 }
@@ -219,6 +221,36 @@ def test_variants_switch_what_they_say() -> None:
 
     extra = render({"extraArgs": ["--metrics.exclude=gpuwarden_nvlink_errors_total"]})
     assert "--metrics.exclude=gpuwarden_nvlink_errors_total" in container(extra)["args"]
+
+
+def test_fleet_deployment() -> None:
+    from exporter.fleet.settings import parse
+
+    objects = render(VARIANTS["fleet"])
+    deployment, = (o for o in objects if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
+    assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ctr["args"][0] == "fleet"
+    settings = parse(ctr["args"][1:], environ={})    # gpuwarden's own parser accepts the flags
+    assert settings.prometheus_url == "http://prometheus-operated.monitoring:9090"
+    assert settings.node_label == "node" and settings.price_per_gpu_hour == 3.2
+    assert settings.selector == 'job="gpuwarden"'
+    assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # selectors never mix the exporter's pods and the fleet's
+    fleet_service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"].endswith("-fleet"))
+    exporter_service = next(o for o in objects if o["kind"] == "Service" and o is not fleet_service)
+    daemonset = one(objects, "DaemonSet")
+    fleet_pod_labels = deployment["spec"]["template"]["metadata"]["labels"].items()
+    exporter_pod_labels = daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert not set(exporter_service["spec"]["selector"].items()) <= set(fleet_pod_labels)
+    assert not set(daemonset["spec"]["selector"]["matchLabels"].items()) <= set(fleet_pod_labels)
+    assert set(fleet_service["spec"]["selector"].items()) <= set(fleet_pod_labels)
+    assert not set(deployment["spec"]["selector"]["matchLabels"].items()) <= set(exporter_pod_labels)
+    missing = run_render("template", "--values-json", json.dumps({"fleet": {"enabled": True}}))
+    assert missing.returncode == 1 and "fleet.prometheusURL is required" in missing.stderr
 
 
 def test_without_the_operator_crds_no_monitoring_objects_are_rendered() -> None:

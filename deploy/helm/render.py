@@ -34,7 +34,7 @@ KUBE_VERSION = ("1", "34", "v1.34.0")
 
 CORE = {("", "v1"): [("configmaps", "ConfigMap", True), ("secrets", "Secret", True), ("services", "Service", True),
                      ("serviceaccounts", "ServiceAccount", True), ("namespaces", "Namespace", False)],
-        ("apps", "v1"): [("daemonsets", "DaemonSet", True)]}
+        ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)]}
 MONITORING = {("monitoring.coreos.com", "v1"): [("servicemonitors", "ServiceMonitor", True),
                                                 ("podmonitors", "PodMonitor", True),
                                                 ("prometheusrules", "PrometheusRule", True)]}

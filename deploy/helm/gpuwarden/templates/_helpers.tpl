@@ -17,12 +17,32 @@ app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "gpuwarden.labels" -}}
+{{- define "gpuwarden.commonLabels" -}}
 {{ include "gpuwarden.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/component: exporter
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- /* The exporter's objects; the fleet Deployment's pods carry component: fleet, so no selector mixes them. */}}
+{{- define "gpuwarden.exporterSelectorLabels" -}}
+{{ include "gpuwarden.selectorLabels" . }}
+app.kubernetes.io/component: exporter
+{{- end }}
+
+{{- define "gpuwarden.labels" -}}
+{{ include "gpuwarden.commonLabels" . }}
+app.kubernetes.io/component: exporter
+{{- end }}
+
+{{- define "gpuwarden.fleetSelectorLabels" -}}
+{{ include "gpuwarden.selectorLabels" . }}
+app.kubernetes.io/component: fleet
+{{- end }}
+
+{{- define "gpuwarden.fleetLabels" -}}
+{{ include "gpuwarden.commonLabels" . }}
+app.kubernetes.io/component: fleet
 {{- end }}
 
 {{- define "gpuwarden.serviceAccountName" -}}
