@@ -54,8 +54,8 @@ class FleetServer:
 
 
 def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:
-    return FleetSettings(prometheus_url=prometheus, listen_address=f"127.0.0.1:{free_port()}", cache_ttl=0,
-                         **extra)
+    return FleetSettings(**{"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}",
+                            "cache_ttl": 0, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -293,6 +293,35 @@ def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> No
     finally:
         for server in (slow, refusing, timing_out):
             server.shutdown()
+
+
+def test_fleet_service_metrics_count_queries_by_outcome(world: dict[str, Any]) -> None:
+    from tests.conftest import parse_exposition, values
+
+    world["fleet"].get("/api/v1/fleet")
+    series = parse_exposition(world["fleet"].get("/metrics").text)
+    assert values(series, "gpuwarden_fleet_prometheus_queries_total", outcome="ok")[0] >= 8
+    assert values(series, "gpuwarden_fleet_prometheus_query_duration_seconds_count")[0] >= 8
+    assert values(series, "gpuwarden_fleet_build_info")[0] == 1
+    with FleetServer(fleet_settings("http://127.0.0.1:9", query_timeout=0.5, cache_ttl=60)) as fleet:
+        assert fleet.get("/api/v1/fleet/health").status_code == 503
+        down = parse_exposition(fleet.get("/metrics").text)
+    assert values(down, "gpuwarden_fleet_prometheus_queries_total", outcome="unavailable")[0] >= 1
+    assert values(down, "gpuwarden_fleet_prometheus_queries_total", outcome="ok") == [0]
+
+
+def test_cache_answers_repeats_without_asking_prometheus(world: dict[str, Any]) -> None:
+    from tests.conftest import parse_exposition, values
+
+    with FleetServer(fleet_settings(world["stack"].prometheus, cache_ttl=60)) as fleet:
+        first = fleet.get("/api/v1/fleet/health").json()
+        asked = values(parse_exposition(fleet.get("/metrics").text), "gpuwarden_fleet_prometheus_queries_total",
+                       outcome="ok")[0]
+        second = fleet.get("/api/v1/fleet/health").json()
+        series = parse_exposition(fleet.get("/metrics").text)
+    assert values(series, "gpuwarden_fleet_prometheus_queries_total", outcome="ok")[0] == asked
+    assert values(series, "gpuwarden_fleet_cache_hits_total")[0] >= 3
+    assert second["unhealthy_gpus"] == first["unhealthy_gpus"]
 
 
 def test_plan_still_answers_when_prometheus_is_down() -> None:

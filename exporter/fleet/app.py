@@ -14,8 +14,9 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
@@ -37,6 +38,8 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None) 
     client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
     fleet = Fleet(client, settings)
     max_window_s = parse_duration(settings.max_window)
+    Info("gpuwarden_fleet_build", "Build of the fleet service.", registry=client.registry).info(
+        {"version": __version__, "prometheus_url": settings.prometheus_url})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
@@ -72,6 +75,11 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None) 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """The fleet service's own health: queries to Prometheus by outcome, their duration, cache hits."""
+        return Response(generate_latest(client.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 
 class PrometheusError(Exception):
@@ -41,9 +42,28 @@ class Series:
     value: float
 
 
+class ClientMetrics:
+    """The fleet service's own metrics, in a registry of its own (served at the fleet's /metrics)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.queries = Counter("gpuwarden_fleet_prometheus_queries", "Queries sent to Prometheus, by outcome.",
+                               ["outcome"], registry=registry)
+        self.duration = Histogram("gpuwarden_fleet_prometheus_query_duration_seconds",
+                                  "Time Prometheus took to answer a query (answers and errors).", registry=registry,
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.cache_hits = Counter("gpuwarden_fleet_cache_hits", "Queries answered from the cache or shared with a "
+                                  "concurrent caller.", registry=registry)
+        for outcome in ("ok", "unavailable", "timeout", "refused"):
+            self.queries.labels(outcome)
+
+
+_OUTCOME = {"PrometheusUnavailable": "unavailable", "PrometheusTimeout": "timeout", "PrometheusQueryError": "refused"}
+
+
 class PrometheusClient:
     def __init__(self, base_url: str, timeout: float = 5.0, cache_ttl: float = 15.0,
-                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.cache_ttl = cache_ttl
@@ -51,6 +71,8 @@ class PrometheusClient:
                                          transport=transport)
         self._cache: dict[str, tuple[float, list[Series]]] = {}
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
+        self.registry = registry or CollectorRegistry()
+        self.metrics = ClientMetrics(self.registry)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -67,19 +89,26 @@ class PrometheusClient:
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached and now - cached[0] < self.cache_ttl:
+            self.metrics.cache_hits.inc()
             return cached[1]
         pending = self._inflight.get(key)
         if pending is not None:
+            self.metrics.cache_hits.inc()
             return await asyncio.shield(pending)
         future: asyncio.Future[list[Series]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        started = time.monotonic()
         try:
             result = await self._fetch(expr, at)
         except BaseException as exc:
+            self.metrics.duration.observe(time.monotonic() - started)
+            self.metrics.queries.labels(_OUTCOME.get(type(exc).__name__, "unavailable")).inc()
             future.set_exception(exc)
             future.exception()   # retrieved: no "never retrieved" warning when nobody else waited
             raise
         else:
+            self.metrics.duration.observe(time.monotonic() - started)
+            self.metrics.queries.labels("ok").inc()
             future.set_result(result)
             self._cache[key] = (time.monotonic(), result)
             if len(self._cache) > 512:   # queries are a fixed set times a few windows; bound it anyway
