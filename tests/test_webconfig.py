@@ -122,3 +122,31 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
                              "--web.listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_fleet_service_takes_the_same_web_config(tmp_path, pki):
+    """`gpuwarden fleet --web.config.file`: TLS and basic auth as the exporter has them; probes stay open."""
+    hashed = bcrypt.hashpw(b"fleet-pass", bcrypt.gensalt(rounds=4)).decode()
+    config = write_yaml(tmp_path / "web.yml", {
+        "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
+        "basic_auth_users": {"sre": hashed}})
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "fleet", "--prometheus-url", "http://127.0.0.1:9",
+                             "--query-timeout", "0.5", "--web.config.file", str(config),
+                             "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    ca = ssl.create_default_context(cafile=str(pki["ca"]))
+    try:
+        url = f"https://127.0.0.1:{port}"
+        assert wait(url + "/healthz", verify=ca).status_code == 200
+        assert httpx.get(url + "/api/v1/fleet", verify=ca).status_code == 401
+        assert httpx.get(url + "/api/v1/fleet", verify=ca, auth=("sre", "wrong")).status_code == 401
+        # past the auth: Prometheus is down, which the API says as 503 JSON
+        answer = httpx.get(url + "/api/v1/fleet", verify=ca, auth=("sre", "fleet-pass"))
+        assert answer.status_code == 503 and answer.json()["error"] == "prometheus"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)   # no plain HTTP beside TLS
+    finally:
+        stderr = stop(proc)
+    assert "Traceback" not in stderr

@@ -25,6 +25,7 @@ from exporter.fleet.prometheus import PrometheusClient, PrometheusError
 from exporter.fleet.settings import FleetSettings, parse_duration
 from exporter.fleet.views import Fleet
 from exporter.server import jsonable_errors
+from exporter.webconfig import BasicAuth
 
 TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                         autoescape=select_autoescape(["html"]))
@@ -34,7 +35,8 @@ def _problem(status: int, error: str, detail: Any = None) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 
-def create_app(settings: FleetSettings, client: PrometheusClient | None = None) -> FastAPI:
+def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
+               basic_auth_users: dict[str, str] | None = None) -> FastAPI:
     client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
     fleet = Fleet(client, settings)
     max_window_s = parse_duration(settings.max_window)
@@ -177,4 +179,6 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None) 
             generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
         return HTMLResponse(page)
 
+    if basic_auth_users:   # /healthz and /readyz stay open for the kubelet's probes
+        app.add_middleware(BasicAuth, users=basic_auth_users)
     return app

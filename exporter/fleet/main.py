@@ -13,9 +13,11 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str]) -> int:
     from exporter.fleet.settings import parse
+    from exporter.webconfig import WebConfig, load_web_config
 
     try:
         settings = parse(argv)
+        web = load_web_config(settings.web_config_file) if settings.web_config_file else WebConfig()
     except ConfigError as exc:
         print(f"gpuwarden fleet: {str(exc).removeprefix('gpuwarden fleet: ')}", file=sys.stderr)
         return EXIT_CONFIG
@@ -27,6 +29,7 @@ def main(argv: list[str]) -> int:
     logs.setup("info", "logfmt")
     log.info("gpuwarden fleet %s listening on %s, asking %s (%s)", __version__, settings.listen_address,
              settings.prometheus_url, settings.selector)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False,
-                server_header=False, timeout_graceful_shutdown=5)
+    uvicorn.run(create_app(settings, basic_auth_users=web.basic_auth_users), host=settings.host, port=settings.port,
+                log_config=None, access_log=False, server_header=False, timeout_graceful_shutdown=5,
+                **web.uvicorn_ssl())
     return 0

@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -48,6 +49,8 @@ class FleetSettings(BaseModel):
                               description="Utilization below which a GPU counts as idle (no job) or starved "
                                           "(a job holds it); the alert rules' threshold by default.")
     max_window: str = Field("7d", description="Longest window a caller may ask for.")
+    web_config_file: Path | None = Field(None, description="Prometheus exporter-toolkit web-config file (TLS, "
+                                                            "basic auth), as the exporter takes it.")
 
     @field_validator("listen_address")
     @classmethod
@@ -90,8 +93,11 @@ class FleetSettings(BaseModel):
         return int(self.listen_address.rpartition(":")[2])
 
 
+_FLAGS = {"listen_address": "--web.listen-address", "web_config_file": "--web.config.file"}
+
+
 def _flag(name: str) -> str:
-    return "--web.listen-address" if name == "listen_address" else "--" + name.replace("_", "-")
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 class _Parser(argparse.ArgumentParser):
