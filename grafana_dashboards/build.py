@@ -126,6 +126,11 @@ def node_dashboard() -> dict[str, Any]:
     L.add("table", "Firing alerts", "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
           [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{SEL}}}', fmt="table", instant=True)],
           "none", w=8)
+    L.add("table", "Pods on these GPUs", "Containers the kubelet allocated each GPU to (pod attribution: the "
+          "chart's podResources.enabled). Join any panel's query with * on(uuid) group_left(namespace, pod) "
+          "gpuwarden_gpu_allocation.",
+          [target(f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GSEL}}})",
+                  fmt="table", instant=True)], "none", w=24, h=6)
     L.row("Utilization")
     L.add("timeseries", "GPU busy (time average)", "Share of time a kernel ran, from the driver's sample buffer: "
           "rate(busy seconds) / rate(sampled seconds). The dashed line is the starvation threshold.",
@@ -248,6 +253,17 @@ def fleet_dashboard() -> dict[str, Any]:
               target(f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
                      f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600 * $price", "cost",
                      instant=True)], "none", thresholds=_steps((None, "blue")))
+    alloc = f"max_over_time(gpuwarden_gpu_allocation{{{SEL}}}[$__range])"
+    share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
+    idle_seconds = (f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
+                    f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range]), 0)")
+    L.add("table", "Idle GPU-hours by namespace", "GPU-hours in which no kernel ran over the range, charged to the "
+          "namespaces whose pods held the GPU (pod attribution; a GPU shared by n containers counts 1/n to each), "
+          "and their cost at $price per GPU-hour.", [
+              target(f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600",
+                     fmt="table", instant=True),
+              target(f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600 "
+                     f"* $price", fmt="table", instant=True)], "none", w=24, h=6)
     L.row("Hot, failing and disconnected")
     L.add("table", "Hottest GPUs", "The ten hottest GPUs now.",
           [target(f"topk(10, gpuwarden_temperature_celsius{{{SEL}}})", fmt="table", instant=True)], "celsius", w=8,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from exporter.health import rules
 from exporter.metrics import FAMILIES
 from tests.stack import PROMETHEUS
 from tests.stack import stack as running_stack
+from tests.test_podresources import FakeKubelet
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "grafana_dashboards"
@@ -99,12 +101,21 @@ def substitute(expr: str) -> str:
 def prometheus(tmp_path_factory):
     if PROMETHEUS is None:
         pytest.skip("Debian's prometheus is not installed (the README test command installs it)")
-    with running_stack(tmp_path_factory.mktemp("dashboards")) as parts:
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as short, \
+            running_stack(tmp_path_factory.mktemp("dashboards")) as parts:
+        kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()   # pod attribution on the thermal node
         for scenario in SCENARIOS:
-            parts.exporter(scenario)
+            flags = (["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
+                     if scenario == "thermal-throttling" else [])
+            parts.exporter(scenario, *flags)
         parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
+        thermal = parts.instance_of("thermal-throttling")
+        uuids = [g["uuid"] for g in httpx.get(f"http://{thermal}/api/v1/gpus", timeout=5).json()["gpus"]]
+        kubelet.pods = [("research", "train-0", [("main", [("nvidia.com/gpu", uuids[:4])])]),
+                        ("inference", "serve-0", [("server", [("nvidia.com/gpu", uuids[4:])])])]
         time.sleep(25)      # NVLink 7 drops at 5 s, the GPU is lost at 8 s; rates need a few scrapes
         yield parts
+        kubelet.stop()
 
 
 def test_every_panel_query_returns_data(prometheus):
@@ -155,5 +166,12 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
             for r in rows("gpuwarden-node.json", "Health status per GPU")}
     assert lost[(prometheus.instance_of("gpu-lost"), "6")] == "2"
     assert lost[(prometheus.instance_of("healthy"), "0")] == "0"
+    pods = {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"])
+            for r in rows("gpuwarden-node.json", "Pods on these GPUs")}
+    assert pods == {(thermal, str(g), "research" if g < 4 else "inference", "train-0" if g < 4 else "serve-0")
+                    for g in range(8)}
+    by_namespace = {r["metric"]["namespace"]: float(r["value"][1])
+                    for r in rows("gpuwarden-fleet.json", "Idle GPU-hours by namespace")}
+    assert set(by_namespace) == {"research", "inference"} and all(v >= 0 for v in by_namespace.values())
     hottest = rows("gpuwarden-fleet.json", "Hottest GPUs")
     assert {r["metric"]["instance"] for r in hottest[:2]} == {thermal}
