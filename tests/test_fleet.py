@@ -385,3 +385,20 @@ def test_overview_page_in_headless_chromium(world: dict[str, Any], tmp_path: Pat
     assert shot.stat().st_size > 50_000, "a page of tables renders to more than a blank image"
     if os.environ.get("UPDATE_FLEET_SCREENSHOT"):
         (Path(__file__).resolve().parents[1] / "docs" / "fleet-overview.png").write_bytes(shot.read_bytes())
+
+
+def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
+    import re
+
+    from exporter.fleet.settings import ENV_PREFIX, _flag
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(--[\w.-]+)` \|.*$", text, re.M)}
+    fields = FleetSettings.model_fields
+    assert set(rows) == {_flag(name) for name in fields}, "docs/fleet.md's settings table drifted"
+    for name, field in fields.items():
+        row = rows[_flag(name)]
+        assert f"`{ENV_PREFIX}{name.upper()}`" in row, row
+        if field.default is not None and not field.is_required():
+            shown = f"{field.default:g}" if isinstance(field.default, float) else str(field.default)
+            assert shown in row, (name, shown, row)
