@@ -23,6 +23,21 @@ FAST_EXPORTER_FLAGS = ["--poll.fast-interval", "0.5", "--poll.slow-interval", "1
                        "--poll.nvlink-errors-interval", "1"]
 
 
+def late_nvlink_down(tmp: Path, at: float = 15) -> str:
+    """The shipped nvlink-down scenario with its link dropping at `at` s instead of 5 s. The NvlinkDown rule needs
+    Prometheus to have seen the link up; a dozen exporters starting at once on a loaded 2-core machine can take
+    longer than 5 s to answer their first scrape."""
+    from exporter.sim.scenario import shipped_scenarios
+
+    data = yaml.safe_load(shipped_scenarios()["nvlink-down"].read_text())
+    for fault in data["faults"]:
+        if fault["kind"] == "nvlink_down":
+            fault["at"] = at
+    path = tmp / "nvlink-down-late.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
 def wait_ready(url: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -47,10 +62,11 @@ class Stack:
     def _spawn(self, args: list[str]) -> None:
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
-    def exporter(self, scenario: str, *flags: str) -> int:
-        """Plan an exporter; it starts once Prometheus runs, so the first scrapes see a scenario's first seconds."""
+    def exporter(self, scenario: str, *flags: str, name: str | None = None) -> int:
+        """Plan an exporter; it starts once Prometheus runs, so the first scrapes see a scenario's first seconds.
+        `name` is what scenario_of/instance_of call it (default: the scenario itself, a name or a path)."""
         port = free_port()
-        self.exporters[port] = scenario
+        self.exporters[port] = name or scenario
         self._pending.append([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
                               "--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, *flags])
         return port

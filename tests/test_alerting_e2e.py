@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from exporter.health import rules
-from tests.stack import ALERTMANAGER, PROMETHEUS
+from tests.stack import ALERTMANAGER, PROMETHEUS, late_nvlink_down
 from tests.stack import stack as running_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,8 @@ def stack(tmp_path_factory):
     receiver = Receiver()
     with running_stack(tmp) as parts:
         for scenario in EXPECTED:
-            parts.exporter(scenario, "--no-nvml.xid-events")
+            source = late_nvlink_down(tmp) if scenario == "nvlink-down" else scenario
+            parts.exporter(source, "--no-nvml.xid-events", name=scenario)
         # the shipped Alertmanager config, pointed at this test
         am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
         (tmp / "routing-key").write_text(ROUTING_KEY)

@@ -22,7 +22,7 @@ import uvicorn
 from exporter.fleet.app import create_app
 from exporter.fleet.settings import FleetSettings, parse
 from tests.conftest import free_port, write_yaml
-from tests.stack import PROMETHEUS, stack, wait_ready
+from tests.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
 from tests.test_podresources import FakeKubelet
 
 SHORT = {"utilization_for_s": 8, "memory_for_s": 3, "temperature_warning_for_s": 3, "temperature_critical_for_s": 3,
@@ -71,7 +71,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             flags = ["--health.thresholds-file", str(thresholds)]
             if scenario == "data-starvation":
                 flags += ["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
-            parts.exporter(scenario, *flags)
+            if scenario == "nvlink-down":
+                parts.exporter(late_nvlink_down(tmp), *flags, name=scenario)
+            else:
+                parts.exporter(scenario, *flags)
         parts.dead_targets.append(f"127.0.0.1:{free_port()}")
         parts.start_prometheus()
         starving = parts.instance_of("data-starvation")
