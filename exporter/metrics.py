@@ -78,10 +78,10 @@ _FAMILIES = [
        "1 when the last kubelet pod-resources List succeeded; 0 when the socket is absent or the call fails "
        "(absent when pods.attribution is off).", per_gpu=False),
     _f("gpuwarden_pod_attribution_unmatched_devices", "gauge",
-       "Allocated GPU device IDs that name no GPU visible to this exporter (MIG instances, hidden GPUs).",
+       "Allocated GPU device IDs that name no GPU (nor MIG instance) visible to this exporter.",
        per_gpu=False),
     _f("gpuwarden_gpu_allocation", "gauge",
-       "1 for each container the kubelet allocated the GPU to (several under time-slicing or MPS); join with "
+       "1 for each container the kubelet allocated the GPU to (several under time-slicing, MPS or MIG); join with "
        "`* on(uuid) group_left(namespace, pod, container)`.", "namespace", "pod", "container"),
     # per-GPU identity and state
     _f("gpuwarden_gpu_info", "gauge", "Static identity of the GPU; always 1.",

@@ -506,7 +506,8 @@ class Poller:
             now = self._wall()
             health = self.health.evaluate(gpus, xid, now) if self.nvml_up else {}
             view = self.pods.view if self.pods is not None else podresources.DISABLED
-            pods, unmatched = podresources.assign(view, ((g.index, g.uuid) for g in gpus if g.up))
+            pods, unmatched = podresources.assign(
+                view, ((g.index, g.uuid, g.info.get("mig_uuids", ())) for g in gpus if g.up))
             snapshot = Snapshot(
                 id=next(self._snapshot_ids), taken_at=now, nvml_up=self.nvml_up,
                 nvml_error=self.nvml_error, driver=dict(self.driver) if self.nvml_up else {},

@@ -107,11 +107,45 @@ def test_exclusive_shared_index_and_foreign_devices(kubelet: FakeKubelet) -> Non
         ("GPU-aaa", "train", "llama-0", "trainer"), ("GPU-bbb", "train", "llama-0", "trainer"),
         ("GPU-ccc", "notebooks", "alice", "jupyter"), ("GPU-ccc", "notebooks", "bob", "jupyter"),
         ("3", "batch", "idx", "main"), ("MIG-0f0f", "infer", "mig", "main")}
-    by_uuid, unmatched = assign(view, [(0, "GPU-aaa"), (2, "GPU-ccc"), (3, "GPU-ddd")])
+    by_uuid, unmatched = assign(view, [(0, "GPU-aaa", ()), (2, "GPU-ccc", ()), (3, "GPU-ddd", ())])
     assert [a.pod for a in by_uuid["GPU-aaa"]] == ["llama-0"]
     assert sorted(a.pod for a in by_uuid["GPU-ccc"]) == ["alice", "bob"]
     assert [a.pod for a in by_uuid["GPU-ddd"]] == ["idx"]       # index "3" → GPU 3
     assert unmatched == 2                                        # GPU-bbb is not visible here; MIG-0f0f
+    # once GPU 2's MIG instances are known, the MIG slice is charged to its parent
+    by_uuid, unmatched = assign(view, [(0, "GPU-aaa", ()), (2, "GPU-ccc", ("MIG-0f0f", "MIG-1e1e")),
+                                       (3, "GPU-ddd", ())])
+    assert sorted(a.pod for a in by_uuid["GPU-ccc"]) == ["alice", "bob", "mig"] and unmatched == 1
+
+
+def test_two_slices_of_one_gpu_in_one_container_are_one_series(kubelet: FakeKubelet) -> None:
+    kubelet.pods = [("infer", "big", [("main", [("nvidia.com/mig-3g.40gb", ["MIG-a1", "MIG-a2"])])])]
+    view = PodAttribution(kubelet.socket_path, 10, ("nvidia.com/mig-*",)).refresh()
+    by_uuid, unmatched = assign(view, [(0, "GPU-aaa", ("MIG-a1", "MIG-a2", "MIG-a3"))])
+    assert [(a.namespace, a.pod, a.container) for a in by_uuid["GPU-aaa"]] == [("infer", "big", "main")]
+    assert unmatched == 0
+
+
+def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
+        kubelet: FakeKubelet, live_server: Callable[..., object]) -> None:
+    scenario = {"name": "mig", "node": {"count": 2, "mig_instances": {1: 3}}}
+    server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
+    gpus = {g.index: g for g in server.poller.snapshot.gpus}   # type: ignore[attr-defined]
+    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.get("mig_uuids", ())) == 3)   # type: ignore
+    mig = server.poller.snapshot.gpus[1].info["mig_uuids"]   # type: ignore[attr-defined]
+    assert all(u.startswith("MIG-") for u in mig) and len(set(mig)) == 3
+    assert "mig_uuids" not in server.poller.snapshot.gpus[0].info   # type: ignore[attr-defined]
+    kubelet.pods = [("infer", f"svc-{i}", [("main", [("nvidia.com/mig-2g.20gb", [u])])]) for i, u in enumerate(mig)]
+
+    def allocations() -> list[float]:
+        return values(parse_exposition(server.get("/metrics").text),   # type: ignore[attr-defined]
+                      "gpuwarden_gpu_allocation", uuid=gpus[1].uuid, gpu="1")
+
+    wait_for(lambda: len(allocations()) == 3)
+    series = parse_exposition(server.get("/metrics").text)   # type: ignore[attr-defined]
+    assert values(series, "gpuwarden_mig_mode_enabled", gpu="1") == [1]
+    assert values(series, "gpuwarden_mig_mode_enabled", gpu="0") == [0]
+    assert values(series, "gpuwarden_pod_attribution_unmatched_devices") == [0]
 
 
 def test_over_http_pods_come_and_go_and_the_socket_disappears(

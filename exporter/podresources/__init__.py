@@ -70,23 +70,27 @@ def parse_list_response(response: object, resource_patterns: Iterable[str]) -> t
     return tuple(sorted(seen.values(), key=lambda a: (a.device_id, a.namespace, a.pod, a.container)))
 
 
-def assign(view: AttributionView, gpus: Iterable[tuple[int, str]]) -> tuple[dict[str, tuple[Allocation, ...]], int]:
-    """Map allocations onto the visible GPUs (by UUID, or by index under the plugin's index strategy).
-    Returns uuid → allocations and the number of allocated device IDs that name no visible GPU (MIG
-    instances, GPUs hidden from this container)."""
+def assign(view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
+           ) -> tuple[dict[str, tuple[Allocation, ...]], int]:
+    """Map allocations onto the visible GPUs: by UUID, by index (the plugin's index strategy), or by the UUID of
+    one of the GPU's MIG instances (a MIG slice is charged to its parent GPU). Returns uuid → allocations and the
+    number of allocated device IDs that name no visible GPU (GPUs hidden from this container)."""
     by_key: dict[str, str] = {}
-    for index, uuid in gpus:
+    for index, uuid, mig_uuids in gpus:
         by_key[uuid] = uuid
         by_key[str(index)] = uuid
-    assigned: dict[str, list[Allocation]] = {}
+        for mig_uuid in mig_uuids:
+            by_key[mig_uuid] = uuid
+    assigned: dict[str, dict[tuple[str, str, str], Allocation]] = {}
     unmatched: set[str] = set()
     for allocation in view.allocations:
         uuid = by_key.get(allocation.device_id)
         if uuid is None:
             unmatched.add(allocation.device_id)
-        else:
-            assigned.setdefault(uuid, []).append(allocation)
-    return {uuid: tuple(allocs) for uuid, allocs in assigned.items()}, len(unmatched)
+        else:   # one series per container and GPU, however many slices of the GPU it holds
+            holders = assigned.setdefault(uuid, {})
+            holders.setdefault((allocation.namespace, allocation.pod, allocation.container), allocation)
+    return {uuid: tuple(holders.values()) for uuid, holders in assigned.items()}, len(unmatched)
 
 
 class PodResourcesClient:

@@ -30,6 +30,7 @@ def all_readers() -> list[Reader]:
         ecc,
         identity,
         memory,
+        mig,
         modes,
         nvlink,
         pcie,
@@ -42,5 +43,5 @@ def all_readers() -> list[Reader]:
         identity.STATIC, modes.STATIC, memory.STATIC, thermal.STATIC, power.STATIC, clocks.STATIC,
         pcie.STATIC, nvlink.STATIC,
         utilization.SAMPLES, utilization.FAST, memory.FAST, thermal.FAST, power.FAST, clocks.FAST, ecc.FAST, modes.FAST,
-        clocks.SLOW, power.SLOW, ecc.SLOW, pcie.SLOW, nvlink.SLOW, nvlink.ERRORS, modes.SLOW,
+        clocks.SLOW, power.SLOW, ecc.SLOW, pcie.SLOW, nvlink.SLOW, nvlink.ERRORS, modes.SLOW, mig.SLOW,
     ]

@@ -292,7 +292,8 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
         index, code = self._device(handle, "nvmlDeviceGetUUID")
         if code == OK:
-            buf.value = self.uuid(index).encode()
+            slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1   # MIG handles sit after their parent's
+            buf.value = (self.uuid(index) if slot < 0 else self.mig_uuid(index, slot)).encode()
         return code
 
     def nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
@@ -509,10 +510,28 @@ class FakeNvmlLibrary:
         return self._uint(handle, ref, "nvmlDeviceGetComputeMode", lambda i: 0)
 
     def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
-        _, code = self._device(handle, "nvmlDeviceGetMigMode")
+        index, code = self._device(handle, "nvmlDeviceGetMigMode")
         if code == OK:
-            _out(current).value, _out(pending).value = 0, 0
+            mode = 1 if index in self.scenario.node.mig_instances else 0
+            _out(current).value, _out(pending).value = mode, mode
         return code
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetMaxMigDeviceCount",
+                          lambda i: 7 if i in self.scenario.node.mig_instances else 0)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if code != OK:
+            return code
+        if _val(slot) >= self.scenario.node.mig_instances.get(index, 0):
+            return pynvml.NVML_ERROR_NOT_FOUND      # an empty slot, as the driver answers
+        _set_pointer(ref, _HANDLE_BASE + index * 0x100 + 1 + _val(slot))
+        return OK
+
+    def mig_uuid(self, index: int, slot: int) -> str:
+        digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
+        return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     def _processes(self, handle: Any, count: Any, infos: Any, symbol: str) -> int:
         index, code = self._device(handle, symbol)

@@ -110,6 +110,16 @@ class Node(_Strict):
     numa_nodes: int = Field(2, ge=1, le=8)
     pcie_same_numa: Literal["PIX", "PXB", "PHB", "NODE"] = Field(
         "NODE", description="PCIe path between GPUs on the same NUMA node (different nodes: SYS)")
+    mig_instances: dict[int, int] = Field(
+        default_factory=dict, description="GPU index → MIG instances on it (MIG mode on for those GPUs), 1-7")
+
+    @field_validator("mig_instances")
+    @classmethod
+    def _mig(cls, value: dict[int, int]) -> dict[int, int]:
+        for gpu, instances in value.items():
+            if gpu < 0 or not 1 <= instances <= 7:
+                raise ValueError("maps a GPU index to 1-7 MIG instances, e.g. {0: 7}")
+        return value
 
     @field_validator("model")
     @classmethod
