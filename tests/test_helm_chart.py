@@ -108,6 +108,44 @@ def test_every_core_object_validates_against_the_kubernetes_schemas(variant: str
     assert checked >= 6
 
 
+def validate_crd_objects(objects: list[dict[str, Any]], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """prometheus-operator objects against the CRD schemas (npm @kubernetes-models/prometheus-operator, in
+    .npm-crds, run by Node.js: the README's test command installs both)."""
+    folder = ROOT / ".npm-crds"
+    node = shutil.which("node")
+    if node is None or not (folder / "node_modules" / "@kubernetes-models" / "prometheus-operator").is_dir():
+        message = "no Node.js or no .npm-crds: run the README's test command"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    data = tmp_path / "objects.json"
+    data.write_text(json.dumps(objects))
+    # ESM resolves packages from the script's folder: run a copy placed inside the install folder
+    runnable = folder / "crd_validate.mjs"
+    runnable.write_text((ROOT / "tests" / "crd_validate.mjs").read_text())
+    return subprocess.run([node, str(runnable), str(data)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_operator_objects_validate_against_the_crd_schemas(variant: str, tmp_path: Path) -> None:
+    objects = [o for o in render(VARIANTS[variant]) if o["apiVersion"].startswith("monitoring.coreos.com/")]
+    if not objects:
+        return
+    result = validate_crd_objects(objects, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ok ") == len(objects)
+
+
+def test_the_crd_check_catches_a_broken_object(tmp_path: Path) -> None:
+    rule = json.loads(json.dumps(one(render(), "PrometheusRule")))
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    monitor = json.loads(json.dumps(one(render(), "ServiceMonitor")))
+    monitor["spec"]["endpoints"][0]["scheme"] = "gopher"
+    result = validate_crd_objects([rule, monitor], tmp_path)
+    assert result.returncode == 1
+    assert "invalid PrometheusRule" in result.stdout and "invalid ServiceMonitor" in result.stdout
+
+
 def test_a_broken_object_is_caught_by_the_schema_check() -> None:
     import kubernetes_validate
 
