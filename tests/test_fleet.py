@@ -21,6 +21,7 @@ import uvicorn
 
 from exporter.fleet.app import create_app
 from exporter.fleet.settings import FleetSettings, parse
+from exporter.health import rules
 from tests.conftest import free_port, write_yaml
 from tests.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
 from tests.test_podresources import FakeKubelet
@@ -76,7 +77,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             else:
                 parts.exporter(scenario, *flags)
         parts.dead_targets.append(f"127.0.0.1:{free_port()}")
-        parts.start_prometheus()
+        # the shipped rules, `for:` shortened, so that cordon candidates can say which alerts fire
+        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
         starving = parts.instance_of("data-starvation")
         uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
         # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
@@ -153,6 +155,9 @@ def test_cordon_candidates_are_the_hardware_nodes_with_evidence(world: dict[str,
         node_name = instance(world, scenario).rsplit(":", 1)[0]
         assert entry["commands"][0] == f"kubectl cordon {node_name}"
         assert entry["commands"][1].startswith(f"kubectl drain {node_name} --ignore-daemonsets")
+    remap = next(f for f in candidates[instance(world, "row-remap")]["findings"]
+                 if f["alert"] == "GpuwardenRowRemapFailure")
+    assert remap["alert_firing"] is True     # the rule is loaded in this Prometheus and has fired
     # the RMA case sorts first: a failed remap needs the board replaced
     assert body["candidates"][0]["node"] == instance(world, "row-remap"), body
 

@@ -178,16 +178,22 @@ class Fleet:
                 regex = "|".join(re.escape(i) for i in instances).replace("\\", "\\\\")
                 narrow = f'{self.s},instance=~"{regex}"'
                 exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
-        answers = await self.many(*exprs)
+        names = "|".join(r.alert for r in rules)
+        *answers, firing = await self.many(*exprs, f'ALERTS{{{self.s},alertstate="firing",alertname=~"{names}"}}')
+        # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
+        fired = {(r.labels.get("alertname"), r.labels.get("instance"), r.labels.get("uuid"), r.labels.get("link"),
+                  r.labels.get("xid")) for r in firing}
         nodes: dict[str, dict[str, Any]] = {}
         for rule, rows in zip(rules, answers, strict=True):
             for row in rows:
                 node = self.node(row)
                 entry = nodes.setdefault(node, {"node": node, "findings": []})
                 labels = {k: v for k, v in row.labels.items() if k in ("gpu", "uuid", "xid", "link", "type")}
+                key = (rule.alert, row.labels.get("instance"), row.labels.get("uuid"), row.labels.get("link"),
+                       row.labels.get("xid"))
                 entry["findings"].append({
                     "alert": rule.alert, "summary": rule.summary, "action": rule.action, "labels": labels,
-                    "value": row.value, "query": rule.expr,
+                    "value": row.value, "query": rule.expr, "alert_firing": key in fired,
                     "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}"})
         out = []
         for node, entry in nodes.items():
@@ -199,8 +205,9 @@ class Fleet:
             out.append(entry)
         out.sort(key=lambda e: (min(ACTION_ORDER.get(f["action"], 9) for f in e["findings"]), e["node"]))
         return {"candidates": out, "rules": [r.alert for r in rules],
-                "note": "instant evaluation of the alert expressions, without their `for:` durations; review "
-                        "before draining. The commands are printed, never run."}
+                "note": "instant evaluation of the alert expressions, without their `for:` durations; "
+                        "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
+                        "needs the rules loaded there). Review before draining. The commands are printed, never run."}
 
     # -- utilization ----------------------------------------------------------------------------------------------
 
