@@ -3,6 +3,7 @@ wheel, install it into a fresh venv, start the exporter from it. And the Dockerf
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -76,3 +77,21 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    assert "Traceback" not in proc.stderr.read()
+    # the fleet service's page templates and the pod-resources .proto travel inside the wheel too
+    fleet_port = free_port()
+    fleet = subprocess.Popen([str(gpuwarden), "fleet", "--prometheus-url", "http://127.0.0.1:9", "--query-timeout",
+                              "0.5", "--web.listen-address", f"127.0.0.1:{fleet_port}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")})
+    try:
+        wait_ready(f"http://127.0.0.1:{fleet_port}/healthz")
+        page = httpx.get(f"http://127.0.0.1:{fleet_port}/", timeout=10)
+        assert page.status_code == 503 and "Prometheus cannot be asked" in page.text
+    finally:
+        fleet.terminate()
+        fleet.wait(timeout=10)
+    site = subprocess.run([str(python), "-c", "import exporter.podresources as p, pathlib; "
+                           "print(pathlib.Path(p.__file__).with_name('podresources.proto').is_file())"],
+                          capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert site.stdout.strip() == "True"
