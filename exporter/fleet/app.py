@@ -63,7 +63,7 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _problem(422, "invalid request", jsonable_errors(exc))
 
-    def window_seconds(window: str) -> int:
+    def check_window(window: str) -> None:
         try:
             seconds = parse_duration(window)
         except ValueError as exc:
@@ -72,7 +72,6 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
         if seconds > max_window_s or seconds < 300:
             raise RequestValidationError([{"loc": ("query", "window"), "type": "value_error",
                                            "msg": f"window must be between 5m and {settings.max_window}"}])
-        return seconds
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -109,7 +108,7 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
     async def utilization(window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
                           limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
-        window_seconds(window)
+        check_window(window)
         return await fleet.utilization(window, limit)
 
     @app.get("/api/v1/plan")

@@ -86,11 +86,11 @@ class FleetSettings(BaseModel):
 
     @property
     def host(self) -> str:
-        return self.listen_address.rpartition(":")[0].strip("[]") or "0.0.0.0"
+        return WebSettings(listen_address=self.listen_address).host
 
     @property
     def port(self) -> int:
-        return int(self.listen_address.rpartition(":")[2])
+        return WebSettings(listen_address=self.listen_address).port
 
 
 _FLAGS = {"listen_address": "--web.listen-address", "web_config_file": "--web.config.file"}
