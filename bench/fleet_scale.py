@@ -39,6 +39,7 @@ MEMORY = 85520809984
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -51,8 +52,17 @@ def generate(path: Path, nodes: int, start: int, end: int, step: int, seed: int 
     kind: dict[tuple[int, int], str] = {}
     for key in gpus:
         roll = rng.random()
-        kind[key] = ("hardware" if roll < 0.005 else "unhealthy" if roll < 0.025 else "idle" if roll < 0.075
-                     else "starved" if roll < 0.125 else "busy")
+        kind[key] = (
+            "hardware"
+            if roll < 0.005
+            else "unhealthy"
+            if roll < 0.025
+            else "idle"
+            if roll < 0.075
+            else "starved"
+            if roll < 0.125
+            else "busy"
+        )
     hw_kinds = ["ecc", "nvlink", "lost", "remap"]
     hardware = {key: hw_kinds[i % 4] for i, key in enumerate(k for k in gpus if kind[k] == "hardware")}
     series = 0
@@ -66,6 +76,7 @@ def generate(path: Path, nodes: int, start: int, end: int, step: int, seed: int 
         return "{" + ",".join(parts) + "}"
 
     with path.open("w", buffering=1 << 22) as out:
+
         def family(name: str, type_: str, rows: list[tuple[str, object]]) -> None:
             """rows: (sample name + labels, value or callable(t) → value)."""
             nonlocal series, lines
@@ -80,70 +91,138 @@ def generate(path: Path, nodes: int, start: int, end: int, step: int, seed: int 
 
         node_ids = range(nodes)
         family("up", "gauge", [(f"up{labels(n)}", 1) for n in node_ids])
-        family("gpuwarden_build_info", "gauge",
-               [(f"gpuwarden_build_info{labels(n, version='0.1.0', nvml_python_version='13.580.82')}", 1)
-                for n in node_ids])
+        family(
+            "gpuwarden_build_info",
+            "gauge",
+            [
+                (f"gpuwarden_build_info{labels(n, version='0.1.0', nvml_python_version='13.580.82')}", 1)
+                for n in node_ids
+            ],
+        )
+
         def driver(n: int) -> str:
-            return labels(n, driver_version="580.159.04" if n % 10 else "570.172.08", cuda_driver_version="13.0",
-                          nvml_version="13.580.159.04")
+            return labels(
+                n,
+                driver_version="580.159.04" if n % 10 else "570.172.08",
+                cuda_driver_version="13.0",
+                nvml_version="13.580.159.04",
+            )
 
         family("gpuwarden_driver_info", "gauge", [(f"gpuwarden_driver_info{driver(n)}", 1) for n in node_ids])
         family("gpuwarden_nvml_up", "gauge", [(f"gpuwarden_nvml_up{labels(n)}", 1) for n in node_ids])
         family("gpuwarden_gpus", "gauge", [(f"gpuwarden_gpus{labels(n)}", GPUS) for n in node_ids])
-        family("gpuwarden_last_collect_timestamp_seconds", "gauge",
-               [(f"gpuwarden_last_collect_timestamp_seconds{labels(n, tier=tier)}", lambda t: t - 1)
-                for n in node_ids for tier in ("fast", "slow")])
+        family(
+            "gpuwarden_last_collect_timestamp_seconds",
+            "gauge",
+            [
+                (f"gpuwarden_last_collect_timestamp_seconds{labels(n, tier=tier)}", lambda t: t - 1)
+                for n in node_ids
+                for tier in ("fast", "slow")
+            ],
+        )
+
         def identity(n: int, g: int) -> str:
-            return labels(n, g, name="NVIDIA H100 80GB HBM3" if n % 4 else "NVIDIA H200", serial=f"{n}{g}",
-                          pci_bus_id=f"00000000:{g:02X}:00.0", vbios_version="96.00.99.00.01",
-                          compute_capability="9.0")
+            return labels(
+                n,
+                g,
+                name="NVIDIA H100 80GB HBM3" if n % 4 else "NVIDIA H200",
+                serial=f"{n}{g}",
+                pci_bus_id=f"00000000:{g:02X}:00.0",
+                vbios_version="96.00.99.00.01",
+                compute_capability="9.0",
+            )
 
         family("gpuwarden_gpu_info", "gauge", [(f"gpuwarden_gpu_info{identity(n, g)}", 1) for n, g in gpus])
-        family("gpuwarden_memory_total_bytes", "gauge",
-               [(f"gpuwarden_memory_total_bytes{labels(n, g)}", MEMORY if n % 4 else 150754820096)
-                for n, g in gpus])
+        family(
+            "gpuwarden_memory_total_bytes",
+            "gauge",
+            [(f"gpuwarden_memory_total_bytes{labels(n, g)}", MEMORY if n % 4 else 150754820096) for n, g in gpus],
+        )
         duty = {"idle": 0.0, "starved": 0.25, "busy": 0.93, "unhealthy": 0.6, "hardware": 0.0}
 
         def busy_counter(d: float):
             return lambda t: f"{(t - start) * d:.1f}"
 
-        family("gpuwarden_busy_seconds", "counter",
-               [(f"gpuwarden_busy_seconds_total{labels(n, g)}", busy_counter(duty[kind[(n, g)]])) for n, g in gpus])
-        family("gpuwarden_utilization_sampled_seconds", "counter",
-               [(f"gpuwarden_utilization_sampled_seconds_total{labels(n, g)}", lambda t: f"{t - start:.1f}")
-                for n, g in gpus])
-        family("gpuwarden_processes", "gauge",
-               [(f"gpuwarden_processes{labels(n, g)}", 0 if kind[(n, g)] == "idle" else 1) for n, g in gpus])
+        family(
+            "gpuwarden_busy_seconds",
+            "counter",
+            [(f"gpuwarden_busy_seconds_total{labels(n, g)}", busy_counter(duty[kind[(n, g)]])) for n, g in gpus],
+        )
+        family(
+            "gpuwarden_utilization_sampled_seconds",
+            "counter",
+            [
+                (f"gpuwarden_utilization_sampled_seconds_total{labels(n, g)}", lambda t: f"{t - start:.1f}")
+                for n, g in gpus
+            ],
+        )
+        family(
+            "gpuwarden_processes",
+            "gauge",
+            [(f"gpuwarden_processes{labels(n, g)}", 0 if kind[(n, g)] == "idle" else 1) for n, g in gpus],
+        )
 
         def health(n: int, g: int, check: str) -> int:
             k = kind[(n, g)]
             if k == "hardware":
-                return 2 if check in {"ecc": "ecc", "nvlink": "nvlink", "lost": "gpu_lost",
-                                      "remap": "row_remap"}[hardware[(n, g)]] else 0
+                return (
+                    2
+                    if check
+                    in {"ecc": "ecc", "nvlink": "nvlink", "lost": "gpu_lost", "remap": "row_remap"}[hardware[(n, g)]]
+                    else 0
+                )
             if k == "unhealthy":
                 return 1 if check == ("temperature", "power", "pcie")[g % 3] else 0
             if k == "starved":
                 return 1 if check == "utilization" else 0
             return 0
 
-        family("gpuwarden_health", "gauge",
-               [(f"gpuwarden_health{labels(n, g, check=c)}", health(n, g, c)) for n, g in gpus for c in CHECKS])
-        family("gpuwarden_health_since_timestamp_seconds", "gauge",
-               [(f"gpuwarden_health_since_timestamp_seconds{labels(n, g, check=c)}", start + 600)
-                for n, g in gpus for c in CHECKS if health(n, g, c)])
-        family("gpuwarden_gpu_up", "gauge", [(f"gpuwarden_gpu_up{labels(n, g)}",
-                                              0 if hardware.get((n, g)) == "lost" else 1) for n, g in gpus])
-        family("gpuwarden_ecc_errors", "counter",
-               [(f"gpuwarden_ecc_errors_total{labels(n, g, type=t)}",
-                 3 if t == "uncorrected" and hardware.get((n, g)) == "ecc" else 0)
-                for n, g in gpus for t in ("corrected", "uncorrected")])
-        family("gpuwarden_remapped_rows_failed", "gauge",
-               [(f"gpuwarden_remapped_rows_failed{labels(n, g)}", 1 if hardware.get((n, g)) == "remap" else 0)
-                for n, g in gpus])
-        family("gpuwarden_remapped_rows_pending", "gauge",
-               [(f"gpuwarden_remapped_rows_pending{labels(n, g)}", 0) for n, g in gpus])
-        family("gpuwarden_recovery_action", "gauge",
-               [(f"gpuwarden_recovery_action{labels(n, g)}", 0) for n, g in gpus])
+        family(
+            "gpuwarden_health",
+            "gauge",
+            [(f"gpuwarden_health{labels(n, g, check=c)}", health(n, g, c)) for n, g in gpus for c in CHECKS],
+        )
+        family(
+            "gpuwarden_health_since_timestamp_seconds",
+            "gauge",
+            [
+                (f"gpuwarden_health_since_timestamp_seconds{labels(n, g, check=c)}", start + 600)
+                for n, g in gpus
+                for c in CHECKS
+                if health(n, g, c)
+            ],
+        )
+        family(
+            "gpuwarden_gpu_up",
+            "gauge",
+            [(f"gpuwarden_gpu_up{labels(n, g)}", 0 if hardware.get((n, g)) == "lost" else 1) for n, g in gpus],
+        )
+        family(
+            "gpuwarden_ecc_errors",
+            "counter",
+            [
+                (
+                    f"gpuwarden_ecc_errors_total{labels(n, g, type=t)}",
+                    3 if t == "uncorrected" and hardware.get((n, g)) == "ecc" else 0,
+                )
+                for n, g in gpus
+                for t in ("corrected", "uncorrected")
+            ],
+        )
+        family(
+            "gpuwarden_remapped_rows_failed",
+            "gauge",
+            [
+                (f"gpuwarden_remapped_rows_failed{labels(n, g)}", 1 if hardware.get((n, g)) == "remap" else 0)
+                for n, g in gpus
+            ],
+        )
+        family(
+            "gpuwarden_remapped_rows_pending",
+            "gauge",
+            [(f"gpuwarden_remapped_rows_pending{labels(n, g)}", 0) for n, g in gpus],
+        )
+        family("gpuwarden_recovery_action", "gauge", [(f"gpuwarden_recovery_action{labels(n, g)}", 0) for n, g in gpus])
         half = start + (end - start) // 2
 
         def link_state(n: int, g: int, link: int):
@@ -151,19 +230,34 @@ def generate(path: Path, nodes: int, start: int, end: int, step: int, seed: int 
                 return lambda t: 1 if t < half else 0
             return 1
 
-        family("gpuwarden_nvlink_up", "gauge",
-               [(f"gpuwarden_nvlink_up{labels(n, g, link=str(link))}", link_state(n, g, link))
-                for n, g in gpus for link in range(LINKS)])
+        family(
+            "gpuwarden_nvlink_up",
+            "gauge",
+            [
+                (f"gpuwarden_nvlink_up{labels(n, g, link=str(link))}", link_state(n, g, link))
+                for n, g in gpus
+                for link in range(LINKS)
+            ],
+        )
+
         def pod(n: int, g: int) -> str:
             return labels(n, g, namespace=f"team-{n % 50:02d}", pod=f"job-{n}", container="main")
 
-        family("gpuwarden_gpu_allocation", "gauge",
-               [(f"gpuwarden_gpu_allocation{pod(n, g)}", 1) for n, g in gpus if kind[(n, g)] != "idle"])
+        family(
+            "gpuwarden_gpu_allocation",
+            "gauge",
+            [(f"gpuwarden_gpu_allocation{pod(n, g)}", 1) for n, g in gpus if kind[(n, g)] != "idle"],
+        )
         out.write("# EOF\n")
-    return {"series": series, "samples": lines, "gpus": len(gpus),
-            "hardware_gpus": len(hardware), "unhealthy_gpus": sum(1 for k in kind.values() if k == "unhealthy"),
-            "idle_gpus": sum(1 for k in kind.values() if k == "idle"),
-            "starved_gpus": sum(1 for k in kind.values() if k == "starved")}
+    return {
+        "series": series,
+        "samples": lines,
+        "gpus": len(gpus),
+        "hardware_gpus": len(hardware),
+        "unhealthy_gpus": sum(1 for k in kind.values() if k == "unhealthy"),
+        "idle_gpus": sum(1 for k in kind.values() if k == "idle"),
+        "starved_gpus": sum(1 for k in kind.values() if k == "starved"),
+    }
 
 
 def rss_mib(pid: int) -> float:
@@ -186,8 +280,13 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     now = int(time.time())
     start, end = now - int(args.hours * 3600), now + 1800
-    result: dict[str, object] = {"nodes": args.nodes, "gpus_per_node": GPUS, "history_hours": args.hours,
-                                 "step_seconds": args.step, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    result: dict[str, object] = {
+        "nodes": args.nodes,
+        "gpus_per_node": GPUS,
+        "history_hours": args.hours,
+        "step_seconds": args.step,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
     data = work / "history.om"
     began = time.monotonic()
     result["data"] = generate(data, args.nodes, start, end, args.step)
@@ -196,36 +295,68 @@ def main() -> int:
     blocks = work / "tsdb"
     shutil.rmtree(blocks, ignore_errors=True)
     began = time.monotonic()
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h",
-                    str(data), str(blocks)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h", str(data), str(blocks)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     result["backfill_seconds"] = round(time.monotonic() - began, 1)
     data.unlink()
     prom_port, fleet_port = free_port(), free_port()
     (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
-    prometheus = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={blocks}", "--storage.tsdb.retention.time=30d",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}", "--query.timeout=60s"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prometheus = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={blocks}",
+            "--storage.tsdb.retention.time=30d",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--query.timeout=60s",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     fleet = None
     try:
         wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", timeout=300)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-        fleet = subprocess.Popen([sys.executable, "-m", "exporter", "fleet",
-                                  "--prometheus-url", f"http://127.0.0.1:{prom_port}", "--node-label", "node",
-                                  "--web.listen-address", f"127.0.0.1:{fleet_port}", "--cache-ttl", "5",
-                                  "--query-timeout", "30"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fleet = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "fleet",
+                "--prometheus-url",
+                f"http://127.0.0.1:{prom_port}",
+                "--node-label",
+                "node",
+                "--web.listen-address",
+                f"127.0.0.1:{fleet_port}",
+                "--cache-ttl",
+                "5",
+                "--query-timeout",
+                "30",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_ready(f"http://127.0.0.1:{fleet_port}/healthz", timeout=60)
-        endpoints = {"/api/v1/fleet": {}, "/api/v1/fleet/health": {}, "/api/v1/fleet/cordon-candidates": {},
-                     "/api/v1/fleet/utilization": {"window": "1h"}, "/api/v1/plan": {"parameters": "7e9"},
-                     "/": {}}
+        endpoints = {
+            "/api/v1/fleet": {},
+            "/api/v1/fleet/health": {},
+            "/api/v1/fleet/cordon-candidates": {},
+            "/api/v1/fleet/utilization": {"window": "1h"},
+            "/api/v1/plan": {"parameters": "7e9"},
+            "/": {},
+        }
         timings: dict[str, dict[str, object]] = {}
         client = httpx.Client(base_url=f"http://127.0.0.1:{fleet_port}", timeout=120)
-        client.get("/api/v1/fleet")   # Prometheus loads the blocks' index lazily: one warm-up request, not timed
+        client.get("/api/v1/fleet")  # Prometheus loads the blocks' index lazily: one warm-up request, not timed
         for path, params in endpoints.items():
             cold, warm = [], []
             for _ in range(args.runs):
-                time.sleep(5.2)   # past the cache TTL (and its quantized evaluation time): a cold answer
+                time.sleep(5.2)  # past the cache TTL (and its quantized evaluation time): a cold answer
                 t0 = time.perf_counter()
                 response = client.get(path, params=params)
                 cold.append(time.perf_counter() - t0)
@@ -234,9 +365,13 @@ def main() -> int:
                 client.get(path, params=params)
                 warm.append(time.perf_counter() - t0)
             body = response.json() if path != "/" else {}
-            timings[path] = {"cold_median_s": round(statistics.median(cold), 3), "cold_max_s": round(max(cold), 3),
-                             "warm_median_s": round(statistics.median(warm), 4),
-                             "answer_bytes": len(response.content), "summary": summarize(path, body)}
+            timings[path] = {
+                "cold_median_s": round(statistics.median(cold), 3),
+                "cold_max_s": round(max(cold), 3),
+                "warm_median_s": round(statistics.median(warm), 4),
+                "answer_bytes": len(response.content),
+                "summary": summarize(path, body),
+            }
             print(path, timings[path], flush=True)
         result["endpoints"] = timings
         result["prometheus_rss_mib"] = round(rss_mib(prometheus.pid), 1)

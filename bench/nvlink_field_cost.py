@@ -28,16 +28,17 @@ def main() -> None:
     links = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])[0].value.uiVal
     print(f"{pynvml.nvmlDeviceGetName(handle)}: {links} NVLinks")
     for name, fields in GROUPS.items():
-        scoped = [(f, link) for f in fields for link in range(links)] if f"{fields[0]}" in "165 161 162 163" \
-            else fields
+        scoped = [(f, link) for f in fields for link in range(links)] if f"{fields[0]}" in "165 161 162 163" else fields
         wall, cpu = [], []
         for _ in range(10):
             t, c = time.perf_counter(), time.thread_time()
             pynvml.nvmlDeviceGetFieldValues(handle, scoped)
             wall.append((time.perf_counter() - t) * 1000)
             cpu.append((time.thread_time() - c) * 1000)
-        print(f"{name:40} {len(scoped):3} entries  wall {statistics.median(wall):7.2f} ms  "
-              f"cpu {statistics.median(cpu):7.2f} ms")
+        print(
+            f"{name:40} {len(scoped):3} entries  wall {statistics.median(wall):7.2f} ms  "
+            f"cpu {statistics.median(cpu):7.2f} ms"
+        )
 
 
 if __name__ == "__main__":

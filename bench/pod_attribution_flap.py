@@ -32,14 +32,25 @@ def main() -> int:
     args = parser.parse_args()
     from exporter.sim import install_simulator
     from exporter.sim.scenario import load_scenario
+
     fake = install_simulator(load_scenario("training"))
     uuids = [fake.uuid(i) for i in range(fake.count)]
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-        command = [sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", "training",
-                   "--web.listen-address", f"127.0.0.1:{args.port}",
-                   f"--pods.resources-socket={kubelet.socket_path}", "--pods.refresh-interval", "1"]
+        command = [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            "training",
+            "--web.listen-address",
+            f"127.0.0.1:{args.port}",
+            f"--pods.resources-socket={kubelet.socket_path}",
+            "--pods.refresh-interval",
+            "1",
+        ]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         samples, flaps, up = [], 0, True
         start = time.monotonic()
@@ -59,8 +70,10 @@ def main() -> int:
                         kubelet.stop()
                     else:
                         flaps += 1
-                        kubelet.pods = [("team", f"job-{flaps}-{i}", [("main", [("nvidia.com/gpu", [u])])])
-                                        for i, u in enumerate(uuids[: 1 + flaps % 8])]
+                        kubelet.pods = [
+                            ("team", f"job-{flaps}-{i}", [("main", [("nvidia.com/gpu", [u])])])
+                            for i, u in enumerate(uuids[: 1 + flaps % 8])
+                        ]
                         kubelet.start()
                     up = not up
                     next_flap = now + args.period
@@ -75,12 +88,18 @@ def main() -> int:
             _, stderr = proc.communicate(timeout=10)
             kubelet.stop()
     warm = samples[1] if len(samples) > 2 else samples[0]
-    result = {"seconds": args.seconds, "period": args.period, "kubelet_returns": flaps,
-              "rss_mib": [round(s["rss_mib"], 1) for s in samples], "threads": sorted({s["threads"] for s in samples}),
-              "fds": sorted({s["fds"] for s in samples}),
-              "rss_growth_after_first_minute_mib": round(samples[-1]["rss_mib"] - warm["rss_mib"], 2),
-              "log_lines": len(stderr.splitlines()), "tracebacks": stderr.count("Traceback"),
-              "attribution_log_lines": sum("pod attribution" in line for line in stderr.splitlines())}
+    result = {
+        "seconds": args.seconds,
+        "period": args.period,
+        "kubelet_returns": flaps,
+        "rss_mib": [round(s["rss_mib"], 1) for s in samples],
+        "threads": sorted({s["threads"] for s in samples}),
+        "fds": sorted({s["fds"] for s in samples}),
+        "rss_growth_after_first_minute_mib": round(samples[-1]["rss_mib"] - warm["rss_mib"], 2),
+        "log_lines": len(stderr.splitlines()),
+        "tracebacks": stderr.count("Traceback"),
+        "attribution_log_lines": sum("pod attribution" in line for line in stderr.splitlines()),
+    }
     print(json.dumps(result, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

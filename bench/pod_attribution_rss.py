@@ -24,9 +24,21 @@ from tests.test_podresources import FakeKubelet  # noqa: E402
 
 def run(seconds: float, port: int, socket: Path | None) -> dict[str, float]:
     flags = ["--no-pods.attribution"] if socket is None else [f"--pods.resources-socket={socket}"]
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", "training",
-                             "--web.listen-address", f"127.0.0.1:{port}", *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            "training",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -43,8 +55,11 @@ def run(seconds: float, port: int, socket: Path | None) -> dict[str, float]:
             time.sleep(5)
         end = proc_status(proc.pid)
         allocations = sum(1 for line in body.decode().splitlines() if line.startswith("gpuwarden_gpu_allocation{"))
-        return {"rss_mib": round(end["rss_mib"], 1), "cpu_millicores": round(
-            1000 * (end["cpu_s"] - start["cpu_s"]) / seconds, 2), "allocation_series": allocations}
+        return {
+            "rss_mib": round(end["rss_mib"], 1),
+            "cpu_millicores": round(1000 * (end["cpu_s"] - start["cpu_s"]) / seconds, 2),
+            "allocation_series": allocations,
+        }
     finally:
         proc.terminate()
         proc.wait(10)
@@ -60,11 +75,14 @@ def main() -> int:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
         from exporter.sim import install_simulator
         from exporter.sim.scenario import load_scenario
+
         fake = install_simulator(load_scenario("training"))
-        uuids = [fake.uuid(i) for i in range(fake.count)]   # the daemon's simulator derives the same UUIDs
+        uuids = [fake.uuid(i) for i in range(fake.count)]  # the daemon's simulator derives the same UUIDs
         kubelet.pods = [("train", f"worker-{i}", [("main", [("nvidia.com/gpu", [uuids[i]])])]) for i in range(6)]
-        kubelet.pods += [("dev", f"nb-{i}", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6 + i % 2]}::{i}"])])])
-                         for i in range(6)]
+        kubelet.pods += [
+            ("dev", f"nb-{i}", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6 + i % 2]}::{i}"])])])
+            for i in range(6)
+        ]
         try:
             on = run(args.seconds, 10062, kubelet.socket_path)
         finally:

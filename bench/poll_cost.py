@@ -30,10 +30,12 @@ from exporter.config import load_settings
 from exporter.poller import Poller
 from exporter.snapshot import Tier
 
-SMI_QUERY = ("timestamp,name,pci.bus_id,driver_version,pstate,temperature.gpu,utilization.gpu,utilization.memory,"
-             "memory.total,memory.free,memory.used,power.draw,power.limit,clocks.current.sm,clocks.current.memory,"
-             "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,fan.speed,"
-             "clocks_event_reasons.active,persistence_mode")
+SMI_QUERY = (
+    "timestamp,name,pci.bus_id,driver_version,pstate,temperature.gpu,utilization.gpu,utilization.memory,"
+    "memory.total,memory.free,memory.used,power.draw,power.limit,clocks.current.sm,clocks.current.memory,"
+    "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total,fan.speed,"
+    "clocks_event_reasons.active,persistence_mode"
+)
 
 
 def trace_calls(read: Callable[[], Any]) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
@@ -45,13 +47,14 @@ def trace_calls(read: Callable[[], Any]) -> list[tuple[Callable[..., Any], tuple
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         def traced(*args: Any) -> Any:
-            if depth[0] == 0:           # only what the readers call, not pynvml's own nested wrappers
+            if depth[0] == 0:  # only what the readers call, not pynvml's own nested wrappers
                 calls.append((fn, args))
             depth[0] += 1
             try:
                 return fn(*args)
             finally:
                 depth[0] -= 1
+
         return traced
 
     for name, fn in originals.items():
@@ -73,21 +76,27 @@ def time_ms(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
         samples.append((time.perf_counter() - start) * 1000)
         cpu.append((time.thread_time() - start_cpu) * 1000)
     samples.sort()
-    return {"median_ms": round(statistics.median(samples), 3), "p90_ms": round(samples[int(0.9 * len(samples))], 3),
-            "cpu_median_ms": round(statistics.median(cpu), 3)}
+    return {
+        "median_ms": round(statistics.median(samples), 3),
+        "p90_ms": round(samples[int(0.9 * len(samples))], 3),
+        "cpu_median_ms": round(statistics.median(cpu), 3),
+    }
 
 
 def replay(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
     for fn, args in calls:
-        with contextlib.suppress(pynvml.NVMLError):   # e.g. GetSamples' NOT_FOUND: the exporter pays it too
+        with contextlib.suppress(pynvml.NVMLError):  # e.g. GetSamples' NOT_FOUND: the exporter pays it too
             fn(*args)
 
 
 def daemon_run(seconds: float) -> dict[str, float]:
     """Start the daemon, measure time to ready, scrape every 15 s, report CPU millicores and RSS."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address", "127.0.0.1:10047"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--web.listen-address", "127.0.0.1:10047"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     while time.monotonic() - start < 60:
         try:
             if urllib.request.urlopen("http://127.0.0.1:10047/readyz", timeout=1).status == 200:
@@ -111,9 +120,13 @@ def daemon_run(seconds: float) -> dict[str, float]:
     rss = int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
     proc.terminate()
     proc.wait(timeout=10)
-    return {"time_to_ready_s": round(ready, 3), "cpu_millicores": round(1000 * (cpu1 - cpu0) / (t1 - t0), 2),
-            "cpu_core_seconds_per_hour": round(3600 * (cpu1 - cpu0) / (t1 - t0), 1),
-            "rss_mib": round(rss / 1024, 1), "measured_s": round(t1 - t0, 1)}
+    return {
+        "time_to_ready_s": round(ready, 3),
+        "cpu_millicores": round(1000 * (cpu1 - cpu0) / (t1 - t0), 2),
+        "cpu_core_seconds_per_hour": round(3600 * (cpu1 - cpu0) / (t1 - t0), 1),
+        "rss_mib": round(rss / 1024, 1),
+        "measured_s": round(t1 - t0, 1),
+    }
 
 
 def main() -> int:
@@ -137,42 +150,63 @@ def main() -> int:
         slow = time_ms(lambda dev=dev: poller._read_tier(dev, Tier.SLOW), max(5, args.repeat // 5))
         slow_calls = trace_calls(lambda dev=dev: poller._read_tier(dev, Tier.SLOW))
         slow_raw = time_ms(lambda calls=slow_calls: replay(calls), max(5, args.repeat // 5))
-        results["gpus"].append({
-            "index": dev.index, "name": state.readings[Tier.STATIC].info.get("name"),
-            "fast_calls": [fn.__name__ for fn, _ in calls], "fast_gpuwarden": ours, "fast_raw_nvml": raw,
-            "fast_target_ms": round(2 * raw["median_ms"] + 0.5, 3),
-            "slow_gpuwarden": slow, "slow_raw_nvml": slow_raw, "slow_calls": len(slow_calls)})
+        results["gpus"].append(
+            {
+                "index": dev.index,
+                "name": state.readings[Tier.STATIC].info.get("name"),
+                "fast_calls": [fn.__name__ for fn, _ in calls],
+                "fast_gpuwarden": ours,
+                "fast_raw_nvml": raw,
+                "fast_target_ms": round(2 * raw["median_ms"] + 0.5, 3),
+                "slow_gpuwarden": slow,
+                "slow_raw_nvml": slow_raw,
+                "slow_calls": len(slow_calls),
+            }
+        )
     cycle = time_ms(lambda: poller._tier_cycle(Tier.FAST), 20)
     results["fast_cycle_all_gpus"] = cycle
     results["driver"] = poller.snapshot.driver.get("driver_version")
     poller.stop()
     try:
-        smi = time_ms(lambda: subprocess.run(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv"],
-                                             capture_output=True, check=True), 10)
+        smi = time_ms(
+            lambda: subprocess.run(
+                ["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv"], capture_output=True, check=True
+            ),
+            10,
+        )
     except (OSError, subprocess.CalledProcessError):
-        smi = {"median_ms": None, "p90_ms": None}     # no nvidia-smi here (simulator run)
+        smi = {"median_ms": None, "p90_ms": None}  # no nvidia-smi here (simulator run)
     results["nvidia_smi_query_per_run"] = smi
     results["daemon"] = daemon_run(args.cpu_seconds)
     results["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    lines = [f"# Poll cost on {len(results['gpus'])}× {results['gpus'][0]['name']}, driver {results['driver']}, "
-             f"{results['date']}", "",
-             "| GPU | fast tier: gpuwarden median (p90) | same NVML calls raw median (p90) | target 2×raw+0.5 | calls |"
-             " fast CPU: gpuwarden / raw | slow tier: gpuwarden / raw | slow CPU: gpuwarden / raw |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Poll cost on {len(results['gpus'])}× {results['gpus'][0]['name']}, driver {results['driver']}, "
+        f"{results['date']}",
+        "",
+        "| GPU | fast tier: gpuwarden median (p90) | same NVML calls raw median (p90) | target 2×raw+0.5 | calls |"
+        " fast CPU: gpuwarden / raw | slow tier: gpuwarden / raw | slow CPU: gpuwarden / raw |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for g in results["gpus"]:
-        lines.append(f"| {g['index']} | {g['fast_gpuwarden']['median_ms']} ms ({g['fast_gpuwarden']['p90_ms']}) | "
-                     f"{g['fast_raw_nvml']['median_ms']} ms ({g['fast_raw_nvml']['p90_ms']}) | "
-                     f"{g['fast_target_ms']} ms | {len(g['fast_calls'])} | {g['fast_gpuwarden']['cpu_median_ms']} / "
-                     f"{g['fast_raw_nvml']['cpu_median_ms']} ms | {g['slow_gpuwarden']['median_ms']} / "
-                     f"{g['slow_raw_nvml']['median_ms']} ms | {g['slow_gpuwarden']['cpu_median_ms']} / "
-                     f"{g['slow_raw_nvml']['cpu_median_ms']} ms |")
+        lines.append(
+            f"| {g['index']} | {g['fast_gpuwarden']['median_ms']} ms ({g['fast_gpuwarden']['p90_ms']}) | "
+            f"{g['fast_raw_nvml']['median_ms']} ms ({g['fast_raw_nvml']['p90_ms']}) | "
+            f"{g['fast_target_ms']} ms | {len(g['fast_calls'])} | {g['fast_gpuwarden']['cpu_median_ms']} / "
+            f"{g['fast_raw_nvml']['cpu_median_ms']} ms | {g['slow_gpuwarden']['median_ms']} / "
+            f"{g['slow_raw_nvml']['median_ms']} ms | {g['slow_gpuwarden']['cpu_median_ms']} / "
+            f"{g['slow_raw_nvml']['cpu_median_ms']} ms |"
+        )
     d = results["daemon"]
-    lines += ["", f"Whole fast cycle, all GPUs concurrently: {cycle['median_ms']} ms median ({cycle['p90_ms']} p90).",
-              f"`nvidia-smi --query-gpu=… --format=csv` per run: {smi['median_ms']} ms median.",
-              f"Daemon (1 s fast, 15 s slow, a scrape every 15 s, {d['measured_s']} s): ready in "
-              f"{d['time_to_ready_s']} s, CPU {d['cpu_millicores']} millicores ({d['cpu_core_seconds_per_hour']} "
-              f"core-s/h), RSS {d['rss_mib']} MiB.", "", "Fast-tier calls per GPU: "
-              + ", ".join(results["gpus"][0]["fast_calls"])]
+    lines += [
+        "",
+        f"Whole fast cycle, all GPUs concurrently: {cycle['median_ms']} ms median ({cycle['p90_ms']} p90).",
+        f"`nvidia-smi --query-gpu=… --format=csv` per run: {smi['median_ms']} ms median.",
+        f"Daemon (1 s fast, 15 s slow, a scrape every 15 s, {d['measured_s']} s): ready in "
+        f"{d['time_to_ready_s']} s, CPU {d['cpu_millicores']} millicores ({d['cpu_core_seconds_per_hour']} "
+        f"core-s/h), RSS {d['rss_mib']} MiB.",
+        "",
+        "Fast-tier calls per GPU: " + ", ".join(results["gpus"][0]["fast_calls"]),
+    ]
     report = "\n".join(lines) + "\n"
     print(report)
     if args.md:

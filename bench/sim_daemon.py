@@ -21,8 +21,12 @@ def proc_status(pid: int) -> dict[str, float]:
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return {"rss_mib": int(status["VmRSS"].split()[0]) / 1024, "threads": int(status["Threads"]),
-            "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": (int(fields[11]) + int(fields[12])) / ticks}
+    return {
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+        "threads": int(status["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
+    }
 
 
 def main() -> int:
@@ -34,9 +38,20 @@ def main() -> int:
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", args.scenario,
-                             "--web.listen-address", f"127.0.0.1:{args.port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            args.scenario,
+            "--web.listen-address",
+            f"127.0.0.1:{args.port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     while True:
         try:
             if urllib.request.urlopen(url + "/readyz", timeout=1).status == 200:
@@ -58,12 +73,17 @@ def main() -> int:
     proc.wait(timeout=10)
     first_minute = samples[1] if len(samples) > 1 else samples[0]
     result = {
-        "scenario": args.scenario, "seconds": round(end["t_s"]), "time_to_ready_s": round(ready_s, 3),
-        "rss_mib_end": round(end["rss_mib"], 1), "rss_mib_after_1min": round(first_minute["rss_mib"], 1),
+        "scenario": args.scenario,
+        "seconds": round(end["t_s"]),
+        "time_to_ready_s": round(ready_s, 3),
+        "rss_mib_end": round(end["rss_mib"], 1),
+        "rss_mib_after_1min": round(first_minute["rss_mib"], 1),
         "rss_growth_mib_after_1min": round(end["rss_mib"] - first_minute["rss_mib"], 2),
         "cpu_millicores": round(1000 * (end["cpu_s"] - samples[0]["cpu_s"]) / end["t_s"], 2),
-        "threads": sorted({s["threads"] for s in samples + [end]}), "fds": sorted({s["fds"] for s in samples + [end]}),
-        "samples": samples + [end], "exit_code": proc.returncode,
+        "threads": sorted({s["threads"] for s in samples + [end]}),
+        "fds": sorted({s["fds"] for s in samples + [end]}),
+        "samples": samples + [end],
+        "exit_code": proc.returncode,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
     if args.json:

@@ -27,10 +27,26 @@ def main() -> int:
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     log = open("/tmp/gpuwarden-soak.log", "w")  # noqa: SIM115 - the child's stderr for the whole run
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", args.scenario,
-                             "--web.listen-address", f"127.0.0.1:{args.port}", "--poll.fast-interval", "0.1",
-                             "--poll.slow-interval", "1", "--poll.call-deadline", "2"],
-                            stdout=subprocess.DEVNULL, stderr=log)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            args.scenario,
+            "--web.listen-address",
+            f"127.0.0.1:{args.port}",
+            "--poll.fast-interval",
+            "0.1",
+            "--poll.slow-interval",
+            "1",
+            "--poll.call-deadline",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     time.sleep(3)
     start = time.monotonic()
     samples, failures, scrapes = [], 0, 0
@@ -56,13 +72,19 @@ def main() -> int:
     logs = Path("/tmp/gpuwarden-soak.log").read_text()
     after_warmup = [s for s in samples if s["t_s"] >= 120] or samples
     result = {
-        "seconds": samples[-1]["t_s"], "scrapes": scrapes, "failed_scrapes": failures,
-        "rss_mib_first": round(samples[0]["rss_mib"], 1), "rss_mib_at_2min": round(after_warmup[0]["rss_mib"], 1),
+        "seconds": samples[-1]["t_s"],
+        "scrapes": scrapes,
+        "failed_scrapes": failures,
+        "rss_mib_first": round(samples[0]["rss_mib"], 1),
+        "rss_mib_at_2min": round(after_warmup[0]["rss_mib"], 1),
         "rss_mib_last": round(samples[-1]["rss_mib"], 1),
         "rss_growth_after_2min_mib": round(samples[-1]["rss_mib"] - after_warmup[0]["rss_mib"], 2),
-        "threads": sorted({s["threads"] for s in samples}), "fds": sorted({s["fds"] for s in samples}),
+        "threads": sorted({s["threads"] for s in samples}),
+        "fds": sorted({s["fds"] for s in samples}),
         "cpu_millicores": round(1000 * (samples[-1]["cpu_s"] - samples[0]["cpu_s"]) / max(samples[-1]["t_s"], 1), 1),
-        "tracebacks_in_log": logs.count("Traceback"), "log_lines": logs.count("\n"), "exit_code": proc.returncode,
+        "tracebacks_in_log": logs.count("Traceback"),
+        "log_lines": logs.count("\n"),
+        "exit_code": proc.returncode,
         "samples": samples,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}))

@@ -68,8 +68,11 @@ def counters(poller: Poller, index: int) -> tuple[float, float, dict[str, float]
 
 def run_case(poller: Poller, handle: object, index: int, duty: float, period: float) -> dict[str, object]:
     seconds = SETTLE_S + WINDOW_S + 2
-    load = subprocess.Popen([sys.executable, "-c", LOAD, str(duty), str(period), str(seconds), str(index)],
-                            stdout=subprocess.PIPE, text=True)
+    load = subprocess.Popen(
+        [sys.executable, "-c", LOAD, str(duty), str(period), str(seconds), str(index)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert load.stdout is not None
     assert load.stdout.readline().strip() == "ready"
     time.sleep(max(SETTLE_S, poller.settings.poll.samples_interval + 2))
@@ -83,8 +86,11 @@ def run_case(poller: Poller, handle: object, index: int, duty: float, period: fl
     measured = float(out.split("measured_duty")[1])
     exporter = (busy1 - busy0) / (sampled1 - sampled0)
     return {
-        "duty": duty, "period_s": period, "measured_duty": round(measured, 4),
-        "exporter_ratio": round(exporter, 4), "exporter_error_points": round(100 * (exporter - measured), 2),
+        "duty": duty,
+        "period_s": period,
+        "measured_duty": round(measured, 4),
+        "exporter_ratio": round(exporter, 4),
+        "exporter_error_points": round(100 * (exporter - measured), 2),
         "window_sampled_s": round(sampled1 - sampled0, 2),
         "single_read_at_scrape": single_reads[-1] / 100,
         "single_read_error_points": round(single_reads[-1] - 100 * measured, 1),
@@ -95,42 +101,60 @@ def run_case(poller: Poller, handle: object, index: int, duty: float, period: fl
 
 def response(poller: Poller, index: int) -> list[dict[str, float]]:
     """Power, clocks, P-state and temperature, second by second: idle, 8 s of 80 % load, idle."""
-    load = subprocess.Popen([sys.executable, "-c", LOAD, "0.8", "2.0", "8", str(index)], stdout=subprocess.PIPE,
-                            text=True)
+    load = subprocess.Popen(
+        [sys.executable, "-c", LOAD, "0.8", "2.0", "8", str(index)], stdout=subprocess.PIPE, text=True
+    )
     rows = []
     start = time.time()
     for _ in range(16):
         time.sleep(1.0)
         _, _, values = counters(poller, index)
-        rows.append({"t_s": round(time.time() - start, 1),
-                     "utilization_ratio": values.get("gpuwarden_utilization_ratio"),
-                     "power_watts": values.get("gpuwarden_power_usage_watts"),
-                     "sm_clock_mhz": values.get("gpuwarden_clock_hertz{sm}", 0) / 1e6,
-                     "pstate": values.get("gpuwarden_performance_state"),
-                     "temperature_celsius": values.get("gpuwarden_temperature_celsius"),
-                     "gpu_idle_reason": values.get("gpuwarden_clock_event_active{gpu_idle}")})
+        rows.append(
+            {
+                "t_s": round(time.time() - start, 1),
+                "utilization_ratio": values.get("gpuwarden_utilization_ratio"),
+                "power_watts": values.get("gpuwarden_power_usage_watts"),
+                "sm_clock_mhz": values.get("gpuwarden_clock_hertz{sm}", 0) / 1e6,
+                "pstate": values.get("gpuwarden_performance_state"),
+                "temperature_celsius": values.get("gpuwarden_temperature_celsius"),
+                "gpu_idle_reason": values.get("gpuwarden_clock_event_active{gpu_idle}"),
+            }
+        )
     load.wait(timeout=60)
     return rows
 
 
 def markdown(cases: list[dict[str, object]], rows: list[dict[str, float]], header: str) -> str:
-    lines = [header, "", "| duty | period | measured duty | gpuwarden (10 s window) | span sampled | error "
-             "| one read per scrape | error | reads each second (%) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        header,
+        "",
+        "| duty | period | measured duty | gpuwarden (10 s window) | span sampled | error "
+        "| one read per scrape | error | reads each second (%) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in cases:
-        lines.append(f"| {c['duty']:.0%} | {c['period_s']} s | {c['measured_duty']:.1%} | {c['exporter_ratio']:.1%} | "
-                     f"{c['window_sampled_s']} s | {c['exporter_error_points']:+.1f} pt | "
-                     f"{c['single_read_at_scrape']:.0%} | "
-                     f"{c['single_read_error_points']:+.0f} pt | {c['single_reads_each_second']} |")
+        lines.append(
+            f"| {c['duty']:.0%} | {c['period_s']} s | {c['measured_duty']:.1%} | {c['exporter_ratio']:.1%} | "
+            f"{c['window_sampled_s']} s | {c['exporter_error_points']:+.1f} pt | "
+            f"{c['single_read_at_scrape']:.0%} | "
+            f"{c['single_read_error_points']:+.0f} pt | {c['single_reads_each_second']} |"
+        )
     worst = max(abs(float(c["exporter_error_points"])) for c in cases)
     worst_single = max(abs(float(c["single_read_error_points"])) for c in cases)
-    lines += ["", f"Worst gpuwarden error: {worst:.1f} points (target ≤ 5). Worst single-read error: "
-              f"{worst_single:.0f} points.", "", "Response to 8 s of 80 % load (2 s period) in gpuwarden's data:", "",
-              "| t (s) | utilization (last sample) | power (W) | SM clock (MHz) | P-state | temperature (°C) "
-              "| gpu_idle |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Worst gpuwarden error: {worst:.1f} points (target ≤ 5). Worst single-read error: {worst_single:.0f} points.",
+        "",
+        "Response to 8 s of 80 % load (2 s period) in gpuwarden's data:",
+        "",
+        "| t (s) | utilization (last sample) | power (W) | SM clock (MHz) | P-state | temperature (°C) | gpu_idle |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['t_s']} | {r['utilization_ratio']} | {r['power_watts']} | {r['sm_clock_mhz']:.0f} | "
-                     f"P{r['pstate']:.0f} | {r['temperature_celsius']:.0f} | {r['gpu_idle_reason']:.0f} |")
+        lines.append(
+            f"| {r['t_s']} | {r['utilization_ratio']} | {r['power_watts']} | {r['sm_clock_mhz']:.0f} | "
+            f"P{r['pstate']:.0f} | {r['temperature_celsius']:.0f} | {r['gpu_idle_reason']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -141,23 +165,34 @@ def main() -> int:
     parser.add_argument("--md")
     parser.add_argument("--duties", default="0.2,0.5,0.8")
     parser.add_argument("--periods", default="0.1,0.5,2.0")
-    parser.add_argument("--samples-interval", type=float, default=5.0,
-                        help="poll.samples_interval: how often the counters take in new samples (default 5 s)")
+    parser.add_argument(
+        "--samples-interval",
+        type=float,
+        default=5.0,
+        help="poll.samples_interval: how often the counters take in new samples (default 5 s)",
+    )
     args = parser.parse_args()
-    poller = Poller(load_settings(None, environ={}, flags={
-        "poll.fast_interval": 1, "nvml.xid_events": False, "poll.samples_interval": args.samples_interval}))
+    poller = Poller(
+        load_settings(
+            None,
+            environ={},
+            flags={"poll.fast_interval": 1, "nvml.xid_events": False, "poll.samples_interval": args.samples_interval},
+        )
+    )
     poller.start()
     poller.ready_once.wait(10)
     time.sleep(1.5)
     handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
-    header = (f"# Utilization accuracy: {pynvml.nvmlDeviceGetName(handle)} (GPU {args.gpu}), driver "
-              f"{pynvml.nvmlSystemGetDriverVersion()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-              f"poll.samples_interval {args.samples_interval:g} s")
+    header = (
+        f"# Utilization accuracy: {pynvml.nvmlDeviceGetName(handle)} (GPU {args.gpu}), driver "
+        f"{pynvml.nvmlSystemGetDriverVersion()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"poll.samples_interval {args.samples_interval:g} s"
+    )
     cases = []
     for duty in args.duties.split(","):
         for period in args.periods.split(","):
             cases.append(run_case(poller, handle, args.gpu, float(duty), float(period)))
-            print(json.dumps(cases[-1]), flush=True)       # partial results survive a later failure
+            print(json.dumps(cases[-1]), flush=True)  # partial results survive a later failure
     rows = response(poller, args.gpu)
     poller.stop()
     report = markdown(cases, rows, header)

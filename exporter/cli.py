@@ -32,10 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuwarden",
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
-                    "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
-                    "compares its readings with nvidia-smi on a GPU host; `gpuwarden fleet --prometheus-url URL` "
-                    "serves the fleet view from Prometheus.",
-        epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.")
+        "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
+        "compares its readings with nvidia-smi on a GPU host; `gpuwarden fleet --prometheus-url URL` "
+        "serves the fleet view from Prometheus.",
+        epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.",
+    )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
     parser.add_argument("--sim", action="store_true", help="Shorthand for --nvml.backend=sim.")
@@ -44,12 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
         shown = ",".join(default) if isinstance(default, tuple) else default
         help_text = f"{opt.field.description} Default: {shown!s}. Env: {opt.env}."
         if opt.field.annotation is bool:
-            parser.add_argument(opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, default=None,
-                                help=help_text)
+            parser.add_argument(
+                opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif opt.is_list:
-            parser.add_argument(opt.flag, dest=opt.key, default=None, metavar="GLOBS",
-                                type=lambda raw: [item.strip() for item in raw.split(",") if item.strip()],
-                                help=help_text)
+            parser.add_argument(
+                opt.flag,
+                dest=opt.key,
+                default=None,
+                metavar="GLOBS",
+                type=lambda raw: [item.strip() for item in raw.split(",") if item.strip()],
+                help=help_text,
+            )
         else:
             parser.add_argument(opt.flag, dest=opt.key, default=None, metavar=opt.name.upper(), help=help_text)
     return parser
@@ -63,6 +70,7 @@ def check_config(args: list[str]) -> int:
         settings = load_settings(Path(args[0]), environ={})
         if settings.nvml.backend == "sim":
             from exporter.sim.scenario import load_scenario
+
             load_scenario(settings.nvml.scenario or "training")
     except ConfigError as exc:
         print(f"gpuwarden: {exc}", file=sys.stderr)
@@ -96,17 +104,21 @@ def main(argv: list[str] | None = None) -> int:
         return list_scenarios()
     if argv[:1] == ["validate"]:
         from exporter.validate import main as validate
+
         return validate(argv[1:])
     if argv[:1] == ["fleet"]:
         from exporter.fleet.main import main as fleet
+
         return fleet(argv[1:])
     try:
         settings = settings_from_argv(argv)
         if settings.web.config_file is not None:
             from exporter.webconfig import load_web_config
+
             load_web_config(settings.web.config_file)
         if settings.nvml.backend == "sim":
             from exporter.sim import install_simulator
+
             install_simulator(settings.nvml.scenario)
     except ConfigError as exc:
         print(f"gpuwarden: {exc}", file=sys.stderr)
@@ -128,7 +140,7 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
 
     try:
         new = settings_from_argv(argv)
-        load_thresholds(new.health.thresholds_file)     # validate before anything changes
+        load_thresholds(new.health.thresholds_file)  # validate before anything changes
     except (ConfigError, SystemExit) as exc:
         log.error("reload rejected, keeping the running configuration: %s", exc)
         return current
@@ -183,9 +195,20 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     poller = Poller(settings)
     renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
     app = create_app(poller, renderer, settings.web.telemetry_path, web.basic_auth_users)
-    server = _graceful_server(uvicorn.Config(
-        app, host=settings.web.host, port=settings.web.port, log_config=None, access_log=False, **web.uvicorn_ssl(),
-        timeout_graceful_shutdown=5, server_header=False, limit_concurrency=512, h11_max_incomplete_event_size=16384))
+    server = _graceful_server(
+        uvicorn.Config(
+            app,
+            host=settings.web.host,
+            port=settings.web.port,
+            log_config=None,
+            access_log=False,
+            **web.uvicorn_ssl(),
+            timeout_graceful_shutdown=5,
+            server_header=False,
+            limit_concurrency=512,
+            h11_max_incomplete_event_size=16384,
+        )
+    )
     exit_code = 0
     stopped = threading.Event()
 
@@ -217,8 +240,9 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         threading.Thread(target=watch_reload, name="gpuwarden-reload", daemon=True).start()
     poller.start()
     threading.Thread(target=watch_fatal, name="gpuwarden-fatal", daemon=True).start()
-    log.info("gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address,
-             settings.nvml.backend)
+    log.info(
+        "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
+    )
     try:
         server.run()
     finally:

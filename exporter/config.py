@@ -29,11 +29,9 @@ class _Section(BaseModel):
 
 
 class WebSettings(_Section):
-    listen_address: str = Field(
-        ":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).")
+    listen_address: str = Field(":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).")
     telemetry_path: str = Field("/metrics", description="Path under which metrics are served.")
-    config_file: Path | None = Field(
-        None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth).")
+    config_file: Path | None = Field(None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth).")
 
     @field_validator("listen_address")
     @classmethod
@@ -64,53 +62,72 @@ class PollSettings(_Section):
     fast_interval: float = Field(1.0, ge=0.1, le=60, description="Seconds between fast-tier polls.")
     slow_interval: float = Field(15.0, ge=1, le=3600, description="Seconds between slow-tier polls.")
     samples_interval: float = Field(
-        5.0, ge=0, le=10,
+        5.0,
+        ge=0,
+        le=10,
         description="Seconds between drains of the driver's utilization sample buffer (it holds ~14 s; each drain "
-                    "costs ~2.4 ms per GPU and type); 0 = every fast poll.")
+        "costs ~2.4 ms per GPU and type); 0 = every fast poll.",
+    )
     nvlink_errors_interval: float = Field(
-        60.0, ge=0, le=3600,
+        60.0,
+        ge=0,
+        le=3600,
         description="Seconds between reads of the per-link NVLink error counters (~40 ms of driver CPU per GPU "
-                    "with 18 links); link state is read every slow poll; 0 = every slow poll.")
+        "with 18 links); link state is read every slow poll; 0 = every slow poll.",
+    )
     call_deadline: float = Field(
-        5.0, gt=0, le=120,
-        description="Seconds a GPU's reads may take before they are abandoned and its data marked stale.")
+        5.0,
+        gt=0,
+        le=120,
+        description="Seconds a GPU's reads may take before they are abandoned and its data marked stale.",
+    )
 
 
 class NvmlSettings(_Section):
     backend: Literal["nvml", "sim"] = Field("nvml", description="`nvml`: the real driver; `sim`: simulator.")
     scenario: str | None = Field(
-        None, description="Simulator scenario: a shipped name (see `gpuwarden scenarios`) or a YAML path.")
+        None, description="Simulator scenario: a shipped name (see `gpuwarden scenarios`) or a YAML path."
+    )
     on_missing: Literal["stay_up", "exit"] = Field(
-        "stay_up",
-        description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`.")
+        "stay_up", description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`."
+    )
     xid_events: bool = Field(True, description="Watch NVML XID critical-error events.")
     version_mismatch_grace: float = Field(
-        10.0, ge=0, le=600,
-        description="Seconds to keep serving after a driver/library version mismatch before exiting.")
+        10.0,
+        ge=0,
+        le=600,
+        description="Seconds to keep serving after a driver/library version mismatch before exiting.",
+    )
 
 
 class MetricsSettings(_Section):
     include: tuple[str, ...] = Field(
-        (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags.")
+        (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags."
+    )
     exclude: tuple[str, ...] = Field((), description="Metric-name globs to drop, applied after include.")
 
 
 class HealthSettings(_Section):
     thresholds_file: Path | None = Field(
-        None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py).")
+        None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py)."
+    )
 
 
 class PodsSettings(_Section):
     attribution: bool = Field(
-        True, description="Read the kubelet pod-resources API to label GPUs with the pods holding them "
-                          "(turns itself off, with one log line, where the socket is absent).")
+        True,
+        description="Read the kubelet pod-resources API to label GPUs with the pods holding them "
+        "(turns itself off, with one log line, where the socket is absent).",
+    )
     resources_socket: Path = Field(
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-        description="The kubelet pod-resources gRPC socket (mount its directory read-only).")
+        description="The kubelet pod-resources gRPC socket (mount its directory read-only).",
+    )
     refresh_interval: float = Field(10.0, ge=1, le=600, description="Seconds between pod-resources List calls.")
     resource_names: tuple[str, ...] = Field(
         ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"),
-        description="Extended-resource name globs that are GPUs. Comma-separated in env and flags.")
+        description="Extended-resource name globs that are GPUs. Comma-separated in env and flags.",
+    )
 
 
 class LogSettings(_Section):
@@ -180,12 +197,11 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     known = {opt.env: opt for opt in options()}
     layer: dict[str, dict[str, Any]] = {}
     for var, raw in environ.items():
-        if not var.startswith(ENV_PREFIX) or var.startswith(f"{ENV_PREFIX}FLEET_"):   # the fleet service's own
+        if not var.startswith(ENV_PREFIX) or var.startswith(f"{ENV_PREFIX}FLEET_"):  # the fleet service's own
             continue
         opt = known.get(var)
         if opt is None:
-            raise ConfigError(f"environment: {var} is not a gpuwarden setting; "
-                              f"known: {', '.join(sorted(known))}")
+            raise ConfigError(f"environment: {var} is not a gpuwarden setting; known: {', '.join(sorted(known))}")
         layer.setdefault(opt.section, {})[opt.name] = _split_list(raw) if opt.is_list else raw
     return layer
 
@@ -253,8 +269,9 @@ def _model_at(root: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel]:
     return model
 
 
-def load_settings(config_file: Path | None = None, environ: Mapping[str, str] | None = None,
-                  flags: Mapping[str, Any] | None = None) -> Settings:
+def load_settings(
+    config_file: Path | None = None, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
+) -> Settings:
     """Build Settings from all sources; raise ConfigError with one line on any problem."""
     environ = os.environ if environ is None else environ
     layers: list[tuple[str, dict[str, Any]]] = []

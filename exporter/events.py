@@ -45,7 +45,7 @@ class XidWatcher:
     """Waits on the event set in a daemon thread; `devices()` says which GPUs to register and when to rebuild."""
 
     def __init__(self, devices: Callable[[], tuple[int, list[GpuDevice]]], counts: XidCounts) -> None:
-        self._devices = devices          # → (generation, up devices); a new generation means rebuild
+        self._devices = devices  # → (generation, up devices); a new generation means rebuild
         self.counts = counts
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwarden-xid", daemon=True)
@@ -65,10 +65,10 @@ class XidWatcher:
                 continue
             try:
                 self._watch(generation, devices)
-                continue            # the GPU population changed: re-register at once
+                continue  # the GPU population changed: re-register at once
             except pynvml.NVMLError as exc:
                 log.warning("xid watcher: %s; rebuilding the event set", error_name(error_code(exc)))
-            except Exception:   # a bug must not end XID collection for the life of the process
+            except Exception:  # a bug must not end XID collection for the life of the process
                 log.exception("xid watcher failed; rebuilding the event set")
             finally:
                 self.registered = set()
@@ -79,7 +79,7 @@ class XidWatcher:
         try:
             by_handle = self._register(event_set, devices)
             if not by_handle:
-                self._stop.wait(5.0)      # nothing supports XID events; look again later
+                self._stop.wait(5.0)  # nothing supports XID events; look again later
                 return
             while not self._stop.is_set() and self._devices()[0] == generation:
                 try:
@@ -107,7 +107,7 @@ class XidWatcher:
                 continue
             except pynvml.NVMLError as exc:
                 if error_code(exc) == pynvml.NVML_ERROR_UNKNOWN:
-                    raise      # the set is undefined now: rebuild it
+                    raise  # the set is undefined now: rebuild it
                 log.info("xid watcher: gpu %s not registered (%s)", dev.index, error_name(error_code(exc)))
                 continue
             # Cache the UUID now: the GPU may be unreadable when its event arrives.

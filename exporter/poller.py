@@ -45,8 +45,9 @@ class Worker:
     """A daemon thread that runs one GPU's jobs for one tier. A hung NVML call blocks only this thread."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any] | None, concurrent.futures.Future[Any] | None]] = \
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any] | None, concurrent.futures.Future[Any] | None]] = (
             queue.SimpleQueue()
+        )
         self.busy = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -90,10 +91,12 @@ class GpuState:
 
 def family_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[[str], bool]:
     """A predicate for metric names from include/exclude globs."""
+
     def wanted(name: str) -> bool:
         if include and not any(fnmatch(name, pattern) for pattern in include):
             return False
         return not any(fnmatch(name, pattern) for pattern in exclude)
+
     return wanted
 
 
@@ -129,7 +132,7 @@ class Poller:
         self._threads: list[threading.Thread] = []
         self._watcher = XidWatcher(self._event_devices, self.xid) if settings.nvml.xid_events else None
         self.pods = self._pod_attribution(settings)
-        self.ready_once = threading.Event()   # set after the first fast cycle was published
+        self.ready_once = threading.Event()  # set after the first fast cycle was published
 
     @staticmethod
     def _select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
@@ -145,8 +148,9 @@ class Poller:
         pods = settings.pods
         if not pods.attribution:
             return None
-        return podresources.PodAttribution(pods.resources_socket, pods.refresh_interval, pods.resource_names,
-                                           wall_clock=self._wall)
+        return podresources.PodAttribution(
+            pods.resources_socket, pods.refresh_interval, pods.resource_names, wall_clock=self._wall
+        )
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -204,12 +208,12 @@ class Poller:
     def _fast_loop(self) -> None:
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            interval = self.settings.poll.fast_interval      # read each cycle: a reload may change it
+            interval = self.settings.poll.fast_interval  # read each cycle: a reload may change it
             try:
                 self._fast_cycle()
                 self._publish()
                 self.ready_once.set()
-            except Exception:   # a bug in one cycle must not end collection
+            except Exception:  # a bug in one cycle must not end collection
                 log.exception("fast poll cycle failed")
             next_tick = max(next_tick + interval, time.monotonic())
             self._stop.wait(max(next_tick - time.monotonic(), 0))
@@ -260,7 +264,7 @@ class Poller:
         return self.nvml_up
 
     def _discover(self, count: int) -> None:
-        self._discovering = True     # the XID watcher registers once discovery is complete, not halfway
+        self._discovering = True  # the XID watcher registers once discovery is complete, not halfway
         try:
             self._discover_gpus(count)
         finally:
@@ -312,7 +316,7 @@ class Poller:
             self._fatal(reason)
             return
         if not self.nvml_up and not initialising:
-            return      # already down (a late answer from another tier): the re-init is scheduled
+            return  # already down (a late answer from another tier): the re-init is scheduled
         first_failure = not self._initialised_once and initialising
         if first_failure and reason == "library_not_found" and self.settings.nvml.on_missing == "exit":
             self._fatal(reason)
@@ -340,8 +344,12 @@ class Poller:
 
     def _mark_lost(self, state: GpuState, reason: str) -> None:
         if state.up:
-            log.warning("gpu %d (%s) lost: %s; its series are dropped until it returns",
-                        state.device.index, state.device.uuid, reason)
+            log.warning(
+                "gpu %d (%s) lost: %s; its series are dropped until it returns",
+                state.device.index,
+                state.device.uuid,
+                reason,
+            )
         # Keep only the static identity: alerts name the model and serial of the GPU that fell off the bus.
         identity = {Tier.STATIC: state.readings[Tier.STATIC]} if Tier.STATIC in state.readings else {}
         state.up, state.lost_reason, state.readings, state.stuck = False, reason, identity, set()
@@ -411,15 +419,16 @@ class Poller:
         self.tier_duration[tier.value] = time.monotonic() - started
         self.tier_finished[tier.value] = self._wall()
 
-    def _run_jobs(self, tier: Tier, states: list[GpuState], job: Callable[[GpuState], TierReading],
-                  lost_ok: bool = False) -> list[GpuState]:
+    def _run_jobs(
+        self, tier: Tier, states: list[GpuState], job: Callable[[GpuState], TierReading], lost_ok: bool = False
+    ) -> list[GpuState]:
         """Run `job` for every GPU concurrently under the deadline; return the GPUs whose job succeeded."""
         futures: dict[str, concurrent.futures.Future[Any]] = {}
         for state in states:
             worker = self._worker(state.device.uuid, tier)
             future = worker.submit(lambda st=state: job(st))
             if future is None:
-                state.stuck.add(tier)       # still inside the call abandoned earlier
+                state.stuck.add(tier)  # still inside the call abandoned earlier
                 continue
             futures[state.device.uuid] = future
         if futures:
@@ -431,8 +440,13 @@ class Poller:
                 stuck_in = next(iter(state.device.in_flight.values()), f"{tier.value}_tier")
                 self.ledger.timeout(stuck_in)
                 if tier not in state.stuck:
-                    log.warning("gpu %d: %s read stuck in %s for over %.1f s; serving its last values as stale",
-                                state.device.index, tier.value, stuck_in, self.settings.poll.call_deadline)
+                    log.warning(
+                        "gpu %d: %s read stuck in %s for over %.1f s; serving its last values as stale",
+                        state.device.index,
+                        tier.value,
+                        stuck_in,
+                        self.settings.poll.call_deadline,
+                    )
                 state.stuck.add(tier)
                 continue
             try:
@@ -490,14 +504,26 @@ class Poller:
                 links = [s for s in samples if s.name == "gpuwarden_nvlink_up"]
                 if links:
                     active_links[state.device.uuid] = {int(s.labels[0]) for s in links if s.value}
-                gpus.append(GpuSnapshot(
-                    index=state.device.index, uuid=state.device.uuid, up=state.up, stale=bool(state.stuck),
-                    lost_reason=state.lost_reason, hardware_error=state.device.hardware_error, info=info,
-                    samples=tuple(samples), updated_at=updated))
+                gpus.append(
+                    GpuSnapshot(
+                        index=state.device.index,
+                        uuid=state.device.uuid,
+                        up=state.up,
+                        stale=bool(state.stuck),
+                        lost_reason=state.lost_reason,
+                        hardware_error=state.device.hardware_error,
+                        info=info,
+                        samples=tuple(samples),
+                        updated_at=updated,
+                    )
+                )
             up_devices = [st.device for st in self._gpus.values() if st.up and self.nvml_up]
             # The matrix changes only with the GPU population or a link's state: rebuild it only then.
-            key = (tuple((d.index, d.uuid) for d in up_devices), id(self._pairs),
-                   tuple(sorted((uuid, tuple(sorted(links))) for uuid, links in active_links.items())))
+            key = (
+                tuple((d.index, d.uuid) for d in up_devices),
+                id(self._pairs),
+                tuple(sorted((uuid, tuple(sorted(links))) for uuid, links in active_links.items())),
+            )
             if key != self._matrix_key:
                 self._matrix_key = key
                 self._matrix = topology.build_matrix(up_devices, bus_ids, self._pairs, active_links)
@@ -507,15 +533,27 @@ class Poller:
             health = self.health.evaluate(gpus, xid, now) if self.nvml_up else {}
             view = self.pods.view if self.pods is not None else podresources.DISABLED
             pods, unmatched = podresources.assign(
-                view, ((g.index, g.uuid, g.info.get("mig_uuids", ())) for g in gpus if g.up))
+                view, ((g.index, g.uuid, g.info.get("mig_uuids", ())) for g in gpus if g.up)
+            )
             snapshot = Snapshot(
-                id=next(self._snapshot_ids), taken_at=now, nvml_up=self.nvml_up,
-                nvml_error=self.nvml_error, driver=dict(self.driver) if self.nvml_up else {},
-                gpus=tuple(gpus), topology=matrix, xid=xid, health=health,
-                pods_state=view.state, pods=pods, pods_unmatched=unmatched,
-                collect_errors=self.ledger.errors(), collect_timeouts=self.ledger.timeouts(),
-                reinit_total=self.reinit_total, tier_duration=dict(self.tier_duration),
-                tier_finished=dict(self.tier_finished))
+                id=next(self._snapshot_ids),
+                taken_at=now,
+                nvml_up=self.nvml_up,
+                nvml_error=self.nvml_error,
+                driver=dict(self.driver) if self.nvml_up else {},
+                gpus=tuple(gpus),
+                topology=matrix,
+                xid=xid,
+                health=health,
+                pods_state=view.state,
+                pods=pods,
+                pods_unmatched=unmatched,
+                collect_errors=self.ledger.errors(),
+                collect_timeouts=self.ledger.timeouts(),
+                reinit_total=self.reinit_total,
+                tier_duration=dict(self.tier_duration),
+                tier_finished=dict(self.tier_finished),
+            )
             self._snapshot = snapshot
             return snapshot
 

@@ -54,8 +54,13 @@ class SnapshotCollector:
         if not snap.nvml_up and snap.nvml_error:
             node("gpuwarden_nvml_error_info", 1, snap.nvml_error)
         if snap.driver:
-            node("gpuwarden_driver_info", 1, snap.driver.get("driver_version", ""),
-                 snap.driver.get("cuda_driver_version", ""), snap.driver.get("nvml_version", ""))
+            node(
+                "gpuwarden_driver_info",
+                1,
+                snap.driver.get("driver_version", ""),
+                snap.driver.get("cuda_driver_version", ""),
+                snap.driver.get("nvml_version", ""),
+            )
         if snap.nvml_up:
             node("gpuwarden_gpus", sum(1 for gpu in snap.gpus if gpu.up))
         for tier, seconds in sorted(snap.tier_duration.items()):
@@ -77,7 +82,7 @@ class SnapshotCollector:
             ids = [str(gpu.index), gpu.uuid]
             rows["gpuwarden_gpu_up"].append((ids, 1 if gpu.up else 0))
             if not gpu.up:
-                for sample in gpu.samples:   # identity only: a lost GPU's readings are dropped
+                for sample in gpu.samples:  # identity only: a lost GPU's readings are dropped
                     rows[sample.name].append((ids + list(sample.labels), sample.value))
                 continue
             rows["gpuwarden_gpu_stale"].append((ids, 1 if gpu.stale else 0))
@@ -87,12 +92,14 @@ class SnapshotCollector:
                 rows[sample.name].append((ids + list(sample.labels), sample.value))
             for allocation in snap.pods.get(gpu.uuid, ()):
                 rows["gpuwarden_gpu_allocation"].append(
-                    (ids + [allocation.namespace, allocation.pod, allocation.container], 1))
+                    (ids + [allocation.namespace, allocation.pod, allocation.container], 1)
+                )
             for peer in snap.topology.get(gpu.uuid, ()):
                 rows["gpuwarden_topology_info"].append((ids + [str(peer.peer_index), peer.level], 1))
                 if peer.nvlinks >= 0:
-                    rows["gpuwarden_nvlink_peer_links"].append((ids + [str(peer.peer_index), peer.peer_uuid],
-                                                               peer.nvlinks))
+                    rows["gpuwarden_nvlink_peer_links"].append(
+                        (ids + [str(peer.peer_index), peer.peer_uuid], peer.nvlinks)
+                    )
         for gpu in snap.gpus:
             verdicts = snap.health.get(gpu.uuid, ())
             ids = [str(gpu.index), gpu.uuid]
@@ -138,7 +145,7 @@ class Renderer:
         self._lock = threading.Lock()
         self._snapshot_id = -1
         self._cache: dict[tuple[bool, bool], bytes] = {}
-        self.renders = 0    # how many times bytes were actually produced (tests assert one per snapshot)
+        self.renders = 0  # how many times bytes were actually produced (tests assert one per snapshot)
 
     def refilter(self, wanted: Callable[[str], bool]) -> None:
         """Serve a new metric selection (config reload): drop the cached bytes so the next scrape re-renders."""
@@ -149,7 +156,7 @@ class Renderer:
 
     def cached(self, snapshot: Snapshot, openmetrics: bool = False, compress: bool = False) -> bytes | None:
         """This snapshot's bytes if already rendered: no lock, no work (the hot path of a scrape)."""
-        if self._snapshot_id != snapshot.id:     # read the id first: render() swaps the dict before the id
+        if self._snapshot_id != snapshot.id:  # read the id first: render() swaps the dict before the id
             return None
         return self._cache.get((openmetrics, compress))
 
@@ -157,7 +164,7 @@ class Renderer:
         key = (openmetrics, compress)
         with self._lock:
             if snapshot.id != self._snapshot_id:
-                self._cache = {}     # replace the dict before the id, so cached() never pairs a new id with old bytes
+                self._cache = {}  # replace the dict before the id, so cached() never pairs a new id with old bytes
                 self._snapshot_id = snapshot.id
             cached = self._cache.get(key)
             if cached is None:

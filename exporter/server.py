@@ -23,7 +23,7 @@ from exporter.render import Renderer, content_type
 from exporter.snapshot import GpuSnapshot, Snapshot
 from exporter.webconfig import BasicAuth
 
-READY_INTERVALS = 3      # /readyz fails when the fast snapshot is older than this many intervals
+READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
 GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
 
 
@@ -46,14 +46,16 @@ class Gpu(BaseModel):
     lost_reason: str | None = None
     hardware_error: str | None = None
     sample_age_seconds: dict[str, float] = Field(
-        description="per tier: age of its last reading when the snapshot was taken (add snapshot_age_seconds)")
+        description="per tier: age of its last reading when the snapshot was taken (add snapshot_age_seconds)"
+    )
     info: dict[str, Any]
     metrics: dict[str, Metric] = Field(description="metric name (without gpuwarden_) → values")
-    health: dict[str, dict[str, Any]] = Field(default_factory=dict,
-                                              description="check → level (0/1/2), severity, observed, threshold")
-    pods: list[dict[str, str]] = Field(default_factory=list,
-                                       description="containers the kubelet allocated this GPU to: namespace, pod, "
-                                                   "container")
+    health: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="check → level (0/1/2), severity, observed, threshold"
+    )
+    pods: list[dict[str, str]] = Field(
+        default_factory=list, description="containers the kubelet allocated this GPU to: namespace, pod, container"
+    )
 
 
 class GpuList(BaseModel):
@@ -99,24 +101,39 @@ class Problem(BaseModel):
     detail: Any = None
 
 
-def gpu_dict(gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = (),
-             pods: tuple[Any, ...] = ()) -> dict[str, Any]:
+def gpu_dict(
+    gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = (), pods: tuple[Any, ...] = ()
+) -> dict[str, Any]:
     """One GPU as JSON-ready plain data (the shape of the `Gpu` model; ages as of the snapshot)."""
     metrics: dict[str, dict[str, Any]] = {}
     for sample in gpu.samples:
         family = FAMILIES[sample.name]
-        entry = metrics.setdefault(sample.name.removeprefix("gpuwarden_"),
-                                   {"unit": family.unit, "type": family.type, "values": []})
-        entry["values"].append({"labels": dict(zip(family.labels, sample.labels, strict=True)),
-                                "value": sample.value})
-    return {"index": gpu.index, "uuid": gpu.uuid, "up": gpu.up, "stale": gpu.stale, "lost_reason": gpu.lost_reason,
-            "hardware_error": gpu.hardware_error,
-            "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
-            "info": gpu.info, "metrics": metrics,
-            "health": {v.check: {"level": v.level, "severity": v.severity, "observed": v.observed,
-                                 "threshold": v.threshold, **({"since": v.since} if v.level else {})}
-                       for v in verdicts},
-            "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods]}
+        entry = metrics.setdefault(
+            sample.name.removeprefix("gpuwarden_"), {"unit": family.unit, "type": family.type, "values": []}
+        )
+        entry["values"].append({"labels": dict(zip(family.labels, sample.labels, strict=True)), "value": sample.value})
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "up": gpu.up,
+        "stale": gpu.stale,
+        "lost_reason": gpu.lost_reason,
+        "hardware_error": gpu.hardware_error,
+        "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
+        "info": gpu.info,
+        "metrics": metrics,
+        "health": {
+            v.check: {
+                "level": v.level,
+                "severity": v.severity,
+                "observed": v.observed,
+                "threshold": v.threshold,
+                **({"since": v.since} if v.level else {}),
+            }
+            for v in verdicts
+        },
+        "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods],
+    }
 
 
 class GpuJsonCache:
@@ -136,10 +153,15 @@ class GpuJsonCache:
     def build(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]]:
         with self._lock:
             if self._snapshot_id != snapshot.id:
-                by_index = {gpu.index: json.dumps(gpu_dict(gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ()),
-                                                           snapshot.pods.get(gpu.uuid, ())),
-                                                  ensure_ascii=False).encode()
-                            for gpu in snapshot.gpus}
+                by_index = {
+                    gpu.index: json.dumps(
+                        gpu_dict(
+                            gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ()), snapshot.pods.get(gpu.uuid, ())
+                        ),
+                        ensure_ascii=False,
+                    ).encode()
+                    for gpu in snapshot.gpus
+                }
                 self._all = b"[" + b",".join(by_index.values()) + b"]"
                 self._by_index = by_index
                 self._snapshot_id = snapshot.id
@@ -202,17 +224,24 @@ class HeaderLimit:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
             body = json.dumps({"error": f"request headers exceed {MAX_HEADER_BYTES} bytes"}).encode()
-            await send({"type": "http.response.start", "status": 431,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 431,
+                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
 
 
-def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics",
-               basic_auth_users: dict[str, str] | None = None) -> FastAPI:
-    app = FastAPI(title="gpuwarden", version=__version__,
-                  description="NVIDIA GPU metrics, health and topology from NVML.")
+def create_app(
+    poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics", basic_auth_users: dict[str, str] | None = None
+) -> FastAPI:
+    app = FastAPI(
+        title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
+    )
     fast_interval = poller.settings.poll.fast_interval
 
     @app.exception_handler(StarletteHTTPException)
@@ -223,11 +252,18 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return JSONResponse({"error": f"invalid {where}: {first.get('msg', 'bad request')}",
-                             "detail": jsonable_errors(exc)}, status_code=422)
+        return JSONResponse(
+            {"error": f"invalid {where}: {first.get('msg', 'bad request')}", "detail": jsonable_errors(exc)},
+            status_code=422,
+        )
 
-    @app.get(telemetry_path, include_in_schema=True, summary="Prometheus metrics",
-             response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    @app.get(
+        telemetry_path,
+        include_in_schema=True,
+        summary="Prometheus metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
     def metrics(request: Request) -> Response:
         accept = request.headers.get("accept", "")
         openmetrics = "application/openmetrics-text" in accept
@@ -240,8 +276,11 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
-             responses={503: {"model": Problem}})
+    @app.get(
+        "/readyz",
+        summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
+        responses={503: {"model": Problem}},
+    )
     def readyz() -> JSONResponse:
         reason = readiness(poller.snapshot, fast_interval, time.time())
         if reason is not None:
@@ -254,30 +293,48 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
     async def gpus() -> Any:
         snap = poller.snapshot
         all_gpus, _ = await gpu_json.get(snap)
-        head = json.dumps({"nvml_up": snap.nvml_up, "nvml_error": snap.nvml_error, "driver": snap.driver,
-                           "snapshot_age_seconds": round(max(time.time() - snap.taken_at, 0.0), 3)})
+        head = json.dumps(
+            {
+                "nvml_up": snap.nvml_up,
+                "nvml_error": snap.nvml_error,
+                "driver": snap.driver,
+                "snapshot_age_seconds": round(max(time.time() - snap.taken_at, 0.0), 3),
+            }
+        )
         return Response(head[:-1].encode() + b', "gpus": ' + all_gpus + b"}", media_type="application/json")
 
-    @app.get("/api/v1/gpus/{gpu}", response_model=Gpu, responses={404: {"model": Problem}},
-             summary="One GPU by index or UUID")
-    async def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]
-                  ) -> Any:
+    @app.get(
+        "/api/v1/gpus/{gpu}",
+        response_model=Gpu,
+        responses={404: {"model": Problem}},
+        summary="One GPU by index or UUID",
+    )
+    async def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]) -> Any:
         snap = poller.snapshot
         found = snap.gpu(gpu)
         if found is None:
-            return JSONResponse({"error": f"no GPU '{gpu}' on this node",
-                                 "detail": {"known": [g.index for g in snap.gpus]}}, status_code=404)
+            return JSONResponse(
+                {"error": f"no GPU '{gpu}' on this node", "detail": {"known": [g.index for g in snap.gpus]}},
+                status_code=404,
+            )
         _, by_index = await gpu_json.get(snap)
         return Response(by_index[found.index], media_type="application/json")
 
-    @app.get("/api/v1/diagnosis", response_model=Diagnosis,
-             summary="Findings for the node: check, severity, observed, threshold, cause, action")
+    @app.get(
+        "/api/v1/diagnosis",
+        response_model=Diagnosis,
+        summary="Findings for the node: check, severity, observed, threshold, cause, action",
+    )
     def diagnosis() -> Any:
         snap = poller.snapshot
         return as_json(snap, diagnose(snap))
 
-    @app.get("/api/v1/diagnosis/{gpu}", response_model=Diagnosis, responses={404: {"model": Problem}},
-             summary="Findings for one GPU")
+    @app.get(
+        "/api/v1/diagnosis/{gpu}",
+        response_model=Diagnosis,
+        responses={404: {"model": Problem}},
+        summary="Findings for one GPU",
+    )
     def gpu_diagnosis(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index or UUID")]) -> Any:
         snap = poller.snapshot
         found = snap.gpu(gpu)
@@ -297,9 +354,11 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
                 row[str(peer.peer_index)] = peer.level
             matrix[str(gpu.index)] = row
             peers[str(gpu.index)] = [
-                TopologyPeer(gpu=p.peer_index, uuid=p.peer_uuid, level=p.level,
-                             nvlinks=None if p.nvlinks < 0 else p.nvlinks)
-                for p in snap.topology.get(gpu.uuid, ())]
+                TopologyPeer(
+                    gpu=p.peer_index, uuid=p.peer_uuid, level=p.level, nvlinks=None if p.nvlinks < 0 else p.nvlinks
+                )
+                for p in snap.topology.get(gpu.uuid, ())
+            ]
         return Topology(gpus=[gpu.index for gpu in up], matrix=matrix, peers=peers)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -307,20 +366,30 @@ def create_app(poller: Poller, renderer: Renderer, telemetry_path: str = "/metri
         snap = poller.snapshot
         state = "up" if snap.nvml_up else f"down ({html.escape(snap.nvml_error or '')})"
         up = sum(1 for gpu in snap.gpus if gpu.up)
-        links = "".join(f'<li><a href="{path}">{path}</a></li>' for path in (
-            telemetry_path, "/api/v1/gpus", "/api/v1/topology", "/api/v1/diagnosis", "/readyz", "/healthz", "/docs"))
+        links = "".join(
+            f'<li><a href="{path}">{path}</a></li>'
+            for path in (
+                telemetry_path,
+                "/api/v1/gpus",
+                "/api/v1/topology",
+                "/api/v1/diagnosis",
+                "/readyz",
+                "/healthz",
+                "/docs",
+            )
+        )
         return HTMLResponse(
             f"<!doctype html><html><head><title>gpuwarden</title></head><body><h1>gpuwarden {__version__}</h1>"
             f"<p>NVML {state}; {up} of {len(snap.gpus)} GPU(s) answering; driver "
-            f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>")
+            f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>"
+        )
 
     app.add_middleware(MetricsFastPath, path=telemetry_path, poller=poller, renderer=renderer)
     if basic_auth_users:
         app.add_middleware(BasicAuth, users=basic_auth_users)
-    app.add_middleware(HeaderLimit)     # added last: runs first
+    app.add_middleware(HeaderLimit)  # added last: runs first
     return app
 
 
 def jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
-    return [{"loc": [str(part) for part in err.get("loc", ())], "msg": err.get("msg", "")}
-            for err in exc.errors()]
+    return [{"loc": [str(part) for part in err.get("loc", ())], "msg": err.get("msg", "")} for err in exc.errors()]

@@ -22,7 +22,7 @@ class Tier(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Sample:
     name: str
-    labels: tuple[str, ...]    # values for the family's labels beyond gpu/uuid, in contract order
+    labels: tuple[str, ...]  # values for the family's labels beyond gpu/uuid, in contract order
     value: float
 
 
@@ -36,7 +36,7 @@ class SampleWriter:
     def add(self, name: str, value: float | None, *labels: str) -> None:
         if value is None:
             return
-        family = FAMILIES[name]   # KeyError here means a reader emits a name outside the contract
+        family = FAMILIES[name]  # KeyError here means a reader emits a name outside the contract
         if len(labels) != len(family.labels):
             raise ValueError(f"{name} takes labels {family.labels}, got {labels}")
         self.samples.append(Sample(name, labels, float(value)))
@@ -61,14 +61,14 @@ class GpuSnapshot:
     hardware_error: str | None
     info: dict[str, Any]
     samples: tuple[Sample, ...]
-    updated_at: dict[str, float]   # tier name → unix time of its last successful read
+    updated_at: dict[str, float]  # tier name → unix time of its last successful read
 
 
 @dataclass(frozen=True)
 class PeerLink:
     peer_index: int
     peer_uuid: str
-    level: str          # NV18, PIX, PXB, PHB, NODE, SYS
+    level: str  # NV18, PIX, PXB, PHB, NODE, SYS
     nvlinks: int
 
 
@@ -80,16 +80,16 @@ class Snapshot:
     nvml_error: str | None
     driver: dict[str, str]
     gpus: tuple[GpuSnapshot, ...]
-    topology: dict[str, tuple[PeerLink, ...]] = field(default_factory=dict)   # uuid → peers
+    topology: dict[str, tuple[PeerLink, ...]] = field(default_factory=dict)  # uuid → peers
     xid: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)  # (uuid, xid) → (n, last)
     collect_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     collect_timeouts: dict[str, int] = field(default_factory=dict)
     reinit_total: int = 0
     tier_duration: dict[str, float] = field(default_factory=dict)
     tier_finished: dict[str, float] = field(default_factory=dict)
-    health: dict[str, tuple[Any, ...]] = field(default_factory=dict)   # uuid → health Verdicts
-    pods_state: str = "disabled"        # pod attribution: disabled | starting | ok | no_socket | error
-    pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)   # uuid → containers holding it
+    health: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # uuid → health Verdicts
+    pods_state: str = "disabled"  # pod attribution: disabled | starting | ok | no_socket | error
+    pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers holding it
     pods_unmatched: int = 0
 
     def gpu(self, key: str) -> GpuSnapshot | None:

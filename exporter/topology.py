@@ -41,15 +41,16 @@ def probe_pairs(devices: list[GpuDevice]) -> dict[tuple[str, str], PairFacts]:
             if a.uuid == b.uuid:
                 continue
             level = a.call(pynvml.nvmlDeviceGetTopologyCommonAncestor, b.handle, key=f"topology_{b.uuid}")
-            p2p = a.call(pynvml.nvmlDeviceGetP2PStatus, b.handle, pynvml.NVML_P2P_CAPS_INDEX_NVLINK,
-                         key=f"p2p_nvlink_{b.uuid}")
-            facts[(a.uuid, b.uuid)] = PairFacts(PCIE_LEVELS.get(level, "SYS") if level is not None else "SYS",
-                                                p2p == pynvml.NVML_P2P_STATUS_OK)
+            p2p = a.call(
+                pynvml.nvmlDeviceGetP2PStatus, b.handle, pynvml.NVML_P2P_CAPS_INDEX_NVLINK, key=f"p2p_nvlink_{b.uuid}"
+            )
+            facts[(a.uuid, b.uuid)] = PairFacts(
+                PCIE_LEVELS.get(level, "SYS") if level is not None else "SYS", p2p == pynvml.NVML_P2P_STATUS_OK
+            )
     return facts
 
 
-def peer_links(a: GpuDevice, b: GpuDevice, b_bus_id: str, facts: PairFacts,
-               active: dict[str, set[int]]) -> int | None:
+def peer_links(a: GpuDevice, b: GpuDevice, b_bus_id: str, facts: PairFacts, active: dict[str, set[int]]) -> int | None:
     """Active NVLinks from a to b; None when the pair has no NVLink path at all."""
     remote: dict[int, str] = a.state.get("nvlink_remote", {})
     links_a = active.get(a.uuid, set(range(a.state.get("nvlink_links", 0))))
@@ -64,8 +65,12 @@ def peer_links(a: GpuDevice, b: GpuDevice, b_bus_id: str, facts: PairFacts,
     return None
 
 
-def build_matrix(devices: list[GpuDevice], bus_ids: dict[str, str], facts: dict[tuple[str, str], PairFacts],
-                 active: dict[str, set[int]]) -> dict[str, tuple[PeerLink, ...]]:
+def build_matrix(
+    devices: list[GpuDevice],
+    bus_ids: dict[str, str],
+    facts: dict[tuple[str, str], PairFacts],
+    active: dict[str, set[int]],
+) -> dict[str, tuple[PeerLink, ...]]:
     """uuid → its peers, with the level nvidia-smi topo -m would print."""
     matrix: dict[str, tuple[PeerLink, ...]] = {}
     for a in devices:

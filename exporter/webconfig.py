@@ -31,16 +31,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from exporter.config import ConfigError, describe_error, read_yaml
 
 PROBES = ("/healthz", "/readyz")
-_CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
 
 
 class TlsServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     cert_file: Path
     key_file: Path
-    client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = \
-        "NoClientCert"
+    client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = "NoClientCert"
     client_ca_file: Path | None = None
 
     @model_validator(mode="after")
@@ -71,8 +73,11 @@ class WebConfig(BaseModel):
         tls = self.tls_server_config
         if tls is None:
             return {}
-        options: dict[str, Any] = {"ssl_certfile": str(tls.cert_file), "ssl_keyfile": str(tls.key_file),
-                                   "ssl_cert_reqs": _CLIENT_AUTH[tls.client_auth_type]}
+        options: dict[str, Any] = {
+            "ssl_certfile": str(tls.cert_file),
+            "ssl_keyfile": str(tls.key_file),
+            "ssl_cert_reqs": _CLIENT_AUTH[tls.client_auth_type],
+        }
         if tls.client_ca_file is not None:
             options["ssl_ca_certs"] = str(tls.client_ca_file)
         return options
@@ -84,12 +89,14 @@ def load_web_config(path: Path) -> WebConfig:
     except ValidationError as exc:
         raise ConfigError(describe_error(exc, f"web config {path}", WebConfig)) from None
     tls = config.tls_server_config
-    if tls is not None:      # load once now, so a bad certificate or key is a start-up error, not a runtime one
+    if tls is not None:  # load once now, so a bad certificate or key is a start-up error, not a runtime one
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(tls.cert_file, tls.key_file)
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"web config {path}: tls_server_config: cannot load cert_file/key_file ({exc}); "
-                              "check that they are a matching PEM certificate and key") from None
+            raise ConfigError(
+                f"web config {path}: tls_server_config: cannot load cert_file/key_file ({exc}); "
+                "check that they are a matching PEM certificate and key"
+            ) from None
     return config
 
 
@@ -105,7 +112,7 @@ class BasicAuth:
     def _check(self, header: bytes) -> bool:
         if not header.startswith(b"Basic "):
             return False
-        digest = hashlib.sha256(header).digest()     # cache key: never the credentials themselves
+        digest = hashlib.sha256(header).digest()  # cache key: never the credentials themselves
         if digest in self._verified:
             return True
         try:
@@ -131,6 +138,11 @@ class BasicAuth:
         if cached or await anyio.to_thread.run_sync(self._check, header):
             await self.app(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"www-authenticate", b'Basic realm="gpuwarden"')]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b'Basic realm="gpuwarden"')],
+            }
+        )
         await send({"type": "http.response.body", "body": json.dumps({"error": "unauthorized"}).encode()})

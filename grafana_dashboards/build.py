@@ -47,14 +47,34 @@ class Layout:
         if self.x:
             self.y += self.row_h
             self.x = self.row_h = 0
-        self.panels.append({"type": "row", "title": title, "id": self.next_id, "collapsed": False,
-                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
+        self.panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "id": self.next_id,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
         self.next_id += 1
         self.y += 1
 
-    def add(self, panel_type: str, title: str, description: str, targets: list[dict], unit: str, w: int = 12,
-            h: int = 8, thresholds: dict | None = None, options: dict | None = None, custom: dict | None = None,
-            mappings: list | None = None, minmax: tuple[float | None, float | None] = (None, None)) -> None:
+    def add(
+        self,
+        panel_type: str,
+        title: str,
+        description: str,
+        targets: list[dict],
+        unit: str,
+        w: int = 12,
+        h: int = 8,
+        thresholds: dict | None = None,
+        options: dict | None = None,
+        custom: dict | None = None,
+        mappings: list | None = None,
+        minmax: tuple[float | None, float | None] = (None, None),
+    ) -> None:
         if self.x + w > 24:
             self.y += self.row_h
             self.x = self.row_h = 0
@@ -73,10 +93,19 @@ class Layout:
             defaults["max"] = minmax[1]
         for i, t in enumerate(targets):
             t["refId"] = chr(ord("A") + i)
-        self.panels.append({
-            "type": panel_type, "title": title, "description": description, "id": self.next_id, "datasource": DS,
-            "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y}, "targets": targets,
-            "fieldConfig": {"defaults": defaults, "overrides": []}, "options": options or {}})
+        self.panels.append(
+            {
+                "type": panel_type,
+                "title": title,
+                "description": description,
+                "id": self.next_id,
+                "datasource": DS,
+                "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+                "targets": targets,
+                "fieldConfig": {"defaults": defaults, "overrides": []},
+                "options": options or {},
+            }
+        )
         self.next_id += 1
         self.x += w
         self.row_h = max(self.row_h, h)
@@ -86,207 +115,530 @@ def threshold_lines() -> dict[str, Any]:
     return {"thresholdsStyle": {"mode": "line"}}
 
 
-HEALTH_MAPPING = [{"type": "value", "options": {"0": {"text": "ok", "color": "green"},
-                                                "1": {"text": "warning", "color": "orange"},
-                                                "2": {"text": "critical", "color": "red"}}}]
+HEALTH_MAPPING = [
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "ok", "color": "green"},
+            "1": {"text": "warning", "color": "orange"},
+            "2": {"text": "critical", "color": "red"},
+        },
+    }
+]
 
 
 def variable(name: str, label: str, query: str, multi: bool = True) -> dict[str, Any]:
-    return {"name": name, "label": label, "type": "query", "datasource": DS, "query": {"query": query,
-            "refId": f"var-{name}"}, "definition": query, "refresh": 2, "multi": multi, "includeAll": True,
-            "allValue": ".+", "current": {}, "sort": 1}
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"var-{name}"},
+        "definition": query,
+        "refresh": 2,
+        "multi": multi,
+        "includeAll": True,
+        "allValue": ".+",
+        "current": {},
+        "sort": 1,
+    }
 
 
 def dashboard(uid: str, title: str, description: str, layout: Layout, variables: list[dict]) -> dict[str, Any]:
     return {
-        "uid": uid, "id": None, "title": title, "description": description, "tags": ["gpuwarden", "gpu", "nvidia"],
-        "schemaVersion": 39, "version": 1, "editable": False, "graphTooltip": 1, "timezone": "browser",
-        "time": {"from": "now-6h", "to": "now"}, "refresh": "30s",
-        "templating": {"list": [{"name": "datasource", "label": "Data Source", "type": "datasource",
-                                 "query": "prometheus", "current": {}, "hide": 0}, *variables]},
-        "annotations": {"list": []}, "links": [], "panels": layout.panels,
+        "uid": uid,
+        "id": None,
+        "title": title,
+        "description": description,
+        "tags": ["gpuwarden", "gpu", "nvidia"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data Source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                *variables,
+            ]
+        },
+        "annotations": {"list": []},
+        "links": [],
+        "panels": layout.panels,
     }
 
 
 def busy(window: str = RI, sel: str = GSEL) -> str:
-    return (f"rate(gpuwarden_busy_seconds_total{{{sel}}}[{window}]) / "
-            f"rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}])")
+    return (
+        f"rate(gpuwarden_busy_seconds_total{{{sel}}}[{window}]) / "
+        f"rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}])"
+    )
 
 
 def node_dashboard() -> dict[str, Any]:
     L = Layout()
     gpu_legend = "{{instance}} gpu {{gpu}}"
     L.row("Health at a glance")
-    L.add("stat", "Health status per GPU", "Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, "
-          "1 warning, 2 critical.", [target(f"gpuwarden_health_status{{{GSEL}}}", gpu_legend, instant=True)], "none",
-          w=8, thresholds=_steps((None, "green"), (1, "orange"), (2, "red")), mappings=HEALTH_MAPPING)
-    L.add("table", "Failing checks", "Checks that are not ok, per GPU.",
-          [target(f"gpuwarden_health{{{GSEL}}} > 0", fmt="table", instant=True)], "none", w=8,
-          thresholds=_steps((None, "green"), (1, "orange"), (2, "red")), mappings=HEALTH_MAPPING)
-    L.add("table", "Firing alerts", "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
-          [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{SEL}}}', fmt="table", instant=True)],
-          "none", w=8)
-    L.add("table", "Pods on these GPUs", "Containers the kubelet allocated each GPU to (pod attribution: the "
-          "chart's podResources.enabled). Join any panel's query with * on(uuid) group_left(namespace, pod) "
-          "gpuwarden_gpu_allocation.",
-          [target(f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GSEL}}})",
-                  fmt="table", instant=True)], "none", w=24, h=6)
+    L.add(
+        "stat",
+        "Health status per GPU",
+        "Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, 1 warning, 2 critical.",
+        [target(f"gpuwarden_health_status{{{GSEL}}}", gpu_legend, instant=True)],
+        "none",
+        w=8,
+        thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
+        mappings=HEALTH_MAPPING,
+    )
+    L.add(
+        "table",
+        "Failing checks",
+        "Checks that are not ok, per GPU.",
+        [target(f"gpuwarden_health{{{GSEL}}} > 0", fmt="table", instant=True)],
+        "none",
+        w=8,
+        thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
+        mappings=HEALTH_MAPPING,
+    )
+    L.add(
+        "table",
+        "Firing alerts",
+        "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
+        [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{SEL}}}', fmt="table", instant=True)],
+        "none",
+        w=8,
+    )
+    L.add(
+        "table",
+        "Pods on these GPUs",
+        "Containers the kubelet allocated each GPU to (pod attribution: the "
+        "chart's podResources.enabled). Join any panel's query with * on(uuid) group_left(namespace, pod) "
+        "gpuwarden_gpu_allocation.",
+        [
+            target(
+                f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GSEL}}})",
+                fmt="table",
+                instant=True,
+            )
+        ],
+        "none",
+        w=24,
+        h=6,
+    )
     L.row("Utilization")
-    L.add("timeseries", "GPU busy (time average)", "Share of time a kernel ran, from the driver's sample buffer: "
-          "rate(busy seconds) / rate(sampled seconds). The dashed line is the starvation threshold.",
-          [target(busy(), gpu_legend)], "percentunit", thresholds=_steps((None, "red"), (T.utilization_low_ratio,
-                                                                                         "green")),
-          custom=threshold_lines(), minmax=(0, 1))
-    L.add("timeseries", "Memory bandwidth busy", "Share of the last sample period in which device memory was read "
-          "or written (not occupancy).", [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GSEL}}}",
-                                                 gpu_legend)], "percentunit", minmax=(0, 1))
+    L.add(
+        "timeseries",
+        "GPU busy (time average)",
+        "Share of time a kernel ran, from the driver's sample buffer: "
+        "rate(busy seconds) / rate(sampled seconds). The dashed line is the starvation threshold.",
+        [target(busy(), gpu_legend)],
+        "percentunit",
+        thresholds=_steps((None, "red"), (T.utilization_low_ratio, "green")),
+        custom=threshold_lines(),
+        minmax=(0, 1),
+    )
+    L.add(
+        "timeseries",
+        "Memory bandwidth busy",
+        "Share of the last sample period in which device memory was read or written (not occupancy).",
+        [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GSEL}}}", gpu_legend)],
+        "percentunit",
+        minmax=(0, 1),
+    )
     L.row("Memory")
-    L.add("timeseries", "Memory used / total", "Device memory occupancy; 70-95 % is healthy for training, above "
-          f"{T.memory_warning_ratio:.0%} risks OOM.", [target(f"gpuwarden_memory_used_bytes{{{GSEL}}} / "
-                                                               f"gpuwarden_memory_total_bytes{{{GSEL}}}", gpu_legend)],
-          "percentunit", thresholds=_steps((None, "green"), (0.7, "green"), (T.memory_warning_ratio, "orange"),
-                                           (T.memory_critical_ratio, "red")), custom=threshold_lines(), minmax=(0, 1))
-    L.add("timeseries", "Memory used, reserved", "Bytes used by processes and reserved by the driver (v2).",
-          [target(f"gpuwarden_memory_used_bytes{{{GSEL}}}", "used " + gpu_legend),
-           target(f"gpuwarden_memory_reserved_bytes{{{GSEL}}}", "reserved " + gpu_legend)], "bytes")
+    L.add(
+        "timeseries",
+        "Memory used / total",
+        f"Device memory occupancy; 70-95 % is healthy for training, above {T.memory_warning_ratio:.0%} risks OOM.",
+        [target(f"gpuwarden_memory_used_bytes{{{GSEL}}} / gpuwarden_memory_total_bytes{{{GSEL}}}", gpu_legend)],
+        "percentunit",
+        thresholds=_steps(
+            (None, "green"), (0.7, "green"), (T.memory_warning_ratio, "orange"), (T.memory_critical_ratio, "red")
+        ),
+        custom=threshold_lines(),
+        minmax=(0, 1),
+    )
+    L.add(
+        "timeseries",
+        "Memory used, reserved",
+        "Bytes used by processes and reserved by the driver (v2).",
+        [
+            target(f"gpuwarden_memory_used_bytes{{{GSEL}}}", "used " + gpu_legend),
+            target(f"gpuwarden_memory_reserved_bytes{{{GSEL}}}", "reserved " + gpu_legend),
+        ],
+        "bytes",
+    )
     L.row("Thermals")
-    L.add("timeseries", "GPU temperature", f"Die temperature with the {T.temperature_warning_celsius:g} °C warning "
-          f"and {T.temperature_critical_celsius:g} °C critical lines of the alert rules.",
-          [target(f"gpuwarden_temperature_celsius{{{GSEL}}}", gpu_legend)], "celsius",
-          thresholds=_steps((None, "green"), (T.temperature_warning_celsius, "orange"),
-                            (T.temperature_critical_celsius, "red")), custom=threshold_lines())
-    L.add("timeseries", "Memory temperature and slowdown threshold", "HBM temperature, and each GPU's own slowdown "
-          "threshold from NVML.", [target(f"gpuwarden_memory_temperature_celsius{{{GSEL}}}", "HBM " + gpu_legend),
-                                   target(f'gpuwarden_temperature_threshold_celsius{{{GSEL},threshold="slowdown"}}',
-                                          "slowdown " + gpu_legend)], "celsius")
+    L.add(
+        "timeseries",
+        "GPU temperature",
+        f"Die temperature with the {T.temperature_warning_celsius:g} °C warning "
+        f"and {T.temperature_critical_celsius:g} °C critical lines of the alert rules.",
+        [target(f"gpuwarden_temperature_celsius{{{GSEL}}}", gpu_legend)],
+        "celsius",
+        thresholds=_steps(
+            (None, "green"), (T.temperature_warning_celsius, "orange"), (T.temperature_critical_celsius, "red")
+        ),
+        custom=threshold_lines(),
+    )
+    L.add(
+        "timeseries",
+        "Memory temperature and slowdown threshold",
+        "HBM temperature, and each GPU's own slowdown threshold from NVML.",
+        [
+            target(f"gpuwarden_memory_temperature_celsius{{{GSEL}}}", "HBM " + gpu_legend),
+            target(f'gpuwarden_temperature_threshold_celsius{{{GSEL},threshold="slowdown"}}', "slowdown " + gpu_legend),
+        ],
+        "celsius",
+    )
     L.row("Power")
-    L.add("timeseries", "Power draw / limit", "Draw as a share of the enforced limit: below 30 % is idle, 60-90 % "
-          "healthy, 100 % sustained is power throttling.", [target(
-              f"gpuwarden_power_usage_watts{{{GSEL}}} / gpuwarden_power_limit_watts{{{GSEL}}}", gpu_legend)],
-          "percentunit", thresholds=_steps((None, "blue"), (0.3, "green"), (0.9, "orange")), custom=threshold_lines(),
-          minmax=(0, 1.1))
-    L.add("timeseries", "Power draw and limit (W), average from energy", "Instant draw, enforced limit, and the "
-          "true average from the energy counter.", [
-              target(f"gpuwarden_power_usage_watts{{{GSEL}}}", "draw " + gpu_legend),
-              target(f"gpuwarden_power_limit_watts{{{GSEL}}}", "limit " + gpu_legend),
-              target(f"rate(gpuwarden_energy_joules_total{{{GSEL}}}[{RI}])", "average " + gpu_legend)], "watt")
-    L.add("stat", "Energy over the range", "Energy used by the selected GPUs over the dashboard's time range.",
-          [target(f"sum(increase(gpuwarden_energy_joules_total{{{GSEL}}}[$__range]))", instant=True)], "joule", w=6,
-          thresholds=_steps((None, "blue")))
+    L.add(
+        "timeseries",
+        "Power draw / limit",
+        "Draw as a share of the enforced limit: below 30 % is idle, 60-90 % "
+        "healthy, 100 % sustained is power throttling.",
+        [target(f"gpuwarden_power_usage_watts{{{GSEL}}} / gpuwarden_power_limit_watts{{{GSEL}}}", gpu_legend)],
+        "percentunit",
+        thresholds=_steps((None, "blue"), (0.3, "green"), (0.9, "orange")),
+        custom=threshold_lines(),
+        minmax=(0, 1.1),
+    )
+    L.add(
+        "timeseries",
+        "Power draw and limit (W), average from energy",
+        "Instant draw, enforced limit, and the true average from the energy counter.",
+        [
+            target(f"gpuwarden_power_usage_watts{{{GSEL}}}", "draw " + gpu_legend),
+            target(f"gpuwarden_power_limit_watts{{{GSEL}}}", "limit " + gpu_legend),
+            target(f"rate(gpuwarden_energy_joules_total{{{GSEL}}}[{RI}])", "average " + gpu_legend),
+        ],
+        "watt",
+    )
+    L.add(
+        "stat",
+        "Energy over the range",
+        "Energy used by the selected GPUs over the dashboard's time range.",
+        [target(f"sum(increase(gpuwarden_energy_joules_total{{{GSEL}}}[$__range]))", instant=True)],
+        "joule",
+        w=6,
+        thresholds=_steps((None, "blue")),
+    )
     L.row("Clocks and throttling")
-    L.add("state-timeline", "Clock-event reasons", "Why the clocks are held down, per GPU and reason (1 = active). "
-          "gpu_idle is normal when idle; sw_power_cap is normal at full load.",
-          [target(f'gpuwarden_clock_event_active{{{GSEL},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
-          "none", w=12, thresholds=_steps((None, "transparent"), (1, "orange")),
-          mappings=[{"type": "value", "options": {"1": {"text": "active", "color": "orange"}}}])
-    L.add("timeseries", "Throttle time share", "Share of time the driver held the clocks down, per reason "
-          "(cumulative counters, not point samples).", [target(
-              f"rate(gpuwarden_throttle_seconds_total{{{GSEL}}}[{RI}])", "{{gpu}} {{reason}}")], "percentunit",
-          thresholds=_steps((None, "green"), (T.thermal_slowdown_ratio, "orange")), custom=threshold_lines())
-    L.add("timeseries", "SM clock / max", "SM clock against the GPU's maximum.", [target(
-        f'gpuwarden_clock_hertz{{{GSEL},clock="sm"}} / ignoring(clock) group_left '
-        f'gpuwarden_clock_max_hertz{{{GSEL},clock="sm"}}', gpu_legend)], "percentunit", minmax=(0, 1))
-    L.add("state-timeline", "P-state", "Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
-          [target(f"gpuwarden_performance_state{{{GSEL}}}", gpu_legend)], "none",
-          thresholds=_steps((None, "green"), (T.pstate_degraded_min, "orange")))
+    L.add(
+        "state-timeline",
+        "Clock-event reasons",
+        "Why the clocks are held down, per GPU and reason (1 = active). "
+        "gpu_idle is normal when idle; sw_power_cap is normal at full load.",
+        [target(f'gpuwarden_clock_event_active{{{GSEL},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
+        "none",
+        w=12,
+        thresholds=_steps((None, "transparent"), (1, "orange")),
+        mappings=[{"type": "value", "options": {"1": {"text": "active", "color": "orange"}}}],
+    )
+    L.add(
+        "timeseries",
+        "Throttle time share",
+        "Share of time the driver held the clocks down, per reason (cumulative counters, not point samples).",
+        [target(f"rate(gpuwarden_throttle_seconds_total{{{GSEL}}}[{RI}])", "{{gpu}} {{reason}}")],
+        "percentunit",
+        thresholds=_steps((None, "green"), (T.thermal_slowdown_ratio, "orange")),
+        custom=threshold_lines(),
+    )
+    L.add(
+        "timeseries",
+        "SM clock / max",
+        "SM clock against the GPU's maximum.",
+        [
+            target(
+                f'gpuwarden_clock_hertz{{{GSEL},clock="sm"}} / ignoring(clock) group_left '
+                f'gpuwarden_clock_max_hertz{{{GSEL},clock="sm"}}',
+                gpu_legend,
+            )
+        ],
+        "percentunit",
+        minmax=(0, 1),
+    )
+    L.add(
+        "state-timeline",
+        "P-state",
+        "Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
+        [target(f"gpuwarden_performance_state{{{GSEL}}}", gpu_legend)],
+        "none",
+        thresholds=_steps((None, "green"), (T.pstate_degraded_min, "orange")),
+    )
     L.row("Errors")
-    L.add("timeseries", "ECC errors", "New ECC errors per interval (volatile counters); any uncorrected error "
-          "pages (GpuwardenEccUncorrectable).", [target(f"increase(gpuwarden_ecc_errors_total{{{GSEL}}}[{RI}])",
-                                                        "{{gpu}} {{type}}")], "none",
-          thresholds=_steps((None, "green"), (1, "red")))
-    L.add("table", "Remapped rows", "Remapped rows by cause, and pending / failed flags (failed = RMA).", [
-        target(f"gpuwarden_remapped_rows{{{GSEL}}}", fmt="table", instant=True),
-        target(f"gpuwarden_remapped_rows_pending{{{GSEL}}} + 2 * gpuwarden_remapped_rows_failed{{{GSEL}}}",
-               fmt="table", instant=True)], "none")
-    L.add("timeseries", "XID events", "XID events per GPU and code over the rate interval (counts since gpuwarden "
-          "started).", [target(f"increase(gpuwarden_xid_errors_total{{{GSEL}}}[{RI}])", "{{gpu}} XID {{xid}}")],
-          "none")
-    L.add("timeseries", "PCIe replays and NVLink errors", "PCIe replays per second, and NVLink errors per second "
-          "by link and type.", [target(f"rate(gpuwarden_pcie_replay_errors_total{{{GSEL}}}[{RI}])",
-                                       "PCIe {{gpu}}"),
-                                target(f"sum by (instance, gpu, type) (rate(gpuwarden_nvlink_errors_total{{{GSEL}}}"
-                                       f"[{RI}]))", "NVLink {{gpu}} {{type}}")], "ops")
+    L.add(
+        "timeseries",
+        "ECC errors",
+        "New ECC errors per interval (volatile counters); any uncorrected error pages (GpuwardenEccUncorrectable).",
+        [target(f"increase(gpuwarden_ecc_errors_total{{{GSEL}}}[{RI}])", "{{gpu}} {{type}}")],
+        "none",
+        thresholds=_steps((None, "green"), (1, "red")),
+    )
+    L.add(
+        "table",
+        "Remapped rows",
+        "Remapped rows by cause, and pending / failed flags (failed = RMA).",
+        [
+            target(f"gpuwarden_remapped_rows{{{GSEL}}}", fmt="table", instant=True),
+            target(
+                f"gpuwarden_remapped_rows_pending{{{GSEL}}} + 2 * gpuwarden_remapped_rows_failed{{{GSEL}}}",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        "none",
+    )
+    L.add(
+        "timeseries",
+        "XID events",
+        "XID events per GPU and code over the rate interval (counts since gpuwarden started).",
+        [target(f"increase(gpuwarden_xid_errors_total{{{GSEL}}}[{RI}])", "{{gpu}} XID {{xid}}")],
+        "none",
+    )
+    L.add(
+        "timeseries",
+        "PCIe replays and NVLink errors",
+        "PCIe replays per second, and NVLink errors per second by link and type.",
+        [
+            target(f"rate(gpuwarden_pcie_replay_errors_total{{{GSEL}}}[{RI}])", "PCIe {{gpu}}"),
+            target(
+                f"sum by (instance, gpu, type) (rate(gpuwarden_nvlink_errors_total{{{GSEL}}}[{RI}]))",
+                "NVLink {{gpu}} {{type}}",
+            ),
+        ],
+        "ops",
+    )
     L.row("Topology and NVLink")
-    L.add("stat", "Active NVLinks per GPU", "Links up per GPU (18 on H100/H200 SXM).",
-          [target(f"sum by (instance, gpu) (gpuwarden_nvlink_up{{{GSEL}}})", gpu_legend, instant=True)], "none",
-          thresholds=_steps((None, "red"), (1, "green")))
-    L.add("table", "Topology (nvidia-smi topo -m)", "Connection from each GPU to each peer.",
-          [target(f"gpuwarden_topology_info{{{GSEL}}}", fmt="table", instant=True)], "none")
+    L.add(
+        "stat",
+        "Active NVLinks per GPU",
+        "Links up per GPU (18 on H100/H200 SXM).",
+        [target(f"sum by (instance, gpu) (gpuwarden_nvlink_up{{{GSEL}}})", gpu_legend, instant=True)],
+        "none",
+        thresholds=_steps((None, "red"), (1, "green")),
+    )
+    L.add(
+        "table",
+        "Topology (nvidia-smi topo -m)",
+        "Connection from each GPU to each peer.",
+        [target(f"gpuwarden_topology_info{{{GSEL}}}", fmt="table", instant=True)],
+        "none",
+    )
     L.row("Exporter")
-    L.add("timeseries", "Poll duration", "Wall time of each tier's last poll.",
-          [target(f"gpuwarden_collect_duration_seconds{{{SEL}}}", "{{instance}} {{tier}}")], "s")
-    L.add("timeseries", "Data age and errors", "Seconds since each tier's last poll, and NVML errors per second.",
-          [target(f"time() - gpuwarden_last_collect_timestamp_seconds{{{SEL}}}", "age {{instance}} {{tier}}"),
-           target(f"sum by (instance, call, error) (rate(gpuwarden_collect_errors_total{{{SEL}}}[{RI}]))",
-                  "errors {{instance}} {{call}} {{error}}")], "s")
-    variables = [variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
-                 variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
-                 variable("gpu", "GPU", 'label_values(gpuwarden_gpu_info{job=~"$job",instance=~"$instance"}, uuid)')]
-    return dashboard("gpuwarden-node", "gpuwarden / GPU node", "Every GPU of the selected nodes: health, "
-                     "utilization, memory, thermals, power, throttling, errors, NVLink and the exporter.", L, variables)
+    L.add(
+        "timeseries",
+        "Poll duration",
+        "Wall time of each tier's last poll.",
+        [target(f"gpuwarden_collect_duration_seconds{{{SEL}}}", "{{instance}} {{tier}}")],
+        "s",
+    )
+    L.add(
+        "timeseries",
+        "Data age and errors",
+        "Seconds since each tier's last poll, and NVML errors per second.",
+        [
+            target(f"time() - gpuwarden_last_collect_timestamp_seconds{{{SEL}}}", "age {{instance}} {{tier}}"),
+            target(
+                f"sum by (instance, call, error) (rate(gpuwarden_collect_errors_total{{{SEL}}}[{RI}]))",
+                "errors {{instance}} {{call}} {{error}}",
+            ),
+        ],
+        "s",
+    )
+    variables = [
+        variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
+        variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
+        variable("gpu", "GPU", 'label_values(gpuwarden_gpu_info{job=~"$job",instance=~"$instance"}, uuid)'),
+    ]
+    return dashboard(
+        "gpuwarden-node",
+        "gpuwarden / GPU node",
+        "Every GPU of the selected nodes: health, "
+        "utilization, memory, thermals, power, throttling, errors, NVLink and the exporter.",
+        L,
+        variables,
+    )
 
 
 def fleet_dashboard() -> dict[str, Any]:
     L = Layout()
     L.row("Fleet health")
-    L.add("stat", "GPUs by health status", "How many GPUs are ok (0), warning (1) or critical (2).",
-          [target(f"count(gpuwarden_health_status{{{SEL}}} == 0) or vector(0)", "ok", instant=True),
-           target(f"count(gpuwarden_health_status{{{SEL}}} == 1) or vector(0)", "warning", instant=True),
-           target(f"count(gpuwarden_health_status{{{SEL}}} == 2) or vector(0)", "critical", instant=True)], "none", w=8,
-          thresholds=_steps((None, "green")))
-    L.add("table", "Unhealthy GPUs", "GPUs whose health is not ok, with the model and the failing checks.",
-          [target(f"gpuwarden_health{{{SEL}}} > 0 and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
-                  fmt="table", instant=True),
-           target(f"gpuwarden_gpu_info{{{SEL}}} and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
-                  fmt="table", instant=True)], "none", w=16,
-          thresholds=_steps((None, "green"), (1, "orange"), (2, "red")), mappings=HEALTH_MAPPING)
+    L.add(
+        "stat",
+        "GPUs by health status",
+        "How many GPUs are ok (0), warning (1) or critical (2).",
+        [
+            target(f"count(gpuwarden_health_status{{{SEL}}} == 0) or vector(0)", "ok", instant=True),
+            target(f"count(gpuwarden_health_status{{{SEL}}} == 1) or vector(0)", "warning", instant=True),
+            target(f"count(gpuwarden_health_status{{{SEL}}} == 2) or vector(0)", "critical", instant=True),
+        ],
+        "none",
+        w=8,
+        thresholds=_steps((None, "green")),
+    )
+    L.add(
+        "table",
+        "Unhealthy GPUs",
+        "GPUs whose health is not ok, with the model and the failing checks.",
+        [
+            target(
+                f"gpuwarden_health{{{SEL}}} > 0 and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
+                fmt="table",
+                instant=True,
+            ),
+            target(
+                f"gpuwarden_gpu_info{{{SEL}}} and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        "none",
+        w=16,
+        thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
+        mappings=HEALTH_MAPPING,
+    )
     L.row("Idle and starved GPUs")
-    L.add("table", "Least busy GPUs over the range", "GPU busy share over the dashboard's range; below "
-          f"{T.utilization_low_ratio:.0%} while a job runs is starvation.",
-          [target(f"bottomk(20, {busy('$__range', SEL)})", fmt="table", instant=True)], "percentunit",
-          thresholds=_steps((None, "red"), (T.utilization_low_ratio, "green")))
-    L.add("stat", "Idle GPU-hours and their cost", "GPU-hours not spent running kernels over the range, and their "
-          "cost at $price per GPU-hour.", [
-              target(f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-                     f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600", "idle GPU-hours",
-                     instant=True),
-              target(f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-                     f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600 * $price", "cost",
-                     instant=True)], "none", thresholds=_steps((None, "blue")))
+    L.add(
+        "table",
+        "Least busy GPUs over the range",
+        "GPU busy share over the dashboard's range; below "
+        f"{T.utilization_low_ratio:.0%} while a job runs is starvation.",
+        [target(f"bottomk(20, {busy('$__range', SEL)})", fmt="table", instant=True)],
+        "percentunit",
+        thresholds=_steps((None, "red"), (T.utilization_low_ratio, "green")),
+    )
+    L.add(
+        "stat",
+        "Idle GPU-hours and their cost",
+        "GPU-hours not spent running kernels over the range, and their cost at $price per GPU-hour.",
+        [
+            target(
+                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
+                f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600",
+                "idle GPU-hours",
+                instant=True,
+            ),
+            target(
+                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
+                f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600 * $price",
+                "cost",
+                instant=True,
+            ),
+        ],
+        "none",
+        thresholds=_steps((None, "blue")),
+    )
     alloc = f"max_over_time(gpuwarden_gpu_allocation{{{SEL}}}[$__range])"
     share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
-    idle_seconds = (f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-                    f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range]), 0)")
-    L.add("table", "Idle GPU-hours by namespace", "GPU-hours in which no kernel ran over the range, charged to the "
-          "namespaces whose pods held the GPU (pod attribution; a GPU shared by n containers counts 1/n to each), "
-          "and their cost at $price per GPU-hour.", [
-              target(f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600",
-                     fmt="table", instant=True),
-              target(f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600 "
-                     f"* $price", fmt="table", instant=True)], "none", w=24, h=6)
+    idle_seconds = (
+        f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
+        f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range]), 0)"
+    )
+    L.add(
+        "table",
+        "Idle GPU-hours by namespace",
+        "GPU-hours in which no kernel ran over the range, charged to the "
+        "namespaces whose pods held the GPU (pod attribution; a GPU shared by n containers counts 1/n to each), "
+        "and their cost at $price per GPU-hour.",
+        [
+            target(
+                f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600",
+                fmt="table",
+                instant=True,
+            ),
+            target(
+                f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600 * $price",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        "none",
+        w=24,
+        h=6,
+    )
     L.row("Hot, failing and disconnected")
-    L.add("table", "Hottest GPUs", "The ten hottest GPUs now.",
-          [target(f"topk(10, gpuwarden_temperature_celsius{{{SEL}}})", fmt="table", instant=True)], "celsius", w=8,
-          thresholds=_steps((None, "green"), (T.temperature_warning_celsius, "orange"),
-                            (T.temperature_critical_celsius, "red")))
-    L.add("table", "ECC and XID offenders", "GPUs with uncorrected ECC errors or critical XIDs in the window.", [
-        target(f'gpuwarden_ecc_errors_total{{{SEL},type="uncorrected"}} > 0', fmt="table", instant=True),
-        target(f"gpuwarden_xid_errors_total{{{SEL}}} > 0", fmt="table", instant=True)], "none", w=8)
-    L.add("table", "NVLink problems", "Links that are down, or GPUs reaching peers over fewer links than usual.", [
-        target(f"gpuwarden_nvlink_up{{{SEL}}} == 0", fmt="table", instant=True),
-        target(f"gpuwarden_nvlink_peer_links{{{SEL}}} < on (instance) group_left "
-               f"max by (instance) (gpuwarden_nvlink_peer_links{{{SEL}}})", fmt="table", instant=True)], "none", w=8)
+    L.add(
+        "table",
+        "Hottest GPUs",
+        "The ten hottest GPUs now.",
+        [target(f"topk(10, gpuwarden_temperature_celsius{{{SEL}}})", fmt="table", instant=True)],
+        "celsius",
+        w=8,
+        thresholds=_steps(
+            (None, "green"), (T.temperature_warning_celsius, "orange"), (T.temperature_critical_celsius, "red")
+        ),
+    )
+    L.add(
+        "table",
+        "ECC and XID offenders",
+        "GPUs with uncorrected ECC errors or critical XIDs in the window.",
+        [
+            target(f'gpuwarden_ecc_errors_total{{{SEL},type="uncorrected"}} > 0', fmt="table", instant=True),
+            target(f"gpuwarden_xid_errors_total{{{SEL}}} > 0", fmt="table", instant=True),
+        ],
+        "none",
+        w=8,
+    )
+    L.add(
+        "table",
+        "NVLink problems",
+        "Links that are down, or GPUs reaching peers over fewer links than usual.",
+        [
+            target(f"gpuwarden_nvlink_up{{{SEL}}} == 0", fmt="table", instant=True),
+            target(
+                f"gpuwarden_nvlink_peer_links{{{SEL}}} < on (instance) group_left "
+                f"max by (instance) (gpuwarden_nvlink_peer_links{{{SEL}}})",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        "none",
+        w=8,
+    )
     L.row("Versions")
-    L.add("table", "Driver versions in the fleet", "Nodes per driver and CUDA driver version.",
-          [target(f"count by (driver_version, cuda_driver_version) (gpuwarden_driver_info{{{SEL}}})", fmt="table",
-                  instant=True)], "none", w=12)
-    L.add("table", "GPU models", "GPUs per model.",
-          [target(f"count by (name) (gpuwarden_gpu_info{{{SEL}}})", fmt="table", instant=True)], "none", w=12)
-    variables = [variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
-                 variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
-                 {"name": "price", "label": "Price per GPU-hour", "type": "constant", "query": "2.5", "hide": 0}]
-    return dashboard("gpuwarden-fleet", "gpuwarden / GPU fleet", "Every GPU in the fleet: health, idle and starved "
-                     "GPUs, heat, hardware errors, NVLink and versions.", L, variables)
+    L.add(
+        "table",
+        "Driver versions in the fleet",
+        "Nodes per driver and CUDA driver version.",
+        [
+            target(
+                f"count by (driver_version, cuda_driver_version) (gpuwarden_driver_info{{{SEL}}})",
+                fmt="table",
+                instant=True,
+            )
+        ],
+        "none",
+        w=12,
+    )
+    L.add(
+        "table",
+        "GPU models",
+        "GPUs per model.",
+        [target(f"count by (name) (gpuwarden_gpu_info{{{SEL}}})", fmt="table", instant=True)],
+        "none",
+        w=12,
+    )
+    variables = [
+        variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
+        variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
+        {"name": "price", "label": "Price per GPU-hour", "type": "constant", "query": "2.5", "hide": 0},
+    ]
+    return dashboard(
+        "gpuwarden-fleet",
+        "gpuwarden / GPU fleet",
+        "Every GPU in the fleet: health, idle and starved GPUs, heat, hardware errors, NVLink and versions.",
+        L,
+        variables,
+    )
 
 
 DASHBOARDS = {"gpuwarden-node.json": node_dashboard, "gpuwarden-fleet.json": fleet_dashboard}

@@ -59,8 +59,9 @@ def sim() -> Iterator[Callable[..., FakeNvmlLibrary]]:
     """Install a fake NVML for a scenario (name, dict or Scenario); always restores pynvml afterwards."""
     installed: list[FakeNvmlLibrary] = []
 
-    def install(scenario: str | dict[str, Any] | Scenario = "healthy",
-                clock: Callable[[], float] | None = None) -> FakeNvmlLibrary:
+    def install(
+        scenario: str | dict[str, Any] | Scenario = "healthy", clock: Callable[[], float] | None = None
+    ) -> FakeNvmlLibrary:
         if isinstance(scenario, dict):
             scenario = scenario_from(scenario)
         elif isinstance(scenario, str):
@@ -104,8 +105,9 @@ class LiveServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(poller, self.renderer, poller.settings.web.telemetry_path)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None,
-                                                    access_log=False))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False)
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> LiveServer:
@@ -129,8 +131,9 @@ class LiveServer:
 
 
 @pytest.fixture
-def live_server(sim: Callable[..., FakeNvmlLibrary], make_poller: Callable[..., Poller]
-                ) -> Iterator[Callable[..., LiveServer]]:
+def live_server(
+    sim: Callable[..., FakeNvmlLibrary], make_poller: Callable[..., Poller]
+) -> Iterator[Callable[..., LiveServer]]:
     servers: list[LiveServer] = []
 
     def start(scenario: str | dict[str, Any] = "healthy", **sections: dict[str, Any]) -> LiveServer:
@@ -161,8 +164,7 @@ def parse_exposition(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], 
     return series
 
 
-def values(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
-           **labels: str) -> list[float]:
+def values(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
     """Values of every series named `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return [value for (n, lbls), value in series.items() if n == name and wanted <= lbls]

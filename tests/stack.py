@@ -19,8 +19,16 @@ from tests.conftest import free_port
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
-FAST_EXPORTER_FLAGS = ["--poll.fast-interval", "0.5", "--poll.slow-interval", "1", "--poll.samples-interval", "1",
-                       "--poll.nvlink-errors-interval", "1"]
+FAST_EXPORTER_FLAGS = [
+    "--poll.fast-interval",
+    "0.5",
+    "--poll.slow-interval",
+    "1",
+    "--poll.samples-interval",
+    "1",
+    "--poll.nvlink-errors-interval",
+    "1",
+]
 
 
 def late_nvlink_down(tmp: Path, at: float = 15) -> str:
@@ -54,10 +62,10 @@ class Stack:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
-        self.exporters: dict[int, str] = {}        # port → scenario
+        self.exporters: dict[int, str] = {}  # port → scenario
         self._pending: list[list[str]] = []
         self.prometheus = ""
-        self.dead_targets: list[str] = []          # scraped, never answering: an exporter that is down
+        self.dead_targets: list[str] = []  # scraped, never answering: an exporter that is down
 
     def _spawn(self, args: list[str]) -> None:
         self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -67,16 +75,34 @@ class Stack:
         `name` is what scenario_of/instance_of call it (default: the scenario itself, a name or a path)."""
         port = free_port()
         self.exporters[port] = name or scenario
-        self._pending.append([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", scenario,
-                              "--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, *flags])
+        self._pending.append(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "--sim",
+                "--nvml.scenario",
+                scenario,
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+                *FAST_EXPORTER_FLAGS,
+                *flags,
+            ]
+        )
         return port
 
     def alertmanager(self, config: dict[str, Any]) -> int:
         port = free_port()
         (self.tmp / "am.yml").write_text(yaml.safe_dump(config))
-        self._spawn([ALERTMANAGER or "alertmanager", f"--config.file={self.tmp / 'am.yml'}",
-                     f"--storage.path={self.tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
-                     "--cluster.listen-address="])
+        self._spawn(
+            [
+                ALERTMANAGER or "alertmanager",
+                f"--config.file={self.tmp / 'am.yml'}",
+                f"--storage.path={self.tmp / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ]
+        )
         wait_ready(f"http://127.0.0.1:{port}/-/ready")
         return port
 
@@ -84,19 +110,34 @@ class Stack:
         port = free_port()
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": [
-                {"targets": [f"127.0.0.1:{p}" for p in self.exporters] + self.dead_targets,
-                 "labels": {"cluster": "test"}}]}],
+            "scrape_configs": [
+                {
+                    "job_name": "gpuwarden",
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{p}" for p in self.exporters] + self.dead_targets,
+                            "labels": {"cluster": "test"},
+                        }
+                    ],
+                }
+            ],
         }
         if rules_text is not None:
             (self.tmp / "rules.yaml").write_text(rules_text)
             config["rule_files"] = [str(self.tmp / "rules.yaml")]
         if alertmanager_port is not None:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [
-                {"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]}
+            config["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]
+            }
         (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self._spawn([PROMETHEUS or "prometheus", f"--config.file={self.tmp / 'prometheus.yml'}",
-                     f"--storage.tsdb.path={self.tmp / 'prom-data'}", f"--web.listen-address=127.0.0.1:{port}"])
+        self._spawn(
+            [
+                PROMETHEUS or "prometheus",
+                f"--config.file={self.tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.tmp / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ]
+        )
         self.prometheus = f"http://127.0.0.1:{port}"
         wait_ready(self.prometheus + "/-/ready")
         for args in self._pending:

@@ -43,8 +43,9 @@ def test_promtool_unit_tests_pass_on_the_rules_without_annotations(tmp_path):
             rule.pop("annotations")
     (tmp_path / "gpuwarden.rules.yaml").write_text(yaml.safe_dump(stripped))
     shutil.copy(TESTS, tmp_path / "gpuwarden.test.yaml")
-    result = subprocess.run([PROMTOOL, "test", "rules", "gpuwarden.test.yaml"], cwd=tmp_path, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", "gpuwarden.test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -86,8 +87,9 @@ def test_rules_follow_overridden_thresholds():
     from exporter.health.thresholds import Thresholds
 
     text = rules.to_yaml(rules.build(Thresholds(temperature_warning_celsius=80, temperature_warning_for_s=600)))
-    rule = next(r for g in yaml.safe_load(text)["groups"] for r in g["rules"]
-                if r["alert"] == "GpuwardenTemperatureHigh")
+    rule = next(
+        r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == "GpuwardenTemperatureHigh"
+    )
     assert rule["expr"].endswith("> 80") and rule["for"] == "10m"
 
 
@@ -95,13 +97,19 @@ def test_shipped_alertmanager_config_is_valid():
     amtool = shutil.which("amtool")
     if amtool is None:
         pytest.skip("amtool not installed (the README test command installs prometheus-alertmanager)")
-    result = subprocess.run([amtool, "check-config", str(ROOT / "deploy" / "alertmanager" / "alertmanager.yml")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [amtool, "check-config", str(ROOT / "deploy" / "alertmanager" / "alertmanager.yml")],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
     config = str(ROOT / "deploy" / "alertmanager" / "alertmanager.yml")
-    for labels, receiver in ((["severity=critical", "alertname=GpuwardenGpuLost"], "gpu-oncall"),
-                             (["severity=warning", "alertname=GpuwardenTemperatureHigh"], "gpu-tickets"),
-                             (["severity=info", "alertname=GpuwardenUnderutilized"], "blackhole")):
-        routed = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}", *labels],
-                                capture_output=True, text=True)
+    for labels, receiver in (
+        (["severity=critical", "alertname=GpuwardenGpuLost"], "gpu-oncall"),
+        (["severity=warning", "alertname=GpuwardenTemperatureHigh"], "gpu-tickets"),
+        (["severity=info", "alertname=GpuwardenUnderutilized"], "blackhole"),
+    ):
+        routed = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={config}", *labels], capture_output=True, text=True
+        )
         assert routed.stdout.strip() == receiver, (labels, routed.stdout, routed.stderr)

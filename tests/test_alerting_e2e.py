@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 ROUTING_KEY = "gpuwarden-test-routing-key"
 FOR_SCALE = 1 / 240
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None or ALERTMANAGER is None,
-                                reason="Debian's prometheus and prometheus-alertmanager (the README test command "
-                                       "installs them)")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None or ALERTMANAGER is None,
+    reason="Debian's prometheus and prometheus-alertmanager (the README test command installs them)",
+)
 
 # scenario → (alerts that must page, alerts that must open a ticket)
 EXPECTED = {
@@ -48,8 +49,16 @@ EXPECTED = {
     "driver-not-loaded": (set(), {"GpuwardenNvmlDown"}),
     "legacy-pcie": (set(), {"GpuwardenRetiredPagesPending"}),
 }
-NEVER_PAGE = {"healthy", "training", "memory-nearly-full", "data-starvation", "persistence-off", "power-capping",
-              "driver-not-loaded", "legacy-pcie"}
+NEVER_PAGE = {
+    "healthy",
+    "training",
+    "memory-nearly-full",
+    "data-starvation",
+    "persistence-off",
+    "power-capping",
+    "driver-not-loaded",
+    "legacy-pcie",
+}
 
 
 class Receiver:
@@ -128,8 +137,10 @@ def collect(stack, timeout: float = 120) -> tuple[dict[str, set[str]], dict[str,
         for alert in stack["receiver"].tickets():
             if alert["status"] == "firing":
                 tickets[scenario_of(stack, alert["labels"]["instance"])].add(alert["labels"]["alertname"])
-        done = all(want_pages <= pages[name] and want_tickets <= tickets[name]
-                   for name, (want_pages, want_tickets) in EXPECTED.items())
+        done = all(
+            want_pages <= pages[name] and want_tickets <= tickets[name]
+            for name, (want_pages, want_tickets) in EXPECTED.items()
+        )
         if done or time.monotonic() > deadline:
             return pages, tickets
         time.sleep(1)
@@ -137,7 +148,7 @@ def collect(stack, timeout: float = 120) -> tuple[dict[str, set[str]], dict[str,
 
 def test_alerts_reach_pagerduty_and_tickets_as_the_scenarios_imply(stack):
     pages, tickets = collect(stack)
-    time.sleep(5)       # anything that should not arrive has had its chance too
+    time.sleep(5)  # anything that should not arrive has had its chance too
     pages, tickets = collect(stack, timeout=0)
     for name, (want_pages, want_tickets) in EXPECTED.items():
         assert want_pages <= pages[name], f"{name}: pages {pages[name]}, expected {want_pages}"
@@ -172,10 +183,17 @@ def test_pagerduty_events_carry_severity_routing_key_summary_and_runbook(stack):
 def test_critical_alert_inhibits_the_same_gpus_warnings(stack):
     collect(stack)
     # GPU 2 of thermal-throttling is above 90 °C (critical) and so above 83 °C (warning): only the page goes out
-    hot = [a for a in stack["receiver"].tickets() if a["labels"]["alertname"] == "GpuwardenTemperatureHigh"
-           and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"]
+    hot = [
+        a
+        for a in stack["receiver"].tickets()
+        if a["labels"]["alertname"] == "GpuwardenTemperatureHigh"
+        and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"
+    ]
     assert not hot, hot
     response = httpx.get(stack["prometheus"] + "/api/v1/alerts", timeout=5).json()
-    firing = {(a["labels"]["alertname"], a["labels"].get("gpu")) for a in response["data"]["alerts"]
-              if a["state"] == "firing" and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"}
+    firing = {
+        (a["labels"]["alertname"], a["labels"].get("gpu"))
+        for a in response["data"]["alerts"]
+        if a["state"] == "firing" and scenario_of(stack, a["labels"]["instance"]) == "thermal-throttling"
+    }
     assert ("GpuwardenTemperatureHigh", "2") in firing and ("GpuwardenTemperatureCritical", "2") in firing

@@ -15,13 +15,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
     import os
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True,
-                          env={**base, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def test_precedence_defaults_file_env_flags(tmp_path):
-    config = write_yaml(tmp_path / "c.yaml", {"poll": {"fast_interval": 2, "slow_interval": 30},
-                                              "log": {"level": "debug"}})
+    config = write_yaml(
+        tmp_path / "c.yaml", {"poll": {"fast_interval": 2, "slow_interval": 30}, "log": {"level": "debug"}}
+    )
     assert load_settings(None, environ={}).poll.fast_interval == 1.0
     assert load_settings(config, environ={}).poll.fast_interval == 2
     env = {"GPUWARDEN_POLL_FAST_INTERVAL": "3", "GPUWARDEN_METRICS_EXCLUDE": "a_*, b_*"}
@@ -32,18 +38,21 @@ def test_precedence_defaults_file_env_flags(tmp_path):
     assert from_flags.poll.fast_interval == 4 and from_flags.log.level == "debug"
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"poll": {"fast_intervl": 1}}, "unknown key 'poll.fast_intervl'; allowed here: fast_interval"),
-    ({"pol": {}}, "unknown key 'pol'; allowed here: web, poll"),
-    ({"poll": {"fast_interval": "soon"}}, "poll.fast_interval: Input should be a valid number"),
-    ({"poll": {"fast_interval": 0.01}}, "poll.fast_interval: Input should be greater than or equal to 0.1"),
-    ({"nvml": {"backend": "dcgm"}}, "nvml.backend: Input should be 'nvml' or 'sim'"),
-    ({"web": {"listen_address": "10045"}}, "web.listen_address: must be HOST:PORT"),
-    ({"web": {"telemetry_path": "/healthz"}}, "web.telemetry_path: must start with '/' and not clash"),
-    ({"poll": {"slow_interval": 2, "fast_interval": 5}}, "poll.slow_interval must be >= poll.fast_interval"),
-    ({"nvml": {"scenario": "healthy"}}, "nvml.scenario needs nvml.backend: sim"),
-    (["not", "a", "mapping"], "top level must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"poll": {"fast_intervl": 1}}, "unknown key 'poll.fast_intervl'; allowed here: fast_interval"),
+        ({"pol": {}}, "unknown key 'pol'; allowed here: web, poll"),
+        ({"poll": {"fast_interval": "soon"}}, "poll.fast_interval: Input should be a valid number"),
+        ({"poll": {"fast_interval": 0.01}}, "poll.fast_interval: Input should be greater than or equal to 0.1"),
+        ({"nvml": {"backend": "dcgm"}}, "nvml.backend: Input should be 'nvml' or 'sim'"),
+        ({"web": {"listen_address": "10045"}}, "web.listen_address: must be HOST:PORT"),
+        ({"web": {"telemetry_path": "/healthz"}}, "web.telemetry_path: must start with '/' and not clash"),
+        ({"poll": {"slow_interval": 2, "fast_interval": 5}}, "poll.slow_interval must be >= poll.fast_interval"),
+        ({"nvml": {"scenario": "healthy"}}, "nvml.scenario needs nvml.backend: sim"),
+        (["not", "a", "mapping"], "top level must be a mapping"),
+    ],
+)
 def test_bad_config_is_one_line_naming_the_key(tmp_path, data, expected):
     path = write_yaml(tmp_path / "bad.yaml", data)
     with pytest.raises(ConfigError) as caught:
@@ -64,15 +73,21 @@ def test_unknown_environment_variable_is_rejected():
         load_settings(None, environ={"GPUWARDEN_POLL_FAST": "1"})
 
 
-@pytest.mark.parametrize(("args", "env", "expected"), [
-    (["--poll.fast-interval", "0.01"], {}, "flags: poll.fast_interval: Input should be greater than or equal"),
-    (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
-    ([], {"GPUWARDEN_LOG_LEVEL": "loud"}, "environment: log.level: Input should be"),
-    (["--config", "/nonexistent.yaml"], {}, "cannot read it"),
-    (["--sim", "--nvml.scenario", "no-such-scenario"], {}, "scenario 'no-such-scenario': no such file"),
-    (["--web.config.file", "/etc/web.yml"], {},
-     "web config /etc/web.yml: cannot read it (No such file or directory); check the --web.config.file path"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--poll.fast-interval", "0.01"], {}, "flags: poll.fast_interval: Input should be greater than or equal"),
+        (["--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+        ([], {"GPUWARDEN_LOG_LEVEL": "loud"}, "environment: log.level: Input should be"),
+        (["--config", "/nonexistent.yaml"], {}, "cannot read it"),
+        (["--sim", "--nvml.scenario", "no-such-scenario"], {}, "scenario 'no-such-scenario': no such file"),
+        (
+            ["--web.config.file", "/etc/web.yml"],
+            {},
+            "web config /etc/web.yml: cannot read it (No such file or directory); check the --web.config.file path",
+        ),
+    ],
+)
 def test_cli_errors_exit_2_with_one_line(args, env, expected):
     result = run_cli(*args, env=env)
     assert result.returncode == 2
@@ -90,9 +105,14 @@ def test_bad_scenario_file_exits_2_with_one_line(tmp_path):
         "field.yaml": "name: x\nfaults: [{kind: hang}]\n",
         "traj.yaml": "name: x\nvalues: {utilization: {square: {low: 0, high: 1, period: 0, duty: 0.5}}}\n",
     }
-    expected = {"syntax.yaml": "cannot parse it", "value.yaml": "unknown value 'temprature'",
-                "fault.yaml": "faults.0.kind: Input should be", "gpu.yaml": "faults.0.gpu: the node has GPUs 0-1",
-                "field.yaml": "a 'hang' fault needs 'call'", "traj.yaml": "period: Input should be greater than 0"}
+    expected = {
+        "syntax.yaml": "cannot parse it",
+        "value.yaml": "unknown value 'temprature'",
+        "fault.yaml": "faults.0.kind: Input should be",
+        "gpu.yaml": "faults.0.gpu: the node has GPUs 0-1",
+        "field.yaml": "a 'hang' fault needs 'call'",
+        "traj.yaml": "period: Input should be greater than 0",
+    }
     for name, text in cases.items():
         path = tmp_path / name
         path.write_text(text)
@@ -117,8 +137,13 @@ def test_help_documents_every_option_and_version():
     assert result.returncode == 0
     for opt in options():
         assert opt.flag in result.stdout and opt.env in result.stdout
-    for conventional in ("--web.listen-address", "--web.telemetry-path", "--web.config.file", "--log.level",
-                         "--log.format"):
+    for conventional in (
+        "--web.listen-address",
+        "--web.telemetry-path",
+        "--web.config.file",
+        "--log.level",
+        "--log.format",
+    ):
         assert conventional in result.stdout
     version = run_cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
@@ -131,7 +156,14 @@ def test_scenarios_subcommand_lists_shipped_scenarios():
 
 def test_library_missing_exits_when_configured(tmp_path):
     scenario = write_yaml(tmp_path / "missing.yaml", {"name": "missing", "faults": [{"kind": "library_missing"}]})
-    result = run_cli("--sim", "--nvml.scenario", str(scenario), "--nvml.on-missing", "exit",
-                     "--web.listen-address", f"127.0.0.1:{free_port()}")
+    result = run_cli(
+        "--sim",
+        "--nvml.scenario",
+        str(scenario),
+        "--nvml.on-missing",
+        "exit",
+        "--web.listen-address",
+        f"127.0.0.1:{free_port()}",
+    )
     assert result.returncode == 3
     assert "library_not_found" in result.stderr and "Traceback" not in result.stderr

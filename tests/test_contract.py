@@ -73,10 +73,9 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
             poller.poll_once()
             clock.advance(1.0)
         if name == "ecc-uncorrectable":
-            poller.xid.record(poller.snapshot.gpus[0].uuid, 48, 1.0)   # events need the watcher thread
+            poller.xid.record(poller.snapshot.gpus[0].uuid, 48, 1.0)  # events need the watcher thread
             poller.poll_once()
-        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(
-            poller.snapshot).decode())}
+        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())}
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}

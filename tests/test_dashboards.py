@@ -70,8 +70,11 @@ def test_lint():
                 for window in re.findall(r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
                     assert window in ("$__rate_interval", "$__range"), (where, expr)
                 for counter in re.findall(r"\b(gpuwarden_\w+_total)\b", expr):
-                    assert re.search(rf"(rate|increase)\({counter}", expr) or f"{counter}{{" in expr and \
-                        ("> 0" in expr or "increase" in expr), (where, expr)
+                    assert (
+                        re.search(rf"(rate|increase)\({counter}", expr)
+                        or f"{counter}{{" in expr
+                        and ("> 0" in expr or "increase" in expr)
+                    ), (where, expr)
 
 
 def test_queries_reference_only_exported_metrics():
@@ -93,27 +96,40 @@ def test_thresholds_follow_the_alert_thresholds():
 
 
 def substitute(expr: str) -> str:
-    return (expr.replace("$__rate_interval", "10s").replace("$__range", "60s").replace('"$job"', '"gpuwarden"')
-            .replace('"$instance"', '".+"').replace('"$gpu"', '".+"').replace("$price", "2.5"))
+    return (
+        expr.replace("$__rate_interval", "10s")
+        .replace("$__range", "60s")
+        .replace('"$job"', '"gpuwarden"')
+        .replace('"$instance"', '".+"')
+        .replace('"$gpu"', '".+"')
+        .replace("$price", "2.5")
+    )
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     if PROMETHEUS is None:
         pytest.skip("Debian's prometheus is not installed (the README test command installs it)")
-    with tempfile.TemporaryDirectory(prefix="kubelet-") as short, \
-            running_stack(tmp_path_factory.mktemp("dashboards")) as parts:
-        kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()   # pod attribution on the thermal node
+    with (
+        tempfile.TemporaryDirectory(prefix="kubelet-") as short,
+        running_stack(tmp_path_factory.mktemp("dashboards")) as parts,
+    ):
+        kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()  # pod attribution on the thermal node
         for scenario in SCENARIOS:
-            flags = (["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
-                     if scenario == "thermal-throttling" else [])
+            flags = (
+                ["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
+                if scenario == "thermal-throttling"
+                else []
+            )
             parts.exporter(scenario, *flags)
         parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
         thermal = parts.instance_of("thermal-throttling")
         uuids = [g["uuid"] for g in httpx.get(f"http://{thermal}/api/v1/gpus", timeout=5).json()["gpus"]]
-        kubelet.pods = [("research", "train-0", [("main", [("nvidia.com/gpu", uuids[:4])])]),
-                        ("inference", "serve-0", [("server", [("nvidia.com/gpu", uuids[4:])])])]
-        time.sleep(25)      # NVLink 7 drops at 5 s, the GPU is lost at 8 s; rates need a few scrapes
+        kubelet.pods = [
+            ("research", "train-0", [("main", [("nvidia.com/gpu", uuids[:4])])]),
+            ("inference", "serve-0", [("server", [("nvidia.com/gpu", uuids[4:])])]),
+        ]
+        time.sleep(25)  # NVLink 7 drops at 5 s, the GPU is lost at 8 s; rates need a few scrapes
         yield parts
         kubelet.stop()
 
@@ -135,8 +151,9 @@ def test_every_variable_query_returns_values(prometheus):
             match = re.fullmatch(r"label_values\((.+), (\w+)\)", var["definition"])
             assert match, var["definition"]
             selector, label = substitute(match.group(1)), match.group(2)
-            body = httpx.get(prometheus.prometheus + f"/api/v1/label/{label}/values",
-                             params={"match[]": selector}, timeout=10).json()
+            body = httpx.get(
+                prometheus.prometheus + f"/api/v1/label/{label}/values", params={"match[]": selector}, timeout=10
+            ).json()
             assert body["status"] == "success" and body["data"], (var["name"], selector)
 
 
@@ -150,28 +167,41 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
         return prometheus.query(panel_expr(board, title, index))
 
     ecc = prometheus.instance_of("ecc-uncorrectable")
-    unhealthy = {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["check"])
-                 for r in rows("gpuwarden-fleet.json", "Unhealthy GPUs")}
+    unhealthy = {
+        (r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["check"])
+        for r in rows("gpuwarden-fleet.json", "Unhealthy GPUs")
+    }
     assert (ecc, "1", "ecc") in unhealthy
     assert not [row for row in unhealthy if row[0] == prometheus.instance_of("healthy")]
     thermal = prometheus.instance_of("thermal-throttling")
-    reasons = {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["reason"])
-               for r in rows("gpuwarden-node.json", "Clock-event reasons")}
+    reasons = {
+        (r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["reason"])
+        for r in rows("gpuwarden-node.json", "Clock-event reasons")
+    }
     assert (thermal, "2", "hw_thermal_slowdown") in reasons
     assert not [r for r in reasons if r[0] == prometheus.instance_of("healthy")]
-    down = {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"])
-            for r in rows("gpuwarden-fleet.json", "NVLink problems")}
+    down = {
+        (r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["link"])
+        for r in rows("gpuwarden-fleet.json", "NVLink problems")
+    }
     assert (prometheus.instance_of("nvlink-down"), "4", "7") in down
-    lost = {(r["metric"]["instance"], r["metric"]["gpu"]): r["value"][1]
-            for r in rows("gpuwarden-node.json", "Health status per GPU")}
+    lost = {
+        (r["metric"]["instance"], r["metric"]["gpu"]): r["value"][1]
+        for r in rows("gpuwarden-node.json", "Health status per GPU")
+    }
     assert lost[(prometheus.instance_of("gpu-lost"), "6")] == "2"
     assert lost[(prometheus.instance_of("healthy"), "0")] == "0"
-    pods = {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"])
-            for r in rows("gpuwarden-node.json", "Pods on these GPUs")}
-    assert pods == {(thermal, str(g), "research" if g < 4 else "inference", "train-0" if g < 4 else "serve-0")
-                    for g in range(8)}
-    by_namespace = {r["metric"]["namespace"]: float(r["value"][1])
-                    for r in rows("gpuwarden-fleet.json", "Idle GPU-hours by namespace")}
+    pods = {
+        (r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"])
+        for r in rows("gpuwarden-node.json", "Pods on these GPUs")
+    }
+    assert pods == {
+        (thermal, str(g), "research" if g < 4 else "inference", "train-0" if g < 4 else "serve-0") for g in range(8)
+    }
+    by_namespace = {
+        r["metric"]["namespace"]: float(r["value"][1])
+        for r in rows("gpuwarden-fleet.json", "Idle GPU-hours by namespace")
+    }
     assert set(by_namespace) == {"research", "inference"} and all(v >= 0 for v in by_namespace.values())
     hottest = rows("gpuwarden-fleet.json", "Hottest GPUs")
     assert {r["metric"]["instance"] for r in hottest[:2]} == {thermal}

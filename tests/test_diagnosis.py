@@ -17,8 +17,9 @@ def findings_for(sim, tmp_path):
     def run(scenario, seconds: int = 15):
         clock = ManualClock()
         sim(scenario, clock=clock)
-        poller = Poller(settings(health={"thresholds_file": str(write_yaml(tmp_path / "t.yaml", SHORT))}),
-                        wall_clock=clock)
+        poller = Poller(
+            settings(health={"thresholds_file": str(write_yaml(tmp_path / "t.yaml", SHORT))}), wall_clock=clock
+        )
         pollers.append(poller)
         for _ in range(seconds):
             poller.poll_once()
@@ -39,18 +40,21 @@ def test_healthy_node_has_no_findings(findings_for):
     assert findings_for("training") == []
 
 
-@pytest.mark.parametrize(("scenario", "check", "gpu", "severity", "words"), [
-    ("memory-nearly-full", "memory_pressure", 3, "critical", ["optimizer state", "gradient checkpointing", "ZeRO"]),
-    ("ecc-uncorrectable", "ecc", 1, "critical", ["cordon", "replacement"]),
-    ("thermal-throttling", "temperature", 2, "critical", ["cooling"]),
-    ("thermal-throttling", "thermal_throttling", 5, "warning", ["cooling"]),
-    ("data-starvation", "utilization", 0, "warning", ["DataLoader", "pin_memory", "Profile first"]),
-    ("nvlink-down", "nvlink", 4, "critical", ["nvidia-smi nvlink"]),
-    ("gpu-lost", "gpu_lost", 6, "critical", ["fell off the bus", "RMA"]),
-    ("row-remap", "row_remap", 5, "critical", ["RMA"]),
-    ("persistence-off", "persistence_mode", 0, "warning", ["nvidia-persistenced"]),
-    ("power-capping", "power", 0, "warning", ["nvidia-smi -pl"]),
-])
+@pytest.mark.parametrize(
+    ("scenario", "check", "gpu", "severity", "words"),
+    [
+        ("memory-nearly-full", "memory_pressure", 3, "critical", ["optimizer state", "gradient checkpointing", "ZeRO"]),
+        ("ecc-uncorrectable", "ecc", 1, "critical", ["cordon", "replacement"]),
+        ("thermal-throttling", "temperature", 2, "critical", ["cooling"]),
+        ("thermal-throttling", "thermal_throttling", 5, "warning", ["cooling"]),
+        ("data-starvation", "utilization", 0, "warning", ["DataLoader", "pin_memory", "Profile first"]),
+        ("nvlink-down", "nvlink", 4, "critical", ["nvidia-smi nvlink"]),
+        ("gpu-lost", "gpu_lost", 6, "critical", ["fell off the bus", "RMA"]),
+        ("row-remap", "row_remap", 5, "critical", ["RMA"]),
+        ("persistence-off", "persistence_mode", 0, "warning", ["nvidia-persistenced"]),
+        ("power-capping", "power", 0, "warning", ["nvidia-smi -pl"]),
+    ],
+)
 def test_scenario_findings(findings_for, scenario, check, gpu, severity, words):
     found = by_check(findings_for(scenario)).get((check, gpu))
     assert found is not None, scenario

@@ -16,9 +16,15 @@ def series_of(poller):
 
 
 def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller):
-    fake = sim({"node": {"count": 2}, "faults": [
-        {"kind": "not_supported", "gpu": 1, "call": "nvmlDeviceGetPowerUsage"},
-        {"kind": "not_supported", "gpu": 0, "field": 82}]})
+    fake = sim(
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "not_supported", "gpu": 1, "call": "nvmlDeviceGetPowerUsage"},
+                {"kind": "not_supported", "gpu": 0, "field": 82},
+            ],
+        }
+    )
     poller = make_poller()
     for _ in range(4):
         poller.poll_once()
@@ -27,8 +33,9 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller)
     assert len(values(series, "gpuwarden_power_usage_watts", gpu="0")) == 1
     assert values(series, "gpuwarden_memory_temperature_celsius", gpu="0") == []
     assert len(values(series, "gpuwarden_memory_temperature_celsius", gpu="1")) == 1
-    assert values(series, "gpuwarden_collect_errors_total", call="nvmlDeviceGetPowerUsage",
-                  error="not_supported") == [1]
+    assert values(series, "gpuwarden_collect_errors_total", call="nvmlDeviceGetPowerUsage", error="not_supported") == [
+        1
+    ]
     assert values(series, "gpuwarden_collect_errors_total", call="field_82", error="not_supported") == [1]
     # GPU 0 asked 4 times, GPU 1 once: an unsupported call is remembered per GPU
     assert fake.calls["nvmlDeviceGetPowerUsage"] == 5
@@ -36,8 +43,12 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller)
 
 
 def test_no_permission_omits_the_series(sim, make_poller):
-    sim({"node": {"count": 1}, "faults": [
-        {"kind": "error", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "code": "no_permission"}]})
+    sim(
+        {
+            "node": {"count": 1},
+            "faults": [{"kind": "error", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "code": "no_permission"}],
+        }
+    )
     poller = make_poller()
     poller.poll_once()
     series = series_of(poller)
@@ -62,8 +73,8 @@ def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_poller
     assert poller.snapshot.gpu("1").lost_reason == "gpu_is_lost"
     # peers no longer list the lost GPU in the topology
     assert all(peer.peer_index != 1 for peer in poller.snapshot.topology[poller.snapshot.gpu("0").uuid])
-    clock.advance(20)            # the GPU is back on the bus
-    time.sleep(1.1)              # re-discovery backoff starts at 1 s
+    clock.advance(20)  # the GPU is back on the bus
+    time.sleep(1.1)  # re-discovery backoff starts at 1 s
     poller.poll_once()
     series = series_of(poller)
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
@@ -72,8 +83,9 @@ def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_poller
 
 @pytest.mark.parametrize("code", ["reset_required", "gpu_not_found"])
 def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_poller, code):
-    sim({"node": {"count": 2}, "faults": [{"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage",
-                                           "code": code}]})
+    sim(
+        {"node": {"count": 2}, "faults": [{"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": code}]}
+    )
     poller = make_poller()
     poller.poll_once()
     series = series_of(poller)
@@ -82,23 +94,33 @@ def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_poller, code):
 
 
 def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_poller):
-    sim({"node": {"count": 2}, "faults": [
-        {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"},
-        {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetEnforcedPowerLimit", "code": "unknown"},
-        {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPerformanceState", "code": "unknown"},
-        {"kind": "error", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"}]})
+    sim(
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"},
+                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetEnforcedPowerLimit", "code": "unknown"},
+                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPerformanceState", "code": "unknown"},
+                {"kind": "error", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"},
+            ],
+        }
+    )
     poller = make_poller()
     poller.poll_once()
     series = series_of(poller)
-    assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]     # three in a row
-    assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]     # one, then successes
+    assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]  # three in a row
+    assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]  # one, then successes
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
     assert values(series, "gpuwarden_collect_errors_total", call="nvmlDeviceGetPowerUsage", error="unknown")
 
 
 def test_hardware_error_marks_the_gpu(sim, make_poller):
-    sim({"node": {"count": 1}, "faults": [
-        {"kind": "error", "call": "nvmlDeviceGetTotalEccErrors", "code": "corrupted_inforom"}]})
+    sim(
+        {
+            "node": {"count": 1},
+            "faults": [{"kind": "error", "call": "nvmlDeviceGetTotalEccErrors", "code": "corrupted_inforom"}],
+        }
+    )
     poller = make_poller()
     poller.poll_once()
     series = series_of(poller)
@@ -116,10 +138,10 @@ def test_driver_unloaded_then_reloaded_reinitialises(sim, make_poller):
     series = series_of(poller)
     assert values(series, "gpuwarden_nvml_up") == [0]
     assert values(series, "gpuwarden_nvml_error_info", error="driver_not_loaded") == [1]
-    assert values(series, "gpuwarden_gpu_up") == []          # no healthy-looking scrape missing series
+    assert values(series, "gpuwarden_gpu_up") == []  # no healthy-looking scrape missing series
     assert values(series, "gpuwarden_temperature_celsius") == []
     clock.advance(5)
-    time.sleep(1.1)   # re-init backoff
+    time.sleep(1.1)  # re-init backoff
     poller.poll_once()
     series = series_of(poller)
     assert values(series, "gpuwarden_nvml_up") == [1]
@@ -158,8 +180,12 @@ def test_driver_upgraded_under_us_is_fatal(sim, make_poller):
 
 
 def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_poller):
-    fake = sim({"node": {"count": 3}, "faults": [
-        {"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetPowerUsage", "at": 0.5, "until": 4}]})
+    fake = sim(
+        {
+            "node": {"count": 3},
+            "faults": [{"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetPowerUsage", "at": 0.5, "until": 4}],
+        }
+    )
     poller = make_poller(poll={"call_deadline": 0.3, "fast_interval": 0.1})
     poller.poll_once()
     threads_before = threading.active_count()
@@ -168,18 +194,18 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     for _ in range(5):
         started = time.monotonic()
         poller.poll_once()
-        assert time.monotonic() - started < 1.5      # a hung GPU never holds a cycle past the deadline
+        assert time.monotonic() - started < 1.5  # a hung GPU never holds a cycle past the deadline
         fast_times.append(poller.snapshot.gpu("0").updated_at["fast"])
     series = series_of(poller)
     assert values(series, "gpuwarden_gpu_stale", gpu="2") == [1]
     assert values(series, "gpuwarden_gpu_stale", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="2") == [1]
-    assert len(values(series, "gpuwarden_temperature_celsius", gpu="2")) == 1   # last values kept
+    assert len(values(series, "gpuwarden_temperature_celsius", gpu="2")) == 1  # last values kept
     assert values(series, "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetPowerUsage")[0] >= 1
-    assert fast_times == sorted(fast_times) and len(set(fast_times)) == 5      # other GPUs stay fresh
-    assert threading.active_count() <= threads_before + 1                      # nothing piles up
+    assert fast_times == sorted(fast_times) and len(set(fast_times)) == 5  # other GPUs stay fresh
+    assert threading.active_count() <= threads_before + 1  # nothing piles up
     fake_hang_calls = fake.calls["nvmlDeviceGetPowerUsage"]
-    time.sleep(3.6)                              # the hang clears
+    time.sleep(3.6)  # the hang clears
     poller.poll_once()
     poller.poll_once()
     assert values(series_of(poller), "gpuwarden_gpu_stale", gpu="2") == [0]
@@ -195,10 +221,17 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 
 def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
     clock = ManualClock(0.0)
-    sim({"node": {"count": 2}, "faults": [
-        {"kind": "xid", "gpu": 1, "xid": 48, "at": 10.0},
-        {"kind": "xid", "gpu": 1, "xid": 79, "at": 10.2, "count": 2},
-        {"kind": "xid", "gpu": 0, "xid": 13, "at": 0.0}]}, clock=clock)   # before registration: no history
+    sim(
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "xid", "gpu": 1, "xid": 48, "at": 10.0},
+                {"kind": "xid", "gpu": 1, "xid": 79, "at": 10.2, "count": 2},
+                {"kind": "xid", "gpu": 0, "xid": 13, "at": 0.0},
+            ],
+        },
+        clock=clock,
+    )  # before registration: no history
     poller = make_poller(poll={"fast_interval": 0.1})
     poller.start()
     wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 2)
@@ -214,8 +247,9 @@ def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
 
 def test_xid_storm_is_counted_without_losing_events(sim, make_poller):
     clock = ManualClock(0.0)
-    fake = sim({"node": {"count": 1}, "faults": [{"kind": "xid", "gpu": 0, "xid": 31, "at": 5, "count": 5000}]},
-               clock=clock)
+    fake = sim(
+        {"node": {"count": 1}, "faults": [{"kind": "xid", "gpu": 0, "xid": 31, "at": 5, "count": 5000}]}, clock=clock
+    )
     poller = make_poller(poll={"fast_interval": 0.1})
     poller.start()
     wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 1)

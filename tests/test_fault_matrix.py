@@ -40,31 +40,40 @@ def fresh(server, gpu: str) -> float:
 
 
 def test_gpu_lost_mid_run_and_returning(live_server):
-    server = live_server({"node": {"count": 3}, "faults": [{"kind": "gpu_lost", "gpu": 1, "at": 1.5, "until": 4}]},
-                         **FAST)
+    server = live_server(
+        {"node": {"count": 3}, "faults": [{"kind": "gpu_lost", "gpu": 1, "at": 1.5, "until": 4}]}, **FAST
+    )
     until(lambda: values(scrape(server), "gpuwarden_gpu_up", gpu="1") == [0])
-    assert server.get("/readyz").status_code == 200          # the node still has GPUs answering
+    assert server.get("/readyz").status_code == 200  # the node still has GPUs answering
     assert fresh(server, "0") < 1 and fresh(server, "2") < 1
     until(lambda: values(scrape(server), "gpuwarden_gpu_up", gpu="1") == [1], timeout=15)
     assert len(values(scrape(server), "gpuwarden_temperature_celsius")) == 3
 
 
 def test_hung_call_repeatedly(live_server):
-    server = live_server({"node": {"count": 2}, "faults": [
-        {"kind": "hang", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "at": 1, "every": 3, "duration": 1.5}]}, **FAST)
+    server = live_server(
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "hang", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "at": 1, "every": 3, "duration": 1.5}
+            ],
+        },
+        **FAST,
+    )
     time.sleep(1.3)
     until(lambda: values(scrape(server), "gpuwarden_gpu_stale", gpu="1") == [1])
     assert server.get("/readyz").status_code == 200 and fresh(server, "0") < 1
     assert values(scrape(server), "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetPowerUsage")
     until(lambda: values(scrape(server), "gpuwarden_gpu_stale", gpu="1") == [0])
-    time.sleep(3)          # two more hangs: abandoned threads stay at one per GPU and tier
+    time.sleep(3)  # two more hangs: abandoned threads stay at one per GPU and tier
     fast_workers = [w for (_, tier), w in server.poller._workers.items() if tier == "fast"]
     assert len(fast_workers) == 2 and all(w.thread.is_alive() for w in fast_workers)
 
 
 def test_not_supported_appearing_on_one_field(live_server):
-    server = live_server({"node": {"count": 2}, "faults": [{"kind": "not_supported", "gpu": 0, "field": 82,
-                                                           "at": 1}]}, **FAST)
+    server = live_server(
+        {"node": {"count": 2}, "faults": [{"kind": "not_supported", "gpu": 0, "field": 82, "at": 1}]}, **FAST
+    )
     until(lambda: values(scrape(server), "gpuwarden_memory_temperature_celsius", gpu="0") == [])
     series = scrape(server)
     assert len(values(series, "gpuwarden_memory_temperature_celsius", gpu="1")) == 1
@@ -72,8 +81,9 @@ def test_not_supported_appearing_on_one_field(live_server):
 
 
 def test_driver_unloaded_then_reloaded(live_server):
-    server = live_server({"node": {"count": 2}, "faults": [{"kind": "driver_unloaded", "at": 1.5, "until": 3.5}]},
-                         **FAST)
+    server = live_server(
+        {"node": {"count": 2}, "faults": [{"kind": "driver_unloaded", "at": 1.5, "until": 3.5}]}, **FAST
+    )
     until(lambda: server.get("/readyz").status_code == 503)
     assert "driver_not_loaded" in server.get("/readyz").json()["error"]
     assert values(scrape(server), "gpuwarden_gpu_up") == []
@@ -90,25 +100,47 @@ def test_library_missing_at_start(live_server):
 
 
 def test_driver_library_version_mismatch_exits_for_a_restart(tmp_path):
-    scenario = write_yaml(tmp_path / "s.yaml", {"name": "mismatch", "node": {"count": 1},
-                                                 "faults": [{"kind": "version_mismatch", "at": 1}]})
-    result = subprocess.run([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", str(scenario),
-                             "--nvml.version-mismatch-grace", "0.5", "--web.listen-address",
-                             f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=30)
+    scenario = write_yaml(
+        tmp_path / "s.yaml",
+        {"name": "mismatch", "node": {"count": 1}, "faults": [{"kind": "version_mismatch", "at": 1}]},
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            str(scenario),
+            "--nvml.version-mismatch-grace",
+            "0.5",
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 3
     assert "lib_rm_version_mismatch" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_xid_storm(live_server):
-    server = live_server({"node": {"count": 2}, "faults": [{"kind": "xid", "gpu": 1, "xid": 13, "at": 2,
-                                                           "count": 3000}]}, **FAST)
+    server = live_server(
+        {"node": {"count": 2}, "faults": [{"kind": "xid", "gpu": 1, "xid": 13, "at": 2, "count": 3000}]}, **FAST
+    )
     until(lambda: values(scrape(server), "gpuwarden_xid_errors_total", gpu="1", xid="13") == [3000], timeout=30)
     assert fresh(server, "0") < 1 and server.get("/readyz").status_code == 200
 
 
 def test_nvlink_flapping(live_server):
-    server = live_server({"node": {"count": 2}, "faults": [{"kind": "nvlink_down", "gpu": 0, "link": 5, "at": 1,
-                                                           "every": 2, "duration": 1}]}, **FAST)
+    server = live_server(
+        {
+            "node": {"count": 2},
+            "faults": [{"kind": "nvlink_down", "gpu": 0, "link": 5, "at": 1, "every": 2, "duration": 1}],
+        },
+        **FAST,
+    )
     seen = set()
     deadline = time.monotonic() + 8
     while time.monotonic() < deadline and seen != {0.0, 1.0}:

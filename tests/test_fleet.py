@@ -26,19 +26,32 @@ from tests.conftest import free_port, write_yaml
 from tests.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
 from tests.test_podresources import FakeKubelet
 
-SHORT = {"utilization_for_s": 8, "memory_for_s": 3, "temperature_warning_for_s": 3, "temperature_critical_for_s": 3,
-         "thermal_slowdown_for_s": 8, "power_cap_for_s": 8, "nvlink_down_for_s": 2, "persistence_off_for_s": 3}
+SHORT = {
+    "utilization_for_s": 8,
+    "memory_for_s": 3,
+    "temperature_warning_for_s": 3,
+    "temperature_critical_for_s": 3,
+    "thermal_slowdown_for_s": 8,
+    "power_cap_for_s": 8,
+    "nvlink_down_for_s": 2,
+    "persistence_off_for_s": 3,
+}
 SCENARIOS = ["healthy", "training", "data-starvation", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "row-remap"]
-HARDWARE = {"ecc-uncorrectable": ("GpuwardenEccUncorrectable", "1"), "nvlink-down": ("GpuwardenNvlinkDown", "4"),
-            "gpu-lost": ("GpuwardenGpuLost", "6"), "row-remap": ("GpuwardenRowRemapFailure", "5")}
+HARDWARE = {
+    "ecc-uncorrectable": ("GpuwardenEccUncorrectable", "1"),
+    "nvlink-down": ("GpuwardenNvlinkDown", "4"),
+    "gpu-lost": ("GpuwardenGpuLost", "6"),
+    "row-remap": ("GpuwardenRowRemapFailure", "5"),
+}
 
 
 class FleetServer:
     def __init__(self, settings: FleetSettings) -> None:
         self.port = int(settings.listen_address.rpartition(":")[2])
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port,
-                                                    log_config=None, access_log=False))
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_config=None, access_log=False)
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> FleetServer:
@@ -55,8 +68,9 @@ class FleetServer:
 
 
 def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:
-    return FleetSettings(**{"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}",
-                            "cache_ttl": 0, **extra})
+    return FleetSettings(
+        **{"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}", "cache_ttl": 0, **extra}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +80,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("fleet")
     thresholds = write_yaml(tmp / "thresholds.yaml", SHORT)
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short, stack(tmp) as parts:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
         for scenario in SCENARIOS:
@@ -82,15 +97,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         starving = parts.instance_of("data-starvation")
         uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
         # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
-        kubelet.pods = [("team-a", "trainer", [("main", [("nvidia.com/gpu", uuids[:6])])]),
-                        ("team-b", "nb-1", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::0"])])]),
-                        ("team-b", "nb-2", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::1"])])])]
+        kubelet.pods = [
+            ("team-a", "trainer", [("main", [("nvidia.com/gpu", uuids[:6])])]),
+            ("team-b", "nb-1", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::0"])])]),
+            ("team-b", "nb-2", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::1"])])]),
+        ]
         # long enough for the shortened sustained checks, the rates and the remap/link/lost events
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ready = (parts.query('gpuwarden_health{check="utilization"} > 0')
-                     and parts.query("gpuwarden_gpu_allocation")
-                     and parts.query("gpuwarden_nvlink_up == 0") and parts.query("gpuwarden_gpu_up == 0"))
+            ready = (
+                parts.query('gpuwarden_health{check="utilization"} > 0')
+                and parts.query("gpuwarden_gpu_allocation")
+                and parts.query("gpuwarden_nvlink_up == 0")
+                and parts.query("gpuwarden_gpu_up == 0")
+            )
             if ready:
                 break
             time.sleep(1)
@@ -135,8 +155,7 @@ def test_health_lists_exactly_the_unhealthy_gpus_with_since(world: dict[str, Any
     assert {c["check"] for c in by_node[instance(world, "ecc-uncorrectable")]["1"]["checks"]} >= {"ecc"}
     assert "gpu_lost" in {c["check"] for c in by_node[instance(world, "gpu-lost")]["6"]["checks"]}
     starving = by_node[instance(world, "data-starvation")]
-    assert len(starving) == 8 and all(
-        any(c["check"] == "utilization" for c in g["checks"]) for g in starving.values())
+    assert len(starving) == 8 and all(any(c["check"] == "utilization" for c in g["checks"]) for g in starving.values())
     assert instance(world, "healthy") not in by_node and instance(world, "training") not in by_node
     assert body["unknown_nodes"] == world["stack"].dead_targets
     assert body["counts"]["critical"] >= 4
@@ -155,9 +174,10 @@ def test_cordon_candidates_are_the_hardware_nodes_with_evidence(world: dict[str,
         node_name = instance(world, scenario).rsplit(":", 1)[0]
         assert entry["commands"][0] == f"kubectl cordon {node_name}"
         assert entry["commands"][1].startswith(f"kubectl drain {node_name} --ignore-daemonsets")
-    remap = next(f for f in candidates[instance(world, "row-remap")]["findings"]
-                 if f["alert"] == "GpuwardenRowRemapFailure")
-    assert remap["alert_firing"] is True     # the rule is loaded in this Prometheus and has fired
+    remap = next(
+        f for f in candidates[instance(world, "row-remap")]["findings"] if f["alert"] == "GpuwardenRowRemapFailure"
+    )
+    assert remap["alert_firing"] is True  # the rule is loaded in this Prometheus and has fired
     # the RMA case sorts first: a failed remap needs the board replaced
     assert body["candidates"][0]["node"] == instance(world, "row-remap"), body
 
@@ -175,10 +195,11 @@ def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) ->
     # hours are what the counters saw: ~8 GPUs x the seconds Prometheus has scraped, not 8 x the whole window
     assert 0 < healthy["gpu_hours"] < 8 * 5 / 60
     assert healthy["utilization"] < 0.05
-    assert healthy["wasted_gpu_hours"] == pytest.approx(healthy["gpu_hours"], rel=0.05, abs=2e-4)   # idle: all wasted
+    assert healthy["wasted_gpu_hours"] == pytest.approx(healthy["gpu_hours"], rel=0.05, abs=2e-4)  # idle: all wasted
     assert training["utilization"] > 0.8
-    assert training["wasted_gpu_hours"] == pytest.approx(training["gpu_hours"] * (1 - training["utilization"]),
-                                                         rel=0.25, abs=0.002)
+    assert training["wasted_gpu_hours"] == pytest.approx(
+        training["gpu_hours"] * (1 - training["utilization"]), rel=0.25, abs=0.002
+    )
     assert healthy["wasted_cost"] == pytest.approx(healthy["wasted_gpu_hours"] * 2.5, abs=0.01)
     starving = nodes[instance(world, "data-starvation")]
     namespaces = {n["namespace"]: n for n in body["by_namespace"]}
@@ -190,7 +211,8 @@ def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) ->
     assert namespaces["team-b"]["allocated_gpu_hours"] == pytest.approx(1 * per_gpu_hours, rel=0.15, abs=2e-4)
     # the starved job wastes ~70 % of its GPUs' time (30 % duty)
     assert namespaces["team-a"]["wasted_gpu_hours"] == pytest.approx(
-        namespaces["team-a"]["allocated_gpu_hours"] * 0.7, rel=0.2, abs=2e-4)
+        namespaces["team-a"]["allocated_gpu_hours"] * 0.7, rel=0.2, abs=2e-4
+    )
     assert body["totals"]["wasted_cost"] == pytest.approx(body["totals"]["wasted_gpu_hours"] * 2.5, abs=0.05)
     assert body["totals"]["gpu_hours"] == pytest.approx(sum(n["gpu_hours"] for n in body["by_node"]), abs=0.01)
 
@@ -199,7 +221,7 @@ def test_utilization_limit_caps_the_lists_not_the_counts(world: dict[str, Any]) 
     body = world["fleet"].get("/api/v1/fleet/utilization", window="5m", limit=3).json()
     full = world["fleet"].get("/api/v1/fleet/utilization", window="5m", limit=1000).json()
     assert len(body["idle_gpus"]) == 3 and len(body["starved_gpus"]) == 3
-    assert body["totals"]["idle_gpus"] == len(full["idle_gpus"]) >= 8     # the healthy node's 8 at least
+    assert body["totals"]["idle_gpus"] == len(full["idle_gpus"]) >= 8  # the healthy node's 8 at least
     assert body["totals"]["starved_gpus"] == len(full["starved_gpus"]) == 8
     assert world["fleet"].get("/api/v1/fleet/utilization", limit=0).status_code == 422
 
@@ -219,15 +241,26 @@ def test_plan_against_worked_examples_and_the_fleet(world: dict[str, Any]) -> No
     assert unsharded["per_gpu"]["total_gib"] == pytest.approx(104.31, abs=0.01)
     h100 = next(f for f in unsharded["fleet"] if f["model"] == "NVIDIA H100 80GB HBM3")
     assert h100["fits"] is False and h100["gpus_in_fleet"] == 8 * len(SCENARIOS)
-    zero3 = fleet.get("/api/v1/plan", parameters=7e9, precision="bf16", optimizer="adamw", sharding="zero3",
-                      gpus=8).json()
+    zero3 = fleet.get(
+        "/api/v1/plan", parameters=7e9, precision="bf16", optimizer="adamw", sharding="zero3", gpus=8
+    ).json()
     assert 11 <= zero3["per_gpu"]["total_gib"] <= 13.1
     assert zero3["model_states_unsharded_gib"] == pytest.approx(104.31, abs=0.01)
     assert next(f for f in zero3["fleet"] if f["model"] == "NVIDIA H100 80GB HBM3")["fits"] is True
-    with_act = fleet.get("/api/v1/plan", parameters=7e9, sharding="zero3", gpus=8, layers=32, hidden_size=4096,
-                         heads=32, sequence_length=4096, micro_batch_size=1, activation_checkpointing="true").json()
+    with_act = fleet.get(
+        "/api/v1/plan",
+        parameters=7e9,
+        sharding="zero3",
+        gpus=8,
+        layers=32,
+        hidden_size=4096,
+        heads=32,
+        sequence_length=4096,
+        micro_batch_size=1,
+        activation_checkpointing="true",
+    ).json()
     assert with_act["per_gpu"]["activations"] == "estimated"
-    assert with_act["per_gpu"]["activations_gib"] == pytest.approx(1.0, abs=0.01)   # 2·s·b·h·L bytes
+    assert with_act["per_gpu"]["activations_gib"] == pytest.approx(1.0, abs=0.01)  # 2·s·b·h·L bytes
     bad = fleet.get("/api/v1/plan", parameters=7e9, precision="int4")
     assert bad.status_code == 422 and "inference" in bad.json()["detail"][0]["msg"]
     assert fleet.get("/api/v1/plan", parameters=7e9, optimizer="adamx").status_code == 422
@@ -242,7 +275,7 @@ def test_overview_page_renders_the_fleet(world: dict[str, Any]) -> None:
     for scenario in HARDWARE:
         assert instance(world, scenario) in page
     assert "GpuwardenRowRemapFailure" in page and "kubectl cordon" in page
-    assert "<script" not in page   # server-rendered, no front-end build
+    assert "<script" not in page  # server-rendered, no front-end build
 
 
 # -- Prometheus down, slow, refusing ------------------------------------------------------------------------------
@@ -276,8 +309,16 @@ def upstream(**attrs: Any) -> ThreadingHTTPServer:
     return server
 
 
-@pytest.mark.parametrize("path", ["/api/v1/fleet", "/api/v1/fleet/health", "/api/v1/fleet/cordon-candidates",
-                                  "/api/v1/fleet/utilization", "/readyz"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/fleet",
+        "/api/v1/fleet/health",
+        "/api/v1/fleet/cordon-candidates",
+        "/api/v1/fleet/utilization",
+        "/readyz",
+    ],
+)
 def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> None:
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -287,9 +328,12 @@ def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> No
     refusing = upstream(status=400, body=b'{"status":"error","errorType":"bad_data","error":"parse error"}')
     timing_out = upstream(status=503, body=b'{"status":"error","errorType":"timeout","error":"query timed out"}')
     try:
-        cases = [(down_url, 503, "unreachable"), (f"http://127.0.0.1:{slow.server_port}", 504, "did not answer"),
-                 (f"http://127.0.0.1:{refusing.server_port}", 502, "refused"),
-                 (f"http://127.0.0.1:{timing_out.server_port}", 504, "timed out")]
+        cases = [
+            (down_url, 503, "unreachable"),
+            (f"http://127.0.0.1:{slow.server_port}", 504, "did not answer"),
+            (f"http://127.0.0.1:{refusing.server_port}", 502, "refused"),
+            (f"http://127.0.0.1:{timing_out.server_port}", 504, "timed out"),
+        ]
         for url, status, words in cases:
             with FleetServer(fleet_settings(url, query_timeout=0.5)) as fleet:
                 started = time.monotonic()
@@ -323,8 +367,9 @@ def test_cache_answers_repeats_without_asking_prometheus(world: dict[str, Any]) 
 
     with FleetServer(fleet_settings(world["stack"].prometheus, cache_ttl=60)) as fleet:
         first = fleet.get("/api/v1/fleet/health").json()
-        asked = values(parse_exposition(fleet.get("/metrics").text), "gpuwarden_fleet_prometheus_queries_total",
-                       outcome="ok")[0]
+        asked = values(
+            parse_exposition(fleet.get("/metrics").text), "gpuwarden_fleet_prometheus_queries_total", outcome="ok"
+        )[0]
         second = fleet.get("/api/v1/fleet/health").json()
         series = parse_exposition(fleet.get("/metrics").text)
     assert values(series, "gpuwarden_fleet_prometheus_queries_total", outcome="ok")[0] == asked
@@ -345,21 +390,32 @@ def test_overview_page_says_prometheus_is_down() -> None:
 
 
 def test_settings_from_flags_and_environment() -> None:
-    settings = parse(["--prometheus-url", "http://prom:9090/", "--price-per-gpu-hour", "3.1"],
-                     environ={"GPUWARDEN_FLEET_NODE_LABEL": "node"})
+    settings = parse(
+        ["--prometheus-url", "http://prom:9090/", "--price-per-gpu-hour", "3.1"],
+        environ={"GPUWARDEN_FLEET_NODE_LABEL": "node"},
+    )
     assert settings.prometheus_url == "http://prom:9090" and settings.price_per_gpu_hour == 3.1
     assert settings.node_label == "node"
 
 
 # -- the page in a real browser ---------------------------------------------------------------------------------
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def chromium() -> str:
     import shutil
+
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
         pytest.fail("chromium missing: the README's test command installs Debian's chromium package")
@@ -368,6 +424,7 @@ def chromium() -> str:
 
 def png_size(path: Path) -> tuple[int, int]:
     import struct
+
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     return struct.unpack(">II", data[16:24])
@@ -379,15 +436,20 @@ def test_overview_page_in_headless_chromium(world: dict[str, Any], tmp_path: Pat
 
     url = world["fleet"].url + "/"
     profile = ["--user-data-dir=" + str(tmp_path / "profile")]
-    dom = subprocess.run([chromium(), *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True,
-                         timeout=120)
+    dom = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, *profile, "--dump-dom", url], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     for scenario in HARDWARE:
         assert instance(world, scenario) in dom.stdout
     assert 'id="cordon"' in dom.stdout and "kubectl drain" in dom.stdout
     shot = tmp_path / "fleet-overview.png"
-    result = subprocess.run([chromium(), *CHROMIUM_FLAGS, *profile, "--window-size=1400,1900",
-                             f"--screenshot={shot}", url], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, *profile, "--window-size=1400,1900", f"--screenshot={shot}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     assert png_size(shot) == (1400, 1900)
     assert shot.stat().st_size > 50_000, "a page of tables renders to more than a blank image"

@@ -13,15 +13,54 @@ from hypothesis import strategies as st
 from exporter.config import ConfigError, Settings, load_settings
 from exporter.sim.scenario import Scenario, load_scenario
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                    st.text(string.printable, max_size=20))
-keys = st.one_of(st.sampled_from(["web", "poll", "nvml", "metrics", "log", "health", "fast_interval",
-                                  "listen_address", "backend", "include", "level", "format", "scenario",
-                                  "slow_interval", "call_deadline", "name", "node", "values", "gpus", "faults",
-                                  "kind", "gpu", "at", "until", "count", "model", "square", "ramp", "constant"]),
-                 st.text(string.ascii_letters + "_", min_size=1, max_size=12))
-documents = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                          st.dictionaries(keys, inner, max_size=5)), max_leaves=25)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(string.printable, max_size=20),
+)
+keys = st.one_of(
+    st.sampled_from(
+        [
+            "web",
+            "poll",
+            "nvml",
+            "metrics",
+            "log",
+            "health",
+            "fast_interval",
+            "listen_address",
+            "backend",
+            "include",
+            "level",
+            "format",
+            "scenario",
+            "slow_interval",
+            "call_deadline",
+            "name",
+            "node",
+            "values",
+            "gpus",
+            "faults",
+            "kind",
+            "gpu",
+            "at",
+            "until",
+            "count",
+            "model",
+            "square",
+            "ramp",
+            "constant",
+        ]
+    ),
+    st.text(string.ascii_letters + "_", min_size=1, max_size=12),
+)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)),
+    max_leaves=25,
+)
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -52,11 +91,24 @@ def test_any_config_text_loads_or_fails_with_one_line(tmp_path_factory, text):
 
 
 @FUZZ
-@given(env=st.dictionaries(st.sampled_from(["GPUWARDEN_POLL_FAST_INTERVAL", "GPUWARDEN_NVML_BACKEND",
-                                            "GPUWARDEN_WEB_LISTEN_ADDRESS", "GPUWARDEN_METRICS_INCLUDE",
-                                            "GPUWARDEN_LOG_LEVEL", "GPUWARDEN_NVML_XID_EVENTS", "GPUWARDEN_X",
-                                            "GPUWARDEN_WEB_TELEMETRY_PATH"]),
-                           st.text(string.printable, max_size=15), max_size=4))
+@given(
+    env=st.dictionaries(
+        st.sampled_from(
+            [
+                "GPUWARDEN_POLL_FAST_INTERVAL",
+                "GPUWARDEN_NVML_BACKEND",
+                "GPUWARDEN_WEB_LISTEN_ADDRESS",
+                "GPUWARDEN_METRICS_INCLUDE",
+                "GPUWARDEN_LOG_LEVEL",
+                "GPUWARDEN_NVML_XID_EVENTS",
+                "GPUWARDEN_X",
+                "GPUWARDEN_WEB_TELEMETRY_PATH",
+            ]
+        ),
+        st.text(string.printable, max_size=15),
+        max_size=4,
+    )
+)
 def test_any_environment_loads_or_fails_with_one_line(env):
     try:
         load_settings(None, environ=env)
@@ -76,12 +128,41 @@ def test_any_scenario_document_loads_or_fails_with_one_line(tmp_path_factory, do
 
 
 @FUZZ
-@given(faults=st.lists(st.fixed_dictionaries({"kind": st.sampled_from(
-    ["gpu_lost", "hang", "error", "xid", "ecc", "nvlink_down", "remapped_rows", "driver_unloaded", "bogus"])},
-    optional={"gpu": st.integers(-2, 10), "at": st.floats(-5, 50), "until": st.floats(-5, 50),
-              "every": st.floats(-1, 10), "duration": st.floats(-1, 10), "call": st.sampled_from(["nvmlDeviceGetName"]),
-              "code": st.sampled_from(["unknown", "nope"]), "xid": st.integers(-1, 200), "type": st.text(max_size=8),
-              "link": st.integers(-1, 30), "count": st.integers(-1, 5)}), max_size=4))
+@given(
+    faults=st.lists(
+        st.fixed_dictionaries(
+            {
+                "kind": st.sampled_from(
+                    [
+                        "gpu_lost",
+                        "hang",
+                        "error",
+                        "xid",
+                        "ecc",
+                        "nvlink_down",
+                        "remapped_rows",
+                        "driver_unloaded",
+                        "bogus",
+                    ]
+                )
+            },
+            optional={
+                "gpu": st.integers(-2, 10),
+                "at": st.floats(-5, 50),
+                "until": st.floats(-5, 50),
+                "every": st.floats(-1, 10),
+                "duration": st.floats(-1, 10),
+                "call": st.sampled_from(["nvmlDeviceGetName"]),
+                "code": st.sampled_from(["unknown", "nope"]),
+                "xid": st.integers(-1, 200),
+                "type": st.text(max_size=8),
+                "link": st.integers(-1, 30),
+                "count": st.integers(-1, 5),
+            },
+        ),
+        max_size=4,
+    )
+)
 def test_scenario_faults_validate_or_fail_with_one_line(tmp_path_factory, faults):
     path = tmp_path_factory.mktemp("scn") / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "fuzz", "node": {"count": 4}, "faults": faults}))
@@ -98,6 +179,7 @@ def test_api_never_500s_and_matches_its_schema(live_server):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/api/v1/gpus/{gpu}", "/api/v1/diagnosis/{gpu}", "/metrics"}
     for operation in operations:
+
         @given(case=operation.as_strategy())
         @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
         def exercise(case: schemathesis.Case) -> None:

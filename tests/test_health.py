@@ -10,9 +10,20 @@ from exporter.poller import Poller
 from exporter.render import Renderer
 from tests.conftest import ManualClock, parse_exposition, settings, values, write_yaml
 
-SHORT = {"utilization_for_s": 10, "memory_for_s": 3, "temperature_warning_for_s": 3, "temperature_critical_for_s": 3,
-         "thermal_slowdown_for_s": 10, "power_cap_for_s": 10, "power_limit_reduced_for_s": 5, "pstate_for_s": 10,
-         "nvlink_down_for_s": 3, "persistence_off_for_s": 5, "nvlink_crc_for_s": 10, "pcie_replays_for_s": 10}
+SHORT = {
+    "utilization_for_s": 10,
+    "memory_for_s": 3,
+    "temperature_warning_for_s": 3,
+    "temperature_critical_for_s": 3,
+    "thermal_slowdown_for_s": 10,
+    "power_cap_for_s": 10,
+    "power_limit_reduced_for_s": 5,
+    "pstate_for_s": 10,
+    "nvlink_down_for_s": 3,
+    "persistence_off_for_s": 5,
+    "nvlink_crc_for_s": 10,
+    "pcie_replays_for_s": 10,
+}
 
 
 @pytest.fixture
@@ -61,8 +72,9 @@ def test_idle_gpu_in_p0_and_idle_gpu_in_p8_do_not_count_as_degraded(health_run):
 
 
 def test_busy_gpu_held_in_a_low_pstate_is_degraded(health_run):
-    series = health_run({"node": {"count": 2}, "values": {"utilization": 95, "processes": 1},
-                         "gpus": {1: {"pstate": 8}}}, seconds=25)
+    series = health_run(
+        {"node": {"count": 2}, "values": {"utilization": 95, "processes": 1}, "gpus": {1: {"pstate": 8}}}, seconds=25
+    )
     assert health(series, "0", "performance_state") == 0
     assert health(series, "1", "performance_state") == 1
 
@@ -70,7 +82,7 @@ def test_busy_gpu_held_in_a_low_pstate_is_degraded(health_run):
 def test_data_starvation_warns_only_with_a_job_running(health_run):
     series = health_run("data-starvation", seconds=15)
     assert set(values(series, "gpuwarden_health", check="utilization")) == {1}
-    idle = health_run("healthy", seconds=15)        # idle and no process: not starvation
+    idle = health_run("healthy", seconds=15)  # idle and no process: not starvation
     assert set(values(idle, "gpuwarden_health", check="utilization")) == {0}
 
 
@@ -138,7 +150,7 @@ def test_critical_xid_within_the_window(sim, tmp_path):
     poller.poll_once()
     uuid = poller.snapshot.gpus[1].uuid
     poller.xid.record(uuid, 79, clock())
-    poller.xid.record(poller.snapshot.gpus[0].uuid, 13, clock())    # application XID: never a verdict
+    poller.xid.record(poller.snapshot.gpus[0].uuid, 13, clock())  # application XID: never a verdict
     poller.poll_once()
     series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
     assert health(series, "1", "xid") == 2 and health(series, "0", "xid") == 0
@@ -166,23 +178,35 @@ def test_history_stays_bounded_at_fast_polling():
     evaluator = HealthEvaluator(DEFAULT)
     for step in range(36_000):
         now = 1000.0 + step * 0.1
-        samples = (Sample("gpuwarden_busy_seconds_total", (), step * 0.05),
-                   Sample("gpuwarden_utilization_sampled_seconds_total", (), step * 0.1),
-                   Sample("gpuwarden_temperature_celsius", (), 60.0))
+        samples = (
+            Sample("gpuwarden_busy_seconds_total", (), step * 0.05),
+            Sample("gpuwarden_utilization_sampled_seconds_total", (), step * 0.1),
+            Sample("gpuwarden_temperature_celsius", (), 60.0),
+        )
         gpu = GpuSnapshot(0, "G0", True, False, None, None, {"name": "NVIDIA H100 80GB HBM3"}, samples, {})
         evaluator.evaluate([gpu], {}, now)
     history = evaluator._history["G0"]
     assert len(history.points) <= history.keep / history.spacing + 2
     assert all(key[0] != "gpuwarden_temperature_celsius" for key in history.latest)
-    busy = history.ratio(("gpuwarden_busy_seconds_total", ()), ("gpuwarden_utilization_sampled_seconds_total", ()),
-                         now, DEFAULT.utilization_for_s)
+    busy = history.ratio(
+        ("gpuwarden_busy_seconds_total", ()),
+        ("gpuwarden_utilization_sampled_seconds_total", ()),
+        now,
+        DEFAULT.utilization_for_s,
+    )
     assert busy == pytest.approx(0.5)
 
 
 def test_nvlink_replay_errors_warn_naming_the_link(health_run):
-    series = health_run({"node": {"count": 2}, "faults": [
-        {"kind": "nvlink_errors", "gpu": 1, "link": 9, "type": "replay", "at": 20, "every": 1, "count": 2}]},
-        seconds=930)
+    series = health_run(
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "nvlink_errors", "gpu": 1, "link": 9, "type": "replay", "at": 20, "every": 1, "count": 2}
+            ],
+        },
+        seconds=930,
+    )
     assert health(series, "1", "nvlink") == 1 and health(series, "0", "nvlink") == 0
 
 
@@ -194,15 +218,16 @@ def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
     first_bad = None
     for _ in range(20):
         poller.poll_once()
-        if first_bad is None and any(v.level for v in poller.snapshot.health[poller.snapshot.gpus[4].uuid]
-                                     if v.check == "nvlink"):
+        if first_bad is None and any(
+            v.level for v in poller.snapshot.health[poller.snapshot.gpus[4].uuid] if v.check == "nvlink"
+        ):
             first_bad = clock()
         clock.advance(1)
     poller.poll_once()
     series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
     assert first_bad is not None
     assert values(series, "gpuwarden_health_since_timestamp_seconds", gpu="4", check="nvlink") == [first_bad]
-    assert not values(series, "gpuwarden_health_since_timestamp_seconds", gpu="0")   # ok checks carry none
+    assert not values(series, "gpuwarden_health_since_timestamp_seconds", gpu="0")  # ok checks carry none
     poller.stop(timeout=0.2)
 
 
@@ -218,4 +243,4 @@ def test_health_since_restarts_when_the_level_changes():
     assert evaluator._stamp({"GPU-a": (ok,)}, 280.0)["GPU-a"][0].since == 0.0
     assert evaluator._stamp({"GPU-a": (warn,)}, 340.0)["GPU-a"][0].since == 340.0
     evaluator._stamp({}, 400.0)
-    assert evaluator._began == {}          # forgotten with the GPU
+    assert evaluator._began == {}  # forgotten with the GPU

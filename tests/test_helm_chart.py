@@ -30,8 +30,10 @@ KUBERNETES_VERSION = "1.34"
 def helm_python() -> str:
     configured = os.environ.get("GPUWARDEN_HELM_PYTHON") or str(ROOT / ".venv-helm" / "bin" / "python")
     if not Path(configured).exists():
-        message = (f"no Python with helm-sdkpy at {configured}: run the README's test command (it makes "
-                   ".venv-helm with Python 3.12) or set GPUWARDEN_HELM_PYTHON")
+        message = (
+            f"no Python with helm-sdkpy at {configured}: run the README's test command (it makes "
+            ".venv-helm with Python 3.12) or set GPUWARDEN_HELM_PYTHON"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -39,8 +41,7 @@ def helm_python() -> str:
 
 
 def run_render(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm_python(), str(RENDER), *args], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    return subprocess.run([helm_python(), str(RENDER), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 @cache
@@ -73,19 +74,46 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 VARIANTS = {
     "defaults": {},
-    "pod-attribution": {"podResources": {"enabled": True}, "runtimeClassName": "nvidia",
-                        "priorityClassName": "system-node-critical"},
-    "tls-and-basic-auth": {"webConfig": {"enabled": True, "tls": True, "tlsSecret": "gpuwarden-tls", "config": {
-        "tls_server_config": {"cert_file": "/etc/gpuwarden/tls/tls.crt", "key_file": "/etc/gpuwarden/tls/tls.key"},
-        "basic_auth_users": {"prometheus": "$2b$12$hNf2lSsxfm0.i4a.1kVpSOVyBCfIB51VRjgBUyv6kdnyTlgWj81Ay"}}},
-        "serviceMonitor": {"basicAuth": {"username": {"name": "scrape-auth", "key": "user"},
-                                         "password": {"name": "scrape-auth", "key": "password"}},
-                           "tlsConfig": {"insecureSkipVerify": True}}},
+    "pod-attribution": {
+        "podResources": {"enabled": True},
+        "runtimeClassName": "nvidia",
+        "priorityClassName": "system-node-critical",
+    },
+    "tls-and-basic-auth": {
+        "webConfig": {
+            "enabled": True,
+            "tls": True,
+            "tlsSecret": "gpuwarden-tls",
+            "config": {
+                "tls_server_config": {
+                    "cert_file": "/etc/gpuwarden/tls/tls.crt",
+                    "key_file": "/etc/gpuwarden/tls/tls.key",
+                },
+                "basic_auth_users": {"prometheus": "$2b$12$hNf2lSsxfm0.i4a.1kVpSOVyBCfIB51VRjgBUyv6kdnyTlgWj81Ay"},
+            },
+        },
+        "serviceMonitor": {
+            "basicAuth": {
+                "username": {"name": "scrape-auth", "key": "user"},
+                "password": {"name": "scrape-auth", "key": "password"},
+            },
+            "tlsConfig": {"insecureSkipVerify": True},
+        },
+    },
     "podmonitor": {"podMonitor": {"enabled": True}, "service": {"enabled": False}},
-    "fleet": {"fleet": {"enabled": True, "prometheusURL": "http://prometheus-operated.monitoring:9090",
-                        "pricePerGpuHour": 3.2}},
-    "nothing-optional": {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
-                         "dashboards": {"enabled": False}, "serviceAccount": {"create": False}},
+    "fleet": {
+        "fleet": {
+            "enabled": True,
+            "prometheusURL": "http://prometheus-operated.monitoring:9090",
+            "pricePerGpuHour": 3.2,
+        }
+    },
+    "nothing-optional": {
+        "serviceMonitor": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+        "dashboards": {"enabled": False},
+        "serviceAccount": {"create": False},
+    },
 }
 
 
@@ -103,7 +131,7 @@ def test_every_core_object_validates_against_the_kubernetes_schemas(variant: str
         for obj in objects:
             if obj["apiVersion"].startswith("monitoring.coreos.com/"):
                 continue
-            kubernetes_validate.validate(obj, version, strict=True)   # raises with the path on failure
+            kubernetes_validate.validate(obj, version, strict=True)  # raises with the path on failure
             checked += 1
     assert checked >= 6
 
@@ -150,7 +178,7 @@ def test_a_broken_object_is_caught_by_the_schema_check() -> None:
     import kubernetes_validate
 
     daemonset = json.loads(json.dumps(one(render(), "DaemonSet")))
-    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True   # typo
+    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True  # typo
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(daemonset, KUBERNETES_VERSION, strict=True)
 
@@ -160,7 +188,7 @@ def test_helm_lint_reports_no_warnings_or_errors() -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["TotalChartsLinted"] == 1 and not report["Errors"]
-    assert all(message["Severity"] < 2 for message in report["Messages"]), report   # 1 = info
+    assert all(message["Severity"] < 2 for message in report["Messages"]), report  # 1 = info
 
 
 def test_bad_values_are_refused_naming_the_field() -> None:
@@ -175,8 +203,16 @@ def test_bad_values_are_refused_naming_the_field() -> None:
 
 
 def test_default_install_objects() -> None:
-    assert kinds(render()) == ["ConfigMap", "ConfigMap", "ConfigMap", "DaemonSet", "PrometheusRule", "Service",
-                               "ServiceAccount", "ServiceMonitor"]
+    assert kinds(render()) == [
+        "ConfigMap",
+        "ConfigMap",
+        "ConfigMap",
+        "DaemonSet",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -223,14 +259,16 @@ def test_scheduling_probes_resources_and_rollout() -> None:
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert ctr[probe]["httpGet"]["port"] == "metrics" and ctr[probe]["httpGet"]["scheme"] == "HTTP"
     assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in ctr["env"]
+
     # sized from the measured RSS (81-87 MiB on real hosts): the request covers it, the limit leaves headroom
     def mib(quantity: str) -> int:
         assert quantity.endswith("Mi")
         return int(quantity[:-2])
+
     assert 87 + 16 < mib(ctr["resources"]["requests"]["memory"]) <= mib(ctr["resources"]["limits"]["memory"])
     assert "cpu" not in ctr["resources"].get("limits", {})
     values_text = (CHART / "values.yaml").read_text()
-    assert "81-87 MiB" in values_text and "docs/benchmarks.md" in values_text   # where the number came from
+    assert "81-87 MiB" in values_text and "docs/benchmarks.md" in values_text  # where the number came from
 
 
 def test_variants_switch_what_they_say() -> None:
@@ -245,8 +283,9 @@ def test_variants_switch_what_they_say() -> None:
     assert all(ctr[p]["httpGet"]["scheme"] == "HTTPS" for p in ("livenessProbe", "readinessProbe"))
     assert "--web.config.file=/etc/gpuwarden/web/web-config.yml" in ctr["args"]
     secret = one(tls, "Secret")
-    assert yaml.safe_load(secret["stringData"]["web-config.yml"]) == VARIANTS["tls-and-basic-auth"]["webConfig"][
-        "config"]
+    assert (
+        yaml.safe_load(secret["stringData"]["web-config.yml"]) == VARIANTS["tls-and-basic-auth"]["webConfig"]["config"]
+    )
     endpoint = one(tls, "ServiceMonitor")["spec"]["endpoints"][0]
     assert endpoint["scheme"] == "https" and endpoint["basicAuth"]["username"]["name"] == "scrape-auth"
 
@@ -267,14 +306,14 @@ def test_fleet_deployment() -> None:
     from exporter.fleet.settings import parse
 
     objects = render(VARIANTS["fleet"])
-    deployment, = (o for o in objects if o["kind"] == "Deployment")
+    (deployment,) = (o for o in objects if o["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     ctr = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
     assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
     assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert ctr["args"][0] == "fleet"
-    settings = parse(ctr["args"][1:], environ={})    # gpuwarden's own parser accepts the flags
+    settings = parse(ctr["args"][1:], environ={})  # gpuwarden's own parser accepts the flags
     assert settings.prometheus_url == "http://prometheus-operated.monitoring:9090"
     assert settings.node_label == "node" and settings.price_per_gpu_hour == 3.2
     assert settings.selector == 'job="gpuwarden"'
@@ -308,8 +347,11 @@ def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> No
         config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "gpuwarden.yaml" in o["data"])
         config_file = tmp_path / "gpuwarden.yaml"
         config_file.write_text(config_map["data"]["gpuwarden.yaml"])
-        args = [a.replace("/etc/gpuwarden/config/gpuwarden.yaml", str(config_file)) for a in container(objects)["args"]
-                if not a.startswith("--web.config.file")]
+        args = [
+            a.replace("/etc/gpuwarden/config/gpuwarden.yaml", str(config_file))
+            for a in container(objects)["args"]
+            if not a.startswith("--web.config.file")
+        ]
         settings = settings_from_argv(args)
         assert settings.web.port == 10045
         assert settings.log.format == "json"
@@ -326,8 +368,11 @@ def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
     assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(service["metadata"]["labels"].items())
     endpoint = monitor["spec"]["endpoints"][0]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
-            "action": "replace"} in endpoint["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    } in endpoint["relabelings"]
 
 
 @pytest.mark.parametrize("release", ["gpuwarden", "gpu-mon"])
@@ -335,19 +380,22 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
     """The operator names the job after the Service (release-dependent); the rules select job="gpuwarden"."""
     from exporter.health.rules import SELECTOR
 
-    result = run_render("template", "--release", release, "--values-json", json.dumps({"podMonitor": {
-        "enabled": False}}))
+    result = run_render(
+        "template", "--release", release, "--values-json", json.dumps({"podMonitor": {"enabled": False}})
+    )
     assert result.returncode == 0, result.stderr
     objects = [o for o in yaml.safe_load_all(result.stdout) if o]
-    job = next(r for r in one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["relabelings"]
-               if r["targetLabel"] == "job")["replacement"]
+    job = next(
+        r for r in one(objects, "ServiceMonitor")["spec"]["endpoints"][0]["relabelings"] if r["targetLabel"] == "job"
+    )["replacement"]
     assert f'job="{job}"' == SELECTOR
     assert one(objects, "Service")["metadata"]["name"] != "gpuwarden" or release == "gpuwarden"
     rules = one(objects, "PrometheusRule")["spec"]["groups"]
     assert all(SELECTOR in r["expr"] for g in rules for r in g["rules"] if "gpuwarden_" in r["expr"])
     pod_monitor = one(render({"podMonitor": {"enabled": True}}), "PodMonitor")
-    assert {"targetLabel": "job", "replacement": job, "action": "replace"} in \
-        pod_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {"targetLabel": "job", "replacement": job, "action": "replace"} in pod_monitor["spec"][
+        "podMetricsEndpoints"
+    ][0]["relabelings"]
 
 
 # -- one source of truth ----------------------------------------------------------------------------------------
@@ -356,8 +404,9 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    assert (CHART / "files" / "gpuwarden.rules.yaml").read_bytes() == \
-        (ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_bytes(), fix
+    assert (CHART / "files" / "gpuwarden.rules.yaml").read_bytes() == (
+        ROOT / "alert_rules" / "gpuwarden.rules.yaml"
+    ).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
     copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
     assert copies == sources, fix
@@ -396,25 +445,32 @@ def test_dashboard_configmaps_equal_the_dashboards() -> None:
 
 def test_plain_manifests_are_the_default_render() -> None:
     rendered = render()
-    plain = [doc for name in ("gpuwarden.yaml", "monitoring.yaml")
-             for doc in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text()) if doc]
-    key = lambda o: (o["kind"], o["metadata"]["name"])   # noqa: E731
-    assert sorted(plain, key=key) == sorted(rendered, key=key), \
+    plain = [
+        doc
+        for name in ("gpuwarden.yaml", "monitoring.yaml")
+        for doc in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text())
+        if doc
+    ]
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(plain, key=key) == sorted(rendered, key=key), (
         "deploy/kubernetes/ drifted from the chart: run .venv-helm/bin/python deploy/helm/render.py sync"
+    )
 
 
 def test_kustomize_builds_the_plain_manifests() -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl (with kustomize) is not on this machine")
-    built = subprocess.run([kubectl, "kustomize", str(ROOT / "deploy" / "kubernetes")], capture_output=True,
-                           text=True, check=True).stdout
+    built = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy" / "kubernetes")], capture_output=True, text=True, check=True
+    ).stdout
     objects = [o for o in yaml.safe_load_all(built) if o]
     assert kinds(objects) == sorted(kinds(render()) + ["Namespace"])
     namespace = one(objects, "Namespace")
-    assert all(o["metadata"].get("namespace") == namespace["metadata"]["name"] for o in objects
-               if o["kind"] != "Namespace")
+    assert all(
+        o["metadata"].get("namespace") == namespace["metadata"]["name"] for o in objects if o["kind"] != "Namespace"
+    )
 
 
-if __name__ == "__main__":   # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

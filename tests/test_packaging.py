@@ -56,20 +56,27 @@ def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
 
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
     wheel = next(wheels.glob("gpuwarden-*.whl"))
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", str(wheel)], check=True,
-                   timeout=600)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", str(wheel)], check=True, timeout=600)
     gpuwarden = env_dir / "bin" / "gpuwarden"
     version = subprocess.run([str(gpuwarden), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
     port = free_port()
-    proc = subprocess.Popen([str(gpuwarden), "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [str(gpuwarden), "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         wait_ready(f"http://127.0.0.1:{port}/readyz")
         # the shipped scenarios travel inside the wheel
@@ -80,10 +87,23 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert "Traceback" not in proc.stderr.read()
     # the fleet service's page templates and the pod-resources .proto travel inside the wheel too
     fleet_port = free_port()
-    fleet = subprocess.Popen([str(gpuwarden), "fleet", "--prometheus-url", "http://127.0.0.1:9", "--query-timeout",
-                              "0.5", "--web.listen-address", f"127.0.0.1:{fleet_port}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                             env={k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")})
+    fleet = subprocess.Popen(
+        [
+            str(gpuwarden),
+            "fleet",
+            "--prometheus-url",
+            "http://127.0.0.1:9",
+            "--query-timeout",
+            "0.5",
+            "--web.listen-address",
+            f"127.0.0.1:{fleet_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")},
+    )
     try:
         wait_ready(f"http://127.0.0.1:{fleet_port}/healthz")
         page = httpx.get(f"http://127.0.0.1:{fleet_port}/", timeout=10)
@@ -91,7 +111,16 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     finally:
         fleet.terminate()
         fleet.wait(timeout=10)
-    site = subprocess.run([str(python), "-c", "import exporter.podresources as p, pathlib; "
-                           "print(pathlib.Path(p.__file__).with_name('podresources.proto').is_file())"],
-                          capture_output=True, text=True, cwd=tmp_path, check=True)
+    site = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import exporter.podresources as p, pathlib; "
+            "print(pathlib.Path(p.__file__).with_name('podresources.proto').is_file())",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
     assert site.stdout.strip() == "True"

@@ -46,10 +46,16 @@ class FakeKubelet:
 
     def start(self) -> FakeKubelet:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=pb.ListPodResourcesRequest.FromString,
-                response_serializer=pb.ListPodResourcesResponse.SerializeToString)})
+        handler = grpc.method_handlers_generic_handler(
+            "v1.PodResourcesLister",
+            {
+                "List": grpc.unary_unary_rpc_method_handler(
+                    self._list,
+                    request_deserializer=pb.ListPodResourcesRequest.FromString,
+                    response_serializer=pb.ListPodResourcesResponse.SerializeToString,
+                )
+            },
+        )
         self.server.add_generic_rpc_handlers((handler,))
         self.server.add_insecure_port(f"unix://{self.socket_path}")
         self.server.start()
@@ -66,6 +72,7 @@ class FakeKubelet:
 def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
     # unix socket paths are limited to ~107 bytes; pytest's tmp_path can be long
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         fake = FakeKubelet(Path(short) / "kubelet.sock").start()
         yield fake
@@ -104,17 +111,22 @@ def test_exclusive_shared_index_and_foreign_devices(kubelet: FakeKubelet) -> Non
     assert view.state == "ok"
     held = {(a.device_id, a.namespace, a.pod, a.container) for a in view.allocations}
     assert held == {
-        ("GPU-aaa", "train", "llama-0", "trainer"), ("GPU-bbb", "train", "llama-0", "trainer"),
-        ("GPU-ccc", "notebooks", "alice", "jupyter"), ("GPU-ccc", "notebooks", "bob", "jupyter"),
-        ("3", "batch", "idx", "main"), ("MIG-0f0f", "infer", "mig", "main")}
+        ("GPU-aaa", "train", "llama-0", "trainer"),
+        ("GPU-bbb", "train", "llama-0", "trainer"),
+        ("GPU-ccc", "notebooks", "alice", "jupyter"),
+        ("GPU-ccc", "notebooks", "bob", "jupyter"),
+        ("3", "batch", "idx", "main"),
+        ("MIG-0f0f", "infer", "mig", "main"),
+    }
     by_uuid, unmatched = assign(view, [(0, "GPU-aaa", ()), (2, "GPU-ccc", ()), (3, "GPU-ddd", ())])
     assert [a.pod for a in by_uuid["GPU-aaa"]] == ["llama-0"]
     assert sorted(a.pod for a in by_uuid["GPU-ccc"]) == ["alice", "bob"]
-    assert [a.pod for a in by_uuid["GPU-ddd"]] == ["idx"]       # index "3" → GPU 3
-    assert unmatched == 2                                        # GPU-bbb is not visible here; MIG-0f0f
+    assert [a.pod for a in by_uuid["GPU-ddd"]] == ["idx"]  # index "3" → GPU 3
+    assert unmatched == 2  # GPU-bbb is not visible here; MIG-0f0f
     # once GPU 2's MIG instances are known, the MIG slice is charged to its parent
-    by_uuid, unmatched = assign(view, [(0, "GPU-aaa", ()), (2, "GPU-ccc", ("MIG-0f0f", "MIG-1e1e")),
-                                       (3, "GPU-ddd", ())])
+    by_uuid, unmatched = assign(
+        view, [(0, "GPU-aaa", ()), (2, "GPU-ccc", ("MIG-0f0f", "MIG-1e1e")), (3, "GPU-ddd", ())]
+    )
     assert sorted(a.pod for a in by_uuid["GPU-ccc"]) == ["alice", "bob", "mig"] and unmatched == 1
 
 
@@ -127,62 +139,82 @@ def test_two_slices_of_one_gpu_in_one_container_are_one_series(kubelet: FakeKube
 
 
 def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
-        kubelet: FakeKubelet, live_server: Callable[..., object]) -> None:
+    kubelet: FakeKubelet, live_server: Callable[..., object]
+) -> None:
     scenario = {"name": "mig", "node": {"count": 2, "mig_instances": {1: 3}}}
     server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
-    gpus = {g.index: g for g in server.poller.snapshot.gpus}   # type: ignore[attr-defined]
-    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.get("mig_uuids", ())) == 3)   # type: ignore
-    mig = server.poller.snapshot.gpus[1].info["mig_uuids"]   # type: ignore[attr-defined]
+    gpus = {g.index: g for g in server.poller.snapshot.gpus}  # type: ignore[attr-defined]
+    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.get("mig_uuids", ())) == 3)  # type: ignore
+    mig = server.poller.snapshot.gpus[1].info["mig_uuids"]  # type: ignore[attr-defined]
     assert all(u.startswith("MIG-") for u in mig) and len(set(mig)) == 3
-    assert "mig_uuids" not in server.poller.snapshot.gpus[0].info   # type: ignore[attr-defined]
+    assert "mig_uuids" not in server.poller.snapshot.gpus[0].info  # type: ignore[attr-defined]
     kubelet.pods = [("infer", f"svc-{i}", [("main", [("nvidia.com/mig-2g.20gb", [u])])]) for i, u in enumerate(mig)]
 
     def allocations() -> list[float]:
-        return values(parse_exposition(server.get("/metrics").text),   # type: ignore[attr-defined]
-                      "gpuwarden_gpu_allocation", uuid=gpus[1].uuid, gpu="1")
+        return values(
+            parse_exposition(server.get("/metrics").text),  # type: ignore[attr-defined]
+            "gpuwarden_gpu_allocation",
+            uuid=gpus[1].uuid,
+            gpu="1",
+        )
 
     wait_for(lambda: len(allocations()) == 3)
-    series = parse_exposition(server.get("/metrics").text)   # type: ignore[attr-defined]
+    series = parse_exposition(server.get("/metrics").text)  # type: ignore[attr-defined]
     assert values(series, "gpuwarden_mig_mode_enabled", gpu="1") == [1]
     assert values(series, "gpuwarden_mig_mode_enabled", gpu="0") == [0]
     assert values(series, "gpuwarden_pod_attribution_unmatched_devices") == [0]
 
 
 def test_over_http_pods_come_and_go_and_the_socket_disappears(
-        kubelet: FakeKubelet, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture) -> None:
+    kubelet: FakeKubelet, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="exporter.podresources")
     server = live_server("healthy", pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
-    gpus = server.poller.snapshot.gpus      # type: ignore[attr-defined]
+    gpus = server.poller.snapshot.gpus  # type: ignore[attr-defined]
     first, second = gpus[0].uuid, gpus[1].uuid
     kubelet.pods = [("train", "job-a", [("worker", [(GPU, [first])])])]
 
     def scrape() -> dict:
-        return parse_exposition(server.get("/metrics").text)   # type: ignore[attr-defined]
+        return parse_exposition(server.get("/metrics").text)  # type: ignore[attr-defined]
 
     wait_for(lambda: values(scrape(), "gpuwarden_gpu_allocation", pod="job-a"))
     series = scrape()
     assert values(series, "gpuwarden_pod_attribution_up") == [1]
-    assert values(series, "gpuwarden_gpu_allocation", uuid=first, namespace="train", pod="job-a",
-                  container="worker", gpu=str(gpus[0].index)) == [1]
+    assert values(
+        series,
+        "gpuwarden_gpu_allocation",
+        uuid=first,
+        namespace="train",
+        pod="job-a",
+        container="worker",
+        gpu=str(gpus[0].index),
+    ) == [1]
     assert not values(series, "gpuwarden_gpu_allocation", uuid=second)
-    api = server.get(f"/api/v1/gpus/{gpus[0].index}").json()   # type: ignore[attr-defined]
+    api = server.get(f"/api/v1/gpus/{gpus[0].index}").json()  # type: ignore[attr-defined]
     assert api["pods"] == [{"namespace": "train", "pod": "job-a", "container": "worker"}]
 
     # job-a ends, two time-sliced pods share the second GPU
-    kubelet.pods = [("dev", "p1", [("c", [("nvidia.com/gpu.shared", [f"{second}::0"])])]),
-                    ("dev", "p2", [("c", [("nvidia.com/gpu.shared", [f"{second}::1"])])])]
+    kubelet.pods = [
+        ("dev", "p1", [("c", [("nvidia.com/gpu.shared", [f"{second}::0"])])]),
+        ("dev", "p2", [("c", [("nvidia.com/gpu.shared", [f"{second}::1"])])]),
+    ]
     wait_for(lambda: not values(scrape(), "gpuwarden_gpu_allocation", pod="job-a"))
     series = scrape()
-    assert sorted(k[1] for k in series if k[0] == "gpuwarden_gpu_allocation") == sorted([
-        frozenset({("gpu", str(gpus[1].index)), ("uuid", second), ("namespace", "dev"), ("pod", p),
-                   ("container", "c")}) for p in ("p1", "p2")])
+    assert sorted(k[1] for k in series if k[0] == "gpuwarden_gpu_allocation") == sorted(
+        [
+            frozenset(
+                {("gpu", str(gpus[1].index)), ("uuid", second), ("namespace", "dev"), ("pod", p), ("container", "c")}
+            )
+            for p in ("p1", "p2")
+        ]
+    )
 
     # the kubelet goes away: allocations are dropped (not left stale), the gauge says so, one log line
     calls = kubelet.calls
     kubelet.stop()
     wait_for(lambda: values(scrape(), "gpuwarden_pod_attribution_up") == [0])
     assert not values(scrape(), "gpuwarden_gpu_allocation")
-    time.sleep(2.2)   # two more refreshes while absent: still one line
+    time.sleep(2.2)  # two more refreshes while absent: still one line
     off_lines = [r for r in caplog.records if "pod attribution off" in r.getMessage()]
     assert len(off_lines) == 1, [r.getMessage() for r in caplog.records]
     assert kubelet.calls == calls
@@ -194,41 +226,54 @@ def test_over_http_pods_come_and_go_and_the_socket_disappears(
     assert values(scrape(), "gpuwarden_pod_attribution_up") == [1]
 
 
-def test_no_socket_at_start_turns_itself_off(tmp_path: Path, live_server: Callable[..., object],
-                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_no_socket_at_start_turns_itself_off(
+    tmp_path: Path, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="exporter.podresources")
     missing = tmp_path / "nope" / "kubelet.sock"
     server = live_server("healthy", pods={"resources_socket": str(missing)})
-    wait_for(lambda: values(parse_exposition(server.get("/metrics").text),   # type: ignore[attr-defined]
-                            "gpuwarden_pod_attribution_up") == [0])
+    wait_for(
+        lambda: (
+            values(
+                parse_exposition(server.get("/metrics").text),  # type: ignore[attr-defined]
+                "gpuwarden_pod_attribution_up",
+            )
+            == [0]
+        )
+    )
     assert any(str(missing) in r.getMessage() and "pod attribution off" in r.getMessage() for r in caplog.records)
 
 
 def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) -> None:
-    code = ("import sys\n"
-            "from tests.conftest import settings\n"
-            "from exporter.sim import install_simulator\n"
-            "from exporter.sim.scenario import load_scenario\n"
-            "from exporter.poller import Poller\n"
-            "install_simulator(load_scenario('healthy'))\n"
-            f"p = Poller(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
-            "p.start(); p.ready_once.wait(10); p.stop()\n"
-            "print('grpc' in sys.modules, p.snapshot.pods_state)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[1]).stdout.split()
+    code = (
+        "import sys\n"
+        "from tests.conftest import settings\n"
+        "from exporter.sim import install_simulator\n"
+        "from exporter.sim.scenario import load_scenario\n"
+        "from exporter.poller import Poller\n"
+        "install_simulator(load_scenario('healthy'))\n"
+        f"p = Poller(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
+        "p.start(); p.ready_once.wait(10); p.stop()\n"
+        "print('grpc' in sys.modules, p.snapshot.pods_state)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1]
+    ).stdout.split()
     assert out == ["False", "no_socket"]
 
 
 def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
     import socket
     import tempfile
+
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         path = Path(short) / "kubelet.sock"
-        listener = socket.socket(socket.AF_UNIX)   # a socket that accepts and never speaks gRPC
+        listener = socket.socket(socket.AF_UNIX)  # a socket that accepts and never speaks gRPC
         listener.bind(str(path))
         listener.listen(1)
         pods = PodAttribution(path, 10, ("nvidia.com/gpu",))
         import exporter.podresources as module
+
         old = module.CALL_TIMEOUT_S
         module.CALL_TIMEOUT_S = 0.5
         try:
@@ -245,12 +290,15 @@ def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
 
     proto_dir = Path(__file__).parents[1] / "exporter" / "podresources"
     out = tmp_path / "set.pb"
-    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}",
-                        str(proto_dir / "podresources.proto")]) == 0
+    assert (
+        protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", str(proto_dir / "podresources.proto")])
+        == 0
+    )
     from google.protobuf import descriptor_pb2
+
     fresh = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
     committed = descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb)
-    for message in fresh.message_type:       # protoc's descriptor sets carry json names, python_out drops them
+    for message in fresh.message_type:  # protoc's descriptor sets carry json names, python_out drops them
         for field in message.field:
             field.ClearField("json_name")
     assert committed == fresh, "run: python -m exporter.podresources.generate"

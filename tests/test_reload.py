@@ -25,13 +25,18 @@ def wait_for(predicate, timeout: float = 15.0) -> None:
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
 def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
-    config = write_yaml(tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim", "scenario": "healthy"},
-                                                      "poll": {"fast_interval": 0.2}})
+    config = write_yaml(
+        tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim", "scenario": "healthy"}, "poll": {"fast_interval": 0.2}}
+    )
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--config", str(config),
-                             "--web.listen-address", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=base)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     bad_scrapes: list[str] = []
     stop = threading.Event()
@@ -51,8 +56,14 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
         assert "gpuwarden_temperature_celsius" in httpx.get(url).text
         scraper = threading.Thread(target=scrape_all_the_time)
         scraper.start()
-        write_yaml(config, {"nvml": {"backend": "sim", "scenario": "healthy"}, "poll": {"fast_interval": 0.2},
-                            "metrics": {"exclude": ["gpuwarden_temperature_celsius"]}})
+        write_yaml(
+            config,
+            {
+                "nvml": {"backend": "sim", "scenario": "healthy"},
+                "poll": {"fast_interval": 0.2},
+                "metrics": {"exclude": ["gpuwarden_temperature_celsius"]},
+            },
+        )
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "gpuwarden_temperature_celsius" not in httpx.get(url).text)
         # an invalid file: rejected, the running configuration stays (temperature still excluded)
@@ -73,4 +84,3 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
     assert "configuration reloaded" in logs
     assert "reload rejected, keeping the running configuration: config file" in logs
     assert "poll.fast_interval" in logs and "Traceback" not in logs
-

@@ -31,9 +31,21 @@ def run_scenario(sim, make_poller, name: str, seconds: float = 12.0):
 
 
 def test_all_required_scenarios_ship():
-    required = {"healthy", "training", "data-starvation", "thermal-throttling", "power-capping",
-                "memory-nearly-full", "ecc-uncorrectable", "row-remap", "nvlink-down", "gpu-lost",
-                "persistence-off", "driver-not-loaded", "legacy-pcie"}
+    required = {
+        "healthy",
+        "training",
+        "data-starvation",
+        "thermal-throttling",
+        "power-capping",
+        "memory-nearly-full",
+        "ecc-uncorrectable",
+        "row-remap",
+        "nvlink-down",
+        "gpu-lost",
+        "persistence-off",
+        "driver-not-loaded",
+        "legacy-pcie",
+    }
     assert required <= set(SCENARIOS)
 
 
@@ -65,10 +77,14 @@ def busy_ratio(sim, make_poller, name, gpu="0"):
         clock.advance(0.7)
         poller.poll_once()
     last = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
-    busy = (values(last, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
-            - values(first, "gpuwarden_busy_seconds_total", gpu=gpu)[0])
-    sampled = (values(last, "gpuwarden_utilization_sampled_seconds_total", gpu=gpu)[0]
-               - values(first, "gpuwarden_utilization_sampled_seconds_total", gpu=gpu)[0])
+    busy = (
+        values(last, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
+        - values(first, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
+    )
+    sampled = (
+        values(last, "gpuwarden_utilization_sampled_seconds_total", gpu=gpu)[0]
+        - values(first, "gpuwarden_utilization_sampled_seconds_total", gpu=gpu)[0]
+    )
     return busy / sampled
 
 
@@ -79,11 +95,22 @@ def test_healthy_matches_the_real_h100_idle_readings(sim, make_poller):
     assert set(values(s, "gpuwarden_clock_event_active", reason="gpu_idle")) == {1}
     assert set(values(s, "gpuwarden_clock_hertz", clock="sm")) == {345e6}
     assert set(values(s, "gpuwarden_topology_info", gpu="0", peer_gpu="1")) == {1}
-    assert ("gpuwarden_topology_info", frozenset({("gpu", "0"), ("uuid", dict(
-        next(lbls for (n, lbls) in s if n == "gpuwarden_gpu_up" and ("gpu", "0") in lbls))["uuid"]),
-        ("peer_gpu", "1"), ("level", "NV18")})) in s
+    assert (
+        "gpuwarden_topology_info",
+        frozenset(
+            {
+                ("gpu", "0"),
+                (
+                    "uuid",
+                    dict(next(lbls for (n, lbls) in s if n == "gpuwarden_gpu_up" and ("gpu", "0") in lbls))["uuid"],
+                ),
+                ("peer_gpu", "1"),
+                ("level", "NV18"),
+            }
+        ),
+    ) in s
     assert set(values(s, "gpuwarden_nvlink_peer_links")) == {18}
-    assert values(s, "gpuwarden_fan_speed_ratio") == []          # NotSupported on SXM, as measured
+    assert values(s, "gpuwarden_fan_speed_ratio") == []  # NotSupported on SXM, as measured
 
 
 def test_training_is_busy(sim, make_poller):
@@ -93,8 +120,10 @@ def test_training_is_busy(sim, make_poller):
 def test_data_starvation_is_idle_while_memory_is_full(sim, make_poller):
     assert busy_ratio(sim, make_poller, "data-starvation") == pytest.approx(0.30, abs=0.03)
     _, s = _series(sim, make_poller, "data-starvation")
-    used, total = values(s, "gpuwarden_memory_used_bytes", gpu="0")[0], values(s, "gpuwarden_memory_total_bytes",
-                                                                                  gpu="0")[0]
+    used, total = (
+        values(s, "gpuwarden_memory_used_bytes", gpu="0")[0],
+        values(s, "gpuwarden_memory_total_bytes", gpu="0")[0],
+    )
     assert used / total > 0.85
     assert set(values(s, "gpuwarden_processes")) == {1}
 
@@ -159,7 +188,7 @@ def test_gpu_lost(sim, make_poller):
     _, s = _series(sim, make_poller, "gpu-lost")
     assert values(s, "gpuwarden_gpu_up", gpu="6") == [0]
     assert values(s, "gpuwarden_temperature_celsius", gpu="6") == []
-    assert len(values(s, "gpuwarden_gpu_info", gpu="6")) == 1      # identity stays for the alert text
+    assert len(values(s, "gpuwarden_gpu_info", gpu="6")) == 1  # identity stays for the alert text
     assert len(values(s, "gpuwarden_temperature_celsius")) == 7
     assert values(s, "gpuwarden_gpus") == [7]
 
@@ -172,7 +201,7 @@ def test_gpu_lost_xid_79_reaches_the_event_thread(sim, make_poller):
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and len(poller._watcher.registered) < 8:
         time.sleep(0.02)
-    clock.advance(7.6)           # XID 79 fires at 7.5 s, the GPU falls off the bus at 8 s
+    clock.advance(7.6)  # XID 79 fires at 7.5 s, the GPU falls off the bus at 8 s
     while time.monotonic() < deadline and not poller.snapshot.xid:
         time.sleep(0.05)
     assert [xid for (_, xid) in poller.snapshot.xid] == [79]

@@ -30,8 +30,9 @@ def test_metrics_text_openmetrics_and_gzip(live_server):
     assert om.text.rstrip().endswith("# EOF")
     assert any(f.name == "gpuwarden_busy_seconds" for f in parse_openmetrics(om.text))
     raw = httpx.get(server.url + "/metrics", headers={"Accept-Encoding": "gzip"}).read()
-    zipped = httpx.Client().send(httpx.Request("GET", server.url + "/metrics",
-                                               headers={"Accept-Encoding": "gzip"}), stream=True)
+    zipped = httpx.Client().send(
+        httpx.Request("GET", server.url + "/metrics", headers={"Accept-Encoding": "gzip"}), stream=True
+    )
     body = b"".join(zipped.iter_raw())
     assert zipped.headers["content-encoding"] == "gzip"
     assert gzip.decompress(body).startswith(b"# HELP")
@@ -70,7 +71,7 @@ def test_readyz_fails_with_the_reason_when_the_driver_is_not_loaded(live_server)
     ready = server.get("/readyz")
     assert ready.status_code == 503
     assert "driver_not_loaded" in ready.json()["error"]
-    assert server.get("/healthz").status_code == 200      # alive: do not restart it
+    assert server.get("/healthz").status_code == 200  # alive: do not restart it
     assert values(parse_exposition(server.get("/metrics").text), "gpuwarden_nvml_up") == [0]
 
 
@@ -105,7 +106,7 @@ def test_unknown_gpu_is_404_json_and_bad_parameter_is_422_json(live_server):
 
 def test_topology_matrix_reads_like_nvidia_smi(live_server):
     server = live_server({"name": "link-7-down", "faults": [{"kind": "nvlink_down", "gpu": 4, "link": 7}]})
-    time.sleep(1.5)    # one slow poll for the link states
+    time.sleep(1.5)  # one slow poll for the link states
     body = server.get("/api/v1/topology").json()
     assert body["gpus"] == list(range(8))
     assert body["matrix"]["0"]["0"] == "X"
@@ -133,9 +134,23 @@ def test_custom_telemetry_path(live_server):
 def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
     port = free_port()
     env = {**os.environ, "GPUWARDEN_POLL_FAST_INTERVAL": "0.2"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", "healthy",
-                             "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            "healthy",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--log.format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         wait_ready(f"http://127.0.0.1:{port}/readyz")
         proc.send_signal(signal.SIGTERM)

@@ -51,20 +51,21 @@ def test_systemd_verifies_the_unit(runnable_unit: Path) -> None:
 
 
 def test_exposure_score_is_ok(runnable_unit: Path) -> None:
-    result = subprocess.run([analyze(), "security", "--offline=true", str(runnable_unit)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [analyze(), "security", "--offline=true", str(runnable_unit)], capture_output=True, text=True
+    )
     match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout)
     assert match, result.stdout + result.stderr
-    assert float(match.group(1)) <= 2.0, result.stdout   # 1.6 when written; systemd calls < 4 "OK"
+    assert float(match.group(1)) <= 2.0, result.stdout  # 1.6 when written; systemd calls < 4 "OK"
 
 
 def test_hardening_and_restart_policy() -> None:
     service = service_section()
     assert service["DynamicUser"] == ["yes"] and service["NoNewPrivileges"] == ["yes"]
     assert service["ProtectSystem"] == ["strict"] and service["CapabilityBoundingSet"] == [""]
-    assert service["Restart"] == ["always"]          # exit code 3 after a driver upgrade must restart it
-    assert "MemoryDenyWriteExecute" not in service   # ctypes trampolines need it off
-    assert "PrivateDevices" not in service           # NVML opens /dev/nvidia*
+    assert service["Restart"] == ["always"]  # exit code 3 after a driver upgrade must restart it
+    assert "MemoryDenyWriteExecute" not in service  # ctypes trampolines need it off
+    assert "PrivateDevices" not in service  # NVML opens /dev/nvidia*
 
 
 def test_exec_start_is_a_valid_gpuwarden_command(tmp_path: Path) -> None:
@@ -76,6 +77,6 @@ def test_exec_start_is_a_valid_gpuwarden_command(tmp_path: Path) -> None:
     argv = [str(config) if a == "/etc/gpuwarden/gpuwarden.yaml" else a for a in argv]
     settings = settings_from_argv(argv)
     assert settings.pods.attribution is False
-    parser = configparser.ConfigParser(strict=False, interpolation=None)   # the file is INI-shaped
+    parser = configparser.ConfigParser(strict=False, interpolation=None)  # the file is INI-shaped
     parser.read_string(UNIT.read_text())
     assert parser["Install"]["WantedBy"] == "multi-user.target"

@@ -59,15 +59,25 @@ def test_memory_falls_back_to_v1_on_old_driver(sim, make_poller):
     poller = make_poller()
     poller.poll_once()
     series = exposition(poller)
-    assert values(series, "gpuwarden_memory_used_bytes", gpu="0") == [503_316_480]   # v1 counts the reserve
+    assert values(series, "gpuwarden_memory_used_bytes", gpu="0") == [503_316_480]  # v1 counts the reserve
     assert values(series, "gpuwarden_memory_reserved_bytes") == []
     assert poller.snapshot.gpus[0].info["memory_used_includes_reserved"] is True
 
 
 def test_fallbacks_for_renamed_symbols(sim, make_poller):
-    fake = sim({"node": {"count": 1}, "driver": {"missing_symbols": [
-        "nvmlDeviceGetTemperatureV", "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetComputeRunningProcesses_v3"]}, "values": {"processes": 2, "clock_event_reasons": 0x40}})
+    fake = sim(
+        {
+            "node": {"count": 1},
+            "driver": {
+                "missing_symbols": [
+                    "nvmlDeviceGetTemperatureV",
+                    "nvmlDeviceGetCurrentClocksEventReasons",
+                    "nvmlDeviceGetComputeRunningProcesses_v3",
+                ]
+            },
+            "values": {"processes": 2, "clock_event_reasons": 0x40},
+        }
+    )
     poller = make_poller()
     poller.poll_once()
     poller.poll_once()
@@ -105,8 +115,13 @@ def test_unknown_clock_event_bits_are_reported_as_other(sim, make_poller):
 
 def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_poller):
     clock = ManualClock()
-    sim({"node": {"count": 2}, "values": {"power_watts": 500, "clock_event_reasons": 0x40,
-                                          "pcie_tx_bytes_per_second": 1e6}}, clock=clock)
+    sim(
+        {
+            "node": {"count": 2},
+            "values": {"power_watts": 500, "clock_event_reasons": 0x40, "pcie_tx_bytes_per_second": 1e6},
+        },
+        clock=clock,
+    )
     poller = make_poller()
     poller.poll_once()
     first = exposition(poller)
@@ -114,9 +129,10 @@ def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_poller):
     poller.poll_once()
     second = exposition(poller)
     energy = [values(s, "gpuwarden_energy_joules_total", gpu="0")[0] for s in (first, second)]
-    assert energy[1] - energy[0] == pytest.approx(5000, rel=0.02)         # 500 W × 10 s
-    throttle = [values(s, "gpuwarden_throttle_seconds_total", gpu="0", reason="hw_thermal_slowdown")[0]
-                for s in (first, second)]
+    assert energy[1] - energy[0] == pytest.approx(5000, rel=0.02)  # 500 W × 10 s
+    throttle = [
+        values(s, "gpuwarden_throttle_seconds_total", gpu="0", reason="hw_thermal_slowdown")[0] for s in (first, second)
+    ]
     assert throttle[1] - throttle[0] == pytest.approx(10, abs=0.2)
     tx = [values(s, "gpuwarden_pcie_bytes_total", gpu="0", direction="tx")[0] for s in (first, second)]
     assert tx[1] - tx[0] == pytest.approx(1e7, rel=0.02)
@@ -131,8 +147,12 @@ def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_poll
     poller = make_poller()
     for _ in range(3):
         poller.poll_once()
-    forbidden = {"nvmlDeviceGetPcieThroughput", "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetNvLinkState",
-                 "nvmlDeviceGetViolationStatus"}
+    forbidden = {
+        "nvmlDeviceGetPcieThroughput",
+        "nvmlDeviceGetNvLinkErrorCounter",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetViolationStatus",
+    }
     assert not forbidden & (set(fake.calls) | set(fake.missing_lookups))
     # a handful of field batches per GPU per poll (thermal, throttle, PCIe, NVLink state, NVLink errors) plus
     # two at discovery: not one call per link (18 links)
@@ -142,24 +162,31 @@ def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_poll
 def test_utilization_counters_match_the_duty_cycle(sim, make_poller):
     """A 30%-duty 1 s square wave: one read per poll aliases, the busy counters do not."""
     clock = ManualClock()
-    sim({"node": {"count": 1}, "values": {"utilization": {"square": {
-        "low": 0, "high": 100, "period": 1.0, "duty": 0.3}}}}, clock=clock)
+    sim(
+        {
+            "node": {"count": 1},
+            "values": {"utilization": {"square": {"low": 0, "high": 100, "period": 1.0, "duty": 0.3}}},
+        },
+        clock=clock,
+    )
     poller = make_poller()
-    clock.advance(0.9)              # the newest sample window is then (0.6, 0.8] of a period: idle
+    clock.advance(0.9)  # the newest sample window is then (0.6, 0.8] of a period: idle
     poller.poll_once()
     start = exposition(poller)
     single_reads = []
     for _ in range(20):
-        clock.advance(1.0)          # polls land at the same phase of every period
+        clock.advance(1.0)  # polls land at the same phase of every period
         poller.poll_once()
         single_reads.append(values(exposition(poller), "gpuwarden_utilization_ratio")[0])
     end = exposition(poller)
     busy = values(end, "gpuwarden_busy_seconds_total")[0] - values(start, "gpuwarden_busy_seconds_total")[0]
-    sampled = (values(end, "gpuwarden_utilization_sampled_seconds_total")[0]
-               - values(start, "gpuwarden_utilization_sampled_seconds_total")[0])
+    sampled = (
+        values(end, "gpuwarden_utilization_sampled_seconds_total")[0]
+        - values(start, "gpuwarden_utilization_sampled_seconds_total")[0]
+    )
     assert sampled == pytest.approx(20, abs=0.01)
     assert busy / sampled == pytest.approx(0.30, abs=0.02)
-    assert set(single_reads) == {0.0}   # one read per poll would report an idle GPU
+    assert set(single_reads) == {0.0}  # one read per poll would report an idle GPU
     assert values(end, "gpuwarden_utilization_source_info", source="samples") == [1]
 
 
@@ -170,16 +197,22 @@ def test_utilization_gap_longer_than_the_buffer_counts_one_period(sim, make_poll
     clock.advance(1)
     poller.poll_once()
     before = values(exposition(poller), "gpuwarden_utilization_sampled_seconds_total")[0]
-    clock.advance(60)    # exporter stalled longer than the driver's ~14 s buffer
+    clock.advance(60)  # exporter stalled longer than the driver's ~14 s buffer
     poller.poll_once()
     after = values(exposition(poller), "gpuwarden_utilization_sampled_seconds_total")[0]
-    assert after - before == pytest.approx(71 * 0.2, abs=0.01)   # only what the buffer still held
+    assert after - before == pytest.approx(71 * 0.2, abs=0.01)  # only what the buffer still held
 
 
 def test_utilization_falls_back_to_single_reads_and_says_so(sim, make_poller):
     clock = ManualClock()
-    sim({"node": {"count": 1}, "values": {"utilization": 60},
-         "faults": [{"kind": "not_supported", "call": "nvmlDeviceGetSamples"}]}, clock=clock)
+    sim(
+        {
+            "node": {"count": 1},
+            "values": {"utilization": 60},
+            "faults": [{"kind": "not_supported", "call": "nvmlDeviceGetSamples"}],
+        },
+        clock=clock,
+    )
     poller = make_poller()
     clock.advance(1)
     poller.poll_once()
@@ -206,7 +239,7 @@ def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, mak
     poller = make_poller(poll={"samples_interval": 5})
     time.sleep(0.5)
     poller.poll_once()
-    after_first = fake.calls["nvmlDeviceGetSamples"]     # pynvml probes the size, then fills: 2 C calls a type
+    after_first = fake.calls["nvmlDeviceGetSamples"]  # pynvml probes the size, then fills: 2 C calls a type
     for _ in range(3):
         poller.poll_once()
     # one drain per sample type in the first 5 s, while the point value is read on every poll
@@ -219,8 +252,13 @@ def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, mak
 
 def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_poller):
     clock = ManualClock()
-    fake = sim({"node": {"count": 1}, "faults": [
-        {"kind": "nvlink_errors", "gpu": 0, "link": 2, "type": "replay", "every": 1, "count": 1}]}, clock=clock)
+    fake = sim(
+        {
+            "node": {"count": 1},
+            "faults": [{"kind": "nvlink_errors", "gpu": 0, "link": 2, "type": "replay", "every": 1, "count": 1}],
+        },
+        clock=clock,
+    )
     poller = make_poller(poll={"nvlink_errors_interval": 60})
     poller.poll_once()
     first = values(exposition(poller), "gpuwarden_nvlink_errors_total", link="2", type="replay")
@@ -231,4 +269,4 @@ def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_poller
     # counters are served from the last read (not dropped, not re-read); link state is read every slow poll
     assert values(series, "gpuwarden_nvlink_errors_total", link="2", type="replay") == first
     assert len(values(series, "gpuwarden_nvlink_up")) == 18
-    assert fake.calls["nvmlDeviceGetFieldValues"] - batches == 4    # thermal, throttle, PCIe, NVLink state
+    assert fake.calls["nvmlDeviceGetFieldValues"] - batches == 4  # thermal, throttle, PCIe, NVLink state

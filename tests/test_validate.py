@@ -15,8 +15,10 @@ def test_parse_topology_of_a_real_nvlink_pair():
 
 
 def test_parse_topology_with_pcie_levels():
-    text = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n"
-            "GPU0\t X \tPIX\tSYS\t0-15\t0\nGPU1\tPIX\t X \tSYS\t0-15\t0\nGPU2\tSYS\tSYS\t X \t16-31\t1\n")
+    text = (
+        "\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tPIX\tSYS\t0-15\t0\nGPU1\tPIX\t X \tSYS\t0-15\t0\nGPU2\tSYS\tSYS\t X \t16-31\t1\n"
+    )
     matrix = parse_topology(text)
     assert matrix[(0, 1)] == "PIX" and matrix[(2, 0)] == "SYS" and matrix[(2, 2)] == "X"
 

@@ -36,9 +36,24 @@ def start(tmp_path, web: dict) -> tuple[subprocess.Popen, int]:
     config = write_yaml(tmp_path / "web.yml", web)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--sim", "--nvml.scenario", "healthy",
-                             "--web.config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--nvml.scenario",
+            "healthy",
+            "--web.config.file",
+            str(config),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     return proc, port
 
 
@@ -60,12 +75,17 @@ def stop(proc: subprocess.Popen) -> str:
 
 def test_tls_with_basic_auth(tmp_path, pki):
     hashed = bcrypt.hashpw(b"s3cret-pass", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
-    proc, port = start(tmp_path, {"tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
-                                  "basic_auth_users": {"prometheus": hashed}})
+    proc, port = start(
+        tmp_path,
+        {
+            "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
+            "basic_auth_users": {"prometheus": hashed},
+        },
+    )
     base = f"https://127.0.0.1:{port}"
     ca = ssl.create_default_context(cafile=str(pki["ca"]))
     try:
-        assert wait(base + "/healthz", verify=ca).status_code == 200      # probes need no credentials
+        assert wait(base + "/healthz", verify=ca).status_code == 200  # probes need no credentials
         wait_ready = time.monotonic() + 10
         while httpx.get(base + "/readyz", verify=ca).status_code != 200:
             assert time.monotonic() < wait_ready
@@ -77,7 +97,7 @@ def test_tls_with_basic_auth(tmp_path, pki):
         assert wrong.status_code == 401
         ok = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "s3cret-pass"))
         assert ok.status_code == 200 and "gpuwarden_gpu_up" in ok.text
-        with pytest.raises(httpx.TransportError):     # plain HTTP to a TLS port fails, it does not leak data
+        with pytest.raises(httpx.TransportError):  # plain HTTP to a TLS port fails, it does not leak data
             httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     finally:
         logs = stop(proc)
@@ -85,9 +105,17 @@ def test_tls_with_basic_auth(tmp_path, pki):
 
 
 def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
-    proc, port = start(tmp_path, {"tls_server_config": {
-        "cert_file": str(pki["cert"]), "key_file": str(pki["key"]),
-        "client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": str(pki["ca"])}})
+    proc, port = start(
+        tmp_path,
+        {
+            "tls_server_config": {
+                "cert_file": str(pki["cert"]),
+                "key_file": str(pki["key"]),
+                "client_auth_type": "RequireAndVerifyClientCert",
+                "client_ca_file": str(pki["ca"]),
+            }
+        },
+    )
     base = f"https://127.0.0.1:{port}"
     try:
         with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
@@ -100,17 +128,32 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
         stop(proc)
 
 
-@pytest.mark.parametrize(("web", "expected"), [
-    ({"tls_server_config": {"cert_file": "/nope.pem", "key_file": "/nope.key"}},
-     "tls_server_config: cert_file /nope.pem does not exist"),
-    ({"basic_auth_users": {"admin": "plaintext"}}, "basic_auth_users.admin must be a bcrypt hash"),
-    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "RequireAnyClientCert"}},
-     "client_auth_type"),
-    ({"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type":
-                            "RequireAndVerifyClientCert"}}, "needs client_ca_file"),
-    ({"tls_config": {}}, "unknown key 'tls_config'; allowed here: tls_server_config, basic_auth_users"),
-    ({"tls_server_config": {"cert_file": "KEY", "key_file": "KEY"}}, "cannot load cert_file/key_file"),
-])
+@pytest.mark.parametrize(
+    ("web", "expected"),
+    [
+        (
+            {"tls_server_config": {"cert_file": "/nope.pem", "key_file": "/nope.key"}},
+            "tls_server_config: cert_file /nope.pem does not exist",
+        ),
+        ({"basic_auth_users": {"admin": "plaintext"}}, "basic_auth_users.admin must be a bcrypt hash"),
+        (
+            {"tls_server_config": {"cert_file": "CERT", "key_file": "KEY", "client_auth_type": "RequireAnyClientCert"}},
+            "client_auth_type",
+        ),
+        (
+            {
+                "tls_server_config": {
+                    "cert_file": "CERT",
+                    "key_file": "KEY",
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+            },
+            "needs client_ca_file",
+        ),
+        ({"tls_config": {}}, "unknown key 'tls_config'; allowed here: tls_server_config, basic_auth_users"),
+        ({"tls_server_config": {"cert_file": "KEY", "key_file": "KEY"}}, "cannot load cert_file/key_file"),
+    ],
+)
 def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
     text = str(web).replace("CERT", str(pki["cert"])).replace("KEY", str(pki["key"]))
     path = tmp_path / "web.yml"
@@ -118,24 +161,56 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
     with pytest.raises(ConfigError) as caught:
         load_web_config(path)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
-    result = subprocess.run([sys.executable, "-m", "exporter", "--sim", "--web.config.file", str(path),
-                             "--web.listen-address", f"127.0.0.1:{free_port()}"], capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "--sim",
+            "--web.config.file",
+            str(path),
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_fleet_service_takes_the_same_web_config(tmp_path, pki):
     """`gpuwarden fleet --web.config.file`: TLS and basic auth as the exporter has them; probes stay open."""
     hashed = bcrypt.hashpw(b"fleet-pass", bcrypt.gensalt(rounds=4)).decode()
-    config = write_yaml(tmp_path / "web.yml", {
-        "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
-        "basic_auth_users": {"sre": hashed}})
+    config = write_yaml(
+        tmp_path / "web.yml",
+        {
+            "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
+            "basic_auth_users": {"sre": hashed},
+        },
+    )
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "fleet", "--prometheus-url", "http://127.0.0.1:9",
-                             "--query-timeout", "0.5", "--web.config.file", str(config),
-                             "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "fleet",
+            "--prometheus-url",
+            "http://127.0.0.1:9",
+            "--query-timeout",
+            "0.5",
+            "--web.config.file",
+            str(config),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     ca = ssl.create_default_context(cafile=str(pki["ca"]))
     try:
         url = f"https://127.0.0.1:{port}"
@@ -146,7 +221,7 @@ def test_fleet_service_takes_the_same_web_config(tmp_path, pki):
         answer = httpx.get(url + "/api/v1/fleet", verify=ca, auth=("sre", "fleet-pass"))
         assert answer.status_code == 503 and answer.json()["error"] == "prometheus"
         with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)   # no plain HTTP beside TLS
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)  # no plain HTTP beside TLS
     finally:
         stderr = stop(proc)
     assert "Traceback" not in stderr

@@ -32,12 +32,23 @@ CHART = ROOT / "deploy" / "helm" / "gpuwarden"
 PLAIN = ROOT / "deploy" / "kubernetes"
 KUBE_VERSION = ("1", "34", "v1.34.0")
 
-CORE = {("", "v1"): [("configmaps", "ConfigMap", True), ("secrets", "Secret", True), ("services", "Service", True),
-                     ("serviceaccounts", "ServiceAccount", True), ("namespaces", "Namespace", False)],
-        ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)]}
-MONITORING = {("monitoring.coreos.com", "v1"): [("servicemonitors", "ServiceMonitor", True),
-                                                ("podmonitors", "PodMonitor", True),
-                                                ("prometheusrules", "PrometheusRule", True)]}
+CORE = {
+    ("", "v1"): [
+        ("configmaps", "ConfigMap", True),
+        ("secrets", "Secret", True),
+        ("services", "Service", True),
+        ("serviceaccounts", "ServiceAccount", True),
+        ("namespaces", "Namespace", False),
+    ],
+    ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
+}
+MONITORING = {
+    ("monitoring.coreos.com", "v1"): [
+        ("servicemonitors", "ServiceMonitor", True),
+        ("podmonitors", "PodMonitor", True),
+        ("prometheusrules", "PrometheusRule", True),
+    ]
+}
 _ITEM = re.compile(r"^/(?:api|apis/[^/]+)/[^/]+(?:/namespaces/([^/]+))?/([^/]+)(?:/([^/]+))?$")
 
 
@@ -79,16 +90,32 @@ class FakeApiServer:
         if path == "/api":
             return 200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
         if path == "/apis":
-            groups = [{"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-                       "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}}
-                      for (g, v) in self.resources if g]
+            groups = [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                    "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                }
+                for (g, v) in self.resources
+                if g
+            ]
             return 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
         for (group, version), resources in self.resources.items():
             if path == (f"/apis/{group}/{version}" if group else f"/api/{version}"):
-                return 200, {"kind": "APIResourceList", "groupVersion": f"{group}/{version}" if group else version,
-                             "resources": [{"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
-                                            "verbs": ["create", "delete", "get", "list", "patch", "update"]}
-                                           for name, kind, namespaced in resources]}
+                return 200, {
+                    "kind": "APIResourceList",
+                    "groupVersion": f"{group}/{version}" if group else version,
+                    "resources": [
+                        {
+                            "name": name,
+                            "singularName": "",
+                            "namespaced": namespaced,
+                            "kind": kind,
+                            "verbs": ["create", "delete", "get", "list", "patch", "update"],
+                        }
+                        for name, kind, namespaced in resources
+                    ],
+                }
         match = _ITEM.match(path)
         if not match:
             return 404, not_found
@@ -115,24 +142,34 @@ class FakeApiServer:
 
     def kubeconfig(self, namespace: str) -> str:
         port = self.server.server_address[1]
-        return (f"apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-                f"clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-                f"contexts: [{{name: fake, context: {{cluster: fake, user: fake, namespace: {namespace}}}}}]\n"
-                f"users: [{{name: fake, user: {{}}}}]\n")
+        return (
+            f"apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+            f"contexts: [{{name: fake, context: {{cluster: fake, user: fake, namespace: {namespace}}}}}]\n"
+            f"users: [{{name: fake, user: {{}}}}]\n"
+        )
 
 
-def template(values: dict[str, Any] | None = None, namespace: str = "gpuwarden", release: str = "gpuwarden",
-             monitoring_api: bool = True, chart: Path = CHART) -> str:
+def template(
+    values: dict[str, Any] | None = None,
+    namespace: str = "gpuwarden",
+    release: str = "gpuwarden",
+    monitoring_api: bool = True,
+    chart: Path = CHART,
+) -> str:
     """The manifest `helm install` renders for these values (Helm's own engine, no cluster)."""
     if os.environ.get("HELM_DRIVER") != "memory":
-        raise RuntimeError("HELM_DRIVER=memory must be in the environment before Helm's library loads "
-                           "(run this file as a script, it sets it)")
+        raise RuntimeError(
+            "HELM_DRIVER=memory must be in the environment before Helm's library loads "
+            "(run this file as a script, it sets it)"
+        )
     from helm_sdkpy import Configuration, Install
 
     with FakeApiServer(monitoring_api) as api:
         config = Configuration(namespace=namespace, kubeconfig=api.kubeconfig(namespace))
-        release_info = asyncio.run(Install(config).run(release, str(chart), values=values or None, wait=False,
-                                                       timeout=60))
+        release_info = asyncio.run(
+            Install(config).run(release, str(chart), values=values or None, wait=False, timeout=60)
+        )
     return release_info["manifest"]
 
 
@@ -162,14 +199,18 @@ def sync() -> None:
         is_monitoring = "apiVersion: monitoring.coreos.com/" in doc or "grafana_dashboard:" in doc
         (monitoring if is_monitoring else core).append(doc)
         assert kind, doc
-    header = ("# Rendered from deploy/helm/gpuwarden with default values (namespace gpuwarden) by\n"
-              "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
-              "# chart, not this file.\n")
+    header = (
+        "# Rendered from deploy/helm/gpuwarden with default values (namespace gpuwarden) by\n"
+        "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
+        "# chart, not this file.\n"
+    )
     PLAIN.mkdir(exist_ok=True)
     (PLAIN / "gpuwarden.yaml").write_text(header + "---\n".join(core))
     (PLAIN / "monitoring.yaml").write_text(
-        header + "# Needs the prometheus-operator CRDs (ServiceMonitor, PrometheusRule) and a Grafana sidecar.\n"
-        + "---\n".join(monitoring))
+        header
+        + "# Needs the prometheus-operator CRDs (ServiceMonitor, PrometheusRule) and a Grafana sidecar.\n"
+        + "---\n".join(monitoring)
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -179,20 +220,22 @@ def main(argv: list[str]) -> int:
     tpl.add_argument("--values-json", default="{}")
     tpl.add_argument("--namespace", default="gpuwarden")
     tpl.add_argument("--release", default="gpuwarden")
-    tpl.add_argument("--no-monitoring-api", action="store_true",
-                     help="render for a cluster without the prometheus-operator CRDs")
+    tpl.add_argument(
+        "--no-monitoring-api", action="store_true", help="render for a cluster without the prometheus-operator CRDs"
+    )
     sub.add_parser("sync", help="refresh the chart's files/ and deploy/kubernetes/")
     sub.add_parser("lint", help="print Helm's lint result as JSON")
     args = parser.parse_args(argv)
     try:
         if args.command == "template":
-            sys.stdout.write(template(json.loads(args.values_json), args.namespace, args.release,
-                                      not args.no_monitoring_api))
+            sys.stdout.write(
+                template(json.loads(args.values_json), args.namespace, args.release, not args.no_monitoring_api)
+            )
         elif args.command == "lint":
             print(json.dumps(lint()))
         else:
             sync()
-    except Exception as exc:   # Helm's errors arrive as exceptions: one line, not a traceback
+    except Exception as exc:  # Helm's errors arrive as exceptions: one line, not a traceback
         print(f"render.py: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -203,7 +246,7 @@ if __name__ == "__main__":
     # when its runtime starts, so the variable must be there before the process starts: re-exec with it.
     if os.environ.get("HELM_DRIVER") != "memory":
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "HELM_DRIVER": "memory"})
-    with tempfile.TemporaryDirectory() as home:   # Helm writes its cache and config under HOME
+    with tempfile.TemporaryDirectory() as home:  # Helm writes its cache and config under HOME
         os.environ.setdefault("HELM_CACHE_HOME", f"{home}/cache")
         os.environ.setdefault("HELM_CONFIG_HOME", f"{home}/config")
         os.environ.setdefault("HELM_DATA_HOME", f"{home}/data")

@@ -27,29 +27,36 @@ from exporter.fleet.views import Fleet
 from exporter.server import jsonable_errors
 from exporter.webconfig import BasicAuth
 
-TEMPLATES = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
-                        autoescape=select_autoescape(["html"]))
+TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(["html"])
+)
 
 
 def _problem(status: int, error: str, detail: Any = None) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 
-def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
-               basic_auth_users: dict[str, str] | None = None) -> FastAPI:
+def create_app(
+    settings: FleetSettings, client: PrometheusClient | None = None, basic_auth_users: dict[str, str] | None = None
+) -> FastAPI:
     client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
     fleet = Fleet(client, settings)
     max_window_s = parse_duration(settings.max_window)
     Info("gpuwarden_fleet_build", "Build of the fleet service.", registry=client.registry).info(
-        {"version": __version__, "prometheus_url": settings.prometheus_url})
+        {"version": __version__, "prometheus_url": settings.prometheus_url}
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         yield
         await client.close()
 
-    app = FastAPI(title="gpuwarden fleet", version=__version__, lifespan=lifespan,
-                  description="A fleet view of every GPU, computed by Prometheus from gpuwarden's series.")
+    app = FastAPI(
+        title="gpuwarden fleet",
+        version=__version__,
+        lifespan=lifespan,
+        description="A fleet view of every GPU, computed by Prometheus from gpuwarden's series.",
+    )
 
     @app.exception_handler(PrometheusError)
     async def _prometheus(request: Request, exc: PrometheusError) -> JSONResponse:
@@ -67,11 +74,19 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
         try:
             seconds = parse_duration(window)
         except ValueError as exc:
-            raise RequestValidationError([{"loc": ("query", "window"), "msg": str(exc), "type": "value_error"}]) \
-                from None
+            raise RequestValidationError(
+                [{"loc": ("query", "window"), "msg": str(exc), "type": "value_error"}]
+            ) from None
         if seconds > max_window_s or seconds < 300:
-            raise RequestValidationError([{"loc": ("query", "window"), "type": "value_error",
-                                           "msg": f"window must be between 5m and {settings.max_window}"}])
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("query", "window"),
+                        "type": "value_error",
+                        "msg": f"window must be between 5m and {settings.max_window}",
+                    }
+                ]
+            )
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -85,9 +100,10 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         started = time.monotonic()
-        await client.query("vector(1)")   # Prometheus errors become 503/504 through the handler
-        return JSONResponse({"status": "ready", "prometheus": settings.prometheus_url,
-                             "seconds": round(time.monotonic() - started, 3)})
+        await client.query("vector(1)")  # Prometheus errors become 503/504 through the handler
+        return JSONResponse(
+            {"status": "ready", "prometheus": settings.prometheus_url, "seconds": round(time.monotonic() - started, 3)}
+        )
 
     @app.get("/api/v1/fleet")
     async def inventory() -> dict[str, Any]:
@@ -105,8 +121,10 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
         return await fleet.cordon_candidates()
 
     @app.get("/api/v1/fleet/utilization")
-    async def utilization(window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
-                          limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+    async def utilization(
+        window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
         check_window(window)
         return await fleet.utilization(window, limit)
@@ -133,33 +151,55 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
         shape = None
         if any(v is not None for v in shape_fields):
             if any(v is None for v in shape_fields):
-                return _problem(422, "invalid request", [{
-                    "loc": ["query"], "msg": "the activation estimate needs layers, hidden_size, heads, "
-                                             "sequence_length and micro_batch_size together"}])
-            shape = planner.ActivationShape(layers, hidden_size, heads, sequence_length,  # type: ignore[arg-type]
-                                            micro_batch_size, activation_checkpointing,  # type: ignore[arg-type]
-                                            flash_attention)
+                return _problem(
+                    422,
+                    "invalid request",
+                    [
+                        {
+                            "loc": ["query"],
+                            "msg": "the activation estimate needs layers, hidden_size, heads, "
+                            "sequence_length and micro_batch_size together",
+                        }
+                    ],
+                )
+            shape = planner.ActivationShape(
+                layers,
+                hidden_size,
+                heads,
+                sequence_length,  # type: ignore[arg-type]
+                micro_batch_size,
+                activation_checkpointing,  # type: ignore[arg-type]
+                flash_attention,
+            )
         try:
             result = planner.plan(parameters, precision, optimizer, sharding, gpus, mode, shape, activations_gib)
         except planner.PlanError as exc:
             return _problem(422, "invalid request", [{"loc": ["query"], "msg": str(exc)}])
         gib = planner.GIB
         body: dict[str, Any] = {
-            "input": {"parameters": parameters, "precision": precision, "optimizer": result.optimizer,
-                      "sharding": result.sharding, "gpus": gpus, "mode": mode},
-            "per_gpu": {"weights_gib": round(result.weights_bytes / gib, 2),
-                        "gradients_gib": round(result.gradients_bytes / gib, 2),
-                        "optimizer_state_gib": round(result.optimizer_bytes / gib, 2),
-                        "activations_gib": round(result.activations_bytes / gib, 2),
-                        "activations": result.activations_source,
-                        "total_gib": round(result.per_gpu_bytes / gib, 2),
-                        "total_gb": round(result.per_gpu_bytes / 1e9, 2)},
+            "input": {
+                "parameters": parameters,
+                "precision": precision,
+                "optimizer": result.optimizer,
+                "sharding": result.sharding,
+                "gpus": gpus,
+                "mode": mode,
+            },
+            "per_gpu": {
+                "weights_gib": round(result.weights_bytes / gib, 2),
+                "gradients_gib": round(result.gradients_bytes / gib, 2),
+                "optimizer_state_gib": round(result.optimizer_bytes / gib, 2),
+                "activations_gib": round(result.activations_bytes / gib, 2),
+                "activations": result.activations_source,
+                "total_gib": round(result.per_gpu_bytes / gib, 2),
+                "total_gb": round(result.per_gpu_bytes / 1e9, 2),
+            },
             "model_states_unsharded_gib": round(result.model_states_unsharded_bytes / gib, 2),
             "usable_memory_ratio": planner.USABLE_MEMORY_RATIO,
         }
         try:
             body["fleet"] = await fleet.fit(result)
-        except PrometheusError as exc:   # the plan stands on its own; say why the fleet part is missing
+        except PrometheusError as exc:  # the plan stands on its own; say why the fleet part is missing
             body["fleet"], body["fleet_error"] = None, str(exc)
         return JSONResponse(body)
 
@@ -168,16 +208,22 @@ def create_app(settings: FleetSettings, client: PrometheusClient | None = None,
         """A quick look when Grafana is not at hand."""
         try:
             inventory, health, cordon, usage = await asyncio.gather(
-                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20))
+                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20)
+            )
         except PrometheusError as exc:
-            page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings,
-                                                               version=__version__)
+            page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
             return HTMLResponse(page, status_code=exc.status)
         page = TEMPLATES.get_template("overview.html").render(
-            inventory=inventory, health=health, cordon=cordon, usage=usage, settings=settings, version=__version__,
-            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+            inventory=inventory,
+            health=health,
+            cordon=cordon,
+            usage=usage,
+            settings=settings,
+            version=__version__,
+            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        )
         return HTMLResponse(page)
 
-    if basic_auth_users:   # /healthz and /readyz stay open for the kubelet's probes
+    if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users)
     return app

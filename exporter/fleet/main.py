@@ -27,9 +27,21 @@ def main(argv: list[str]) -> int:
     from exporter.fleet.app import create_app
 
     logs.setup("info", "logfmt")
-    log.info("gpuwarden fleet %s listening on %s, asking %s (%s)", __version__, settings.listen_address,
-             settings.prometheus_url, settings.selector)
-    uvicorn.run(create_app(settings, basic_auth_users=web.basic_auth_users), host=settings.host, port=settings.port,
-                log_config=None, access_log=False, server_header=False, timeout_graceful_shutdown=5,
-                **web.uvicorn_ssl())
+    log.info(
+        "gpuwarden fleet %s listening on %s, asking %s (%s)",
+        __version__,
+        settings.listen_address,
+        settings.prometheus_url,
+        settings.selector,
+    )
+    uvicorn.run(
+        create_app(settings, basic_auth_users=web.basic_auth_users),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=5,
+        **web.uvicorn_ssl(),
+    )
     return 0

@@ -46,13 +46,23 @@ class ClientMetrics:
     """The fleet service's own metrics, in a registry of its own (served at the fleet's /metrics)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.queries = Counter("gpuwarden_fleet_prometheus_queries", "Queries sent to Prometheus, by outcome.",
-                               ["outcome"], registry=registry)
-        self.duration = Histogram("gpuwarden_fleet_prometheus_query_duration_seconds",
-                                  "Time Prometheus took to answer a query (answers and errors).", registry=registry,
-                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.cache_hits = Counter("gpuwarden_fleet_cache_hits", "Queries answered from the cache or shared with a "
-                                  "concurrent caller.", registry=registry)
+        self.queries = Counter(
+            "gpuwarden_fleet_prometheus_queries",
+            "Queries sent to Prometheus, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gpuwarden_fleet_prometheus_query_duration_seconds",
+            "Time Prometheus took to answer a query (answers and errors).",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.cache_hits = Counter(
+            "gpuwarden_fleet_cache_hits",
+            "Queries answered from the cache or shared with a concurrent caller.",
+            registry=registry,
+        )
         for outcome in ("ok", "unavailable", "timeout", "refused"):
             self.queries.labels(outcome)
 
@@ -61,14 +71,21 @@ _OUTCOME = {"PrometheusUnavailable": "unavailable", "PrometheusTimeout": "timeou
 
 
 class PrometheusClient:
-    def __init__(self, base_url: str, timeout: float = 5.0, cache_ttl: float = 15.0,
-                 headers: dict[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 5.0,
+        cache_ttl: float = 15.0,
+        headers: dict[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.cache_ttl = cache_ttl
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=headers,
-                                         transport=transport)
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=headers, transport=transport
+        )
         self._cache: dict[str, tuple[float, list[Series]]] = {}
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
         self.registry = registry or CollectorRegistry()
@@ -104,14 +121,14 @@ class PrometheusClient:
             self.metrics.duration.observe(time.monotonic() - started)
             self.metrics.queries.labels(_OUTCOME.get(type(exc).__name__, "unavailable")).inc()
             future.set_exception(exc)
-            future.exception()   # retrieved: no "never retrieved" warning when nobody else waited
+            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
             raise
         else:
             self.metrics.duration.observe(time.monotonic() - started)
             self.metrics.queries.labels("ok").inc()
             future.set_result(result)
             self._cache[key] = (time.monotonic(), result)
-            if len(self._cache) > 512:   # queries are a fixed set times a few windows; bound it anyway
+            if len(self._cache) > 512:  # queries are a fixed set times a few windows; bound it anyway
                 oldest = min(self._cache, key=lambda k: self._cache[k][0])
                 del self._cache[oldest]
             return result
@@ -125,20 +142,22 @@ class PrometheusClient:
         try:
             response = await self._client.post("/api/v1/query", data=form)
         except httpx.TimeoutException:
-            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") \
-                from None
+            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
         body = _json(response)
         if body.get("errorType") == "timeout":
-            raise PrometheusTimeout(f"Prometheus at {self.base_url} timed out evaluating a query: "
-                                    f"{body.get('error')}")
+            raise PrometheusTimeout(f"Prometheus at {self.base_url} timed out evaluating a query: {body.get('error')}")
         if response.status_code >= 500:
-            raise PrometheusUnavailable(f"Prometheus at {self.base_url} answered {response.status_code}: "
-                                        f"{body.get('error') or response.text[:200]}")
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.base_url} answered {response.status_code}: "
+                f"{body.get('error') or response.text[:200]}"
+            )
         if response.status_code >= 400 or body.get("status") != "success":
-            raise PrometheusQueryError(f"Prometheus at {self.base_url} refused the query ({response.status_code}, "
-                                       f"{body.get('errorType')}): {body.get('error')}")
+            raise PrometheusQueryError(
+                f"Prometheus at {self.base_url} refused the query ({response.status_code}, "
+                f"{body.get('errorType')}): {body.get('error')}"
+            )
         data = body["data"]
         if data["resultType"] == "scalar":
             return [Series({}, float(data["result"][1]))]

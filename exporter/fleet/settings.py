@@ -33,24 +33,33 @@ def parse_duration(value: str) -> int:
 class FleetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prometheus_url: str = Field(description="Base URL of the Prometheus HTTP API (Thanos, Mimir, "
-                                            "VictoriaMetrics work too), e.g. http://prometheus:9090.")
+    prometheus_url: str = Field(
+        description="Base URL of the Prometheus HTTP API (Thanos, Mimir, "
+        "VictoriaMetrics work too), e.g. http://prometheus:9090."
+    )
     listen_address: str = Field(":10046", description="Address to listen on, HOST:PORT.")
     selector: str = Field('job="gpuwarden"', description="Label matchers that select gpuwarden's series.")
-    node_label: str = Field("instance", description="The label that names a node (`node` with the Helm chart's "
-                                                    "ServiceMonitor).")
+    node_label: str = Field(
+        "instance", description="The label that names a node (`node` with the Helm chart's ServiceMonitor)."
+    )
     query_timeout: float = Field(5.0, gt=0, le=60, description="Seconds a Prometheus query may take.")
     cache_ttl: float = Field(15.0, ge=0, le=600, description="Seconds an answer from Prometheus is reused.")
-    stale_after: float = Field(60.0, gt=0, le=3600,
-                               description="Seconds after which an exporter's last fast poll counts as stale.")
+    stale_after: float = Field(
+        60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."
+    )
     price_per_gpu_hour: float = Field(2.5, ge=0, description="Price of one GPU-hour, for the cost of waste.")
     currency: str = Field("USD", min_length=1, max_length=8, description="Currency of price_per_gpu_hour.")
-    idle_ratio: float = Field(DEFAULT.utilization_low_ratio, gt=0, lt=1,
-                              description="Utilization below which a GPU counts as idle (no job) or starved "
-                                          "(a job holds it); the alert rules' threshold by default.")
+    idle_ratio: float = Field(
+        DEFAULT.utilization_low_ratio,
+        gt=0,
+        lt=1,
+        description="Utilization below which a GPU counts as idle (no job) or starved "
+        "(a job holds it); the alert rules' threshold by default.",
+    )
     max_window: str = Field("7d", description="Longest window a caller may ask for.")
-    web_config_file: Path | None = Field(None, description="Prometheus exporter-toolkit web-config file (TLS, "
-                                                            "basic auth), as the exporter takes it.")
+    web_config_file: Path | None = Field(
+        None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth), as the exporter takes it."
+    )
 
     @field_validator("listen_address")
     @classmethod
@@ -110,16 +119,22 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSet
     environ = os.environ if environ is None else environ
     parser = _Parser(prog="gpuwarden fleet", description="Fleet view of every GPU, served from Prometheus.")
     for name, field in FleetSettings.model_fields.items():
-        parser.add_argument(_flag(name), dest=name, default=None, metavar=name.upper(),
-                            help=f"{field.description} Env: {ENV_PREFIX}{name.upper()}.")
+        parser.add_argument(
+            _flag(name),
+            dest=name,
+            default=None,
+            metavar=name.upper(),
+            help=f"{field.description} Env: {ENV_PREFIX}{name.upper()}.",
+        )
     args = vars(parser.parse_args(argv))
     known = {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
     values: dict[str, Any] = {}
     for var, raw in environ.items():
         if var.startswith(ENV_PREFIX):
             if var not in known:
-                raise ConfigError(f"environment: {var} is not a gpuwarden fleet setting; known: "
-                                  f"{', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"environment: {var} is not a gpuwarden fleet setting; known: {', '.join(sorted(known))}"
+                )
             values[known[var]] = raw
     values.update({k: v for k, v in args.items() if v is not None})
     try:
@@ -128,7 +143,9 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSet
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else "settings"
         if error["type"] == "missing":
-            raise ConfigError(f"{_flag(name)} is required (or {ENV_PREFIX}{name.upper()}), e.g. "
-                              f"{_flag(name)} http://prometheus:9090") from None
-        raise ConfigError(f"{_flag(name)}: {error['msg'].removeprefix('Value error, ')} "
-                          f"(got {error.get('input')!r})") from None
+            raise ConfigError(
+                f"{_flag(name)} is required (or {ENV_PREFIX}{name.upper()}), e.g. {_flag(name)} http://prometheus:9090"
+            ) from None
+        raise ConfigError(
+            f"{_flag(name)}: {error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
+        ) from None

@@ -67,10 +67,20 @@ class Fleet:
             f'time() - max by ({n}) (gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}})',
             f"max by ({n}) (gpuwarden_gpus{{{s}}})",
         )
-        nodes: dict[str, dict[str, Any]] = defaultdict(lambda: {
-            "gpus": 0, "models": {}, "memory_bytes": {}, "driver_version": None, "cuda_driver_version": None,
-            "exporter_version": None, "exporter_up": False, "nvml_up": None, "last_poll_age_seconds": None,
-            "gpus_visible": None})
+        nodes: dict[str, dict[str, Any]] = defaultdict(
+            lambda: {
+                "gpus": 0,
+                "models": {},
+                "memory_bytes": {},
+                "driver_version": None,
+                "cuda_driver_version": None,
+                "exporter_version": None,
+                "exporter_up": False,
+                "nvml_up": None,
+                "last_poll_age_seconds": None,
+                "gpus_visible": None,
+            }
+        )
         for row in up:
             nodes[self.node(row)]["exporter_up"] = row.value == 1
         for row in models:
@@ -80,8 +90,10 @@ class Fleet:
         for row in memory:
             nodes[self.node(row)]["memory_bytes"][row.labels.get("name", "")] = row.value
         for row in drivers:
-            nodes[self.node(row)].update(driver_version=row.labels.get("driver_version"),
-                                         cuda_driver_version=row.labels.get("cuda_driver_version"))
+            nodes[self.node(row)].update(
+                driver_version=row.labels.get("driver_version"),
+                cuda_driver_version=row.labels.get("cuda_driver_version"),
+            )
         for row in versions:
             nodes[self.node(row)]["exporter_version"] = row.labels.get("version")
         for row in nvml:
@@ -106,7 +118,8 @@ class Fleet:
         return {
             "nodes": [{"node": name, **entry} for name, entry in sorted(nodes.items())],
             "totals": {
-                "nodes": len(nodes), "gpus": sum(e["gpus"] for e in nodes.values()),
+                "nodes": len(nodes),
+                "gpus": sum(e["gpus"] for e in nodes.values()),
                 "models": dict(sorted(by_model.items())),
                 "driver_versions": _tally(e["driver_version"] for e in nodes.values()),
                 "exporter_versions": _tally(e["exporter_version"] for e in nodes.values()),
@@ -138,13 +151,21 @@ class Fleet:
         now = time.time()
         for row in unhealthy:
             node, uuid = self.node(row), row.labels.get("uuid", "")
-            gpu = gpus.setdefault((node, uuid), {"node": node, "gpu": row.labels.get("gpu"), "uuid": uuid,
-                                                 "severity": "warning", "checks": []})
+            gpu = gpus.setdefault(
+                (node, uuid),
+                {"node": node, "gpu": row.labels.get("gpu"), "uuid": uuid, "severity": "warning", "checks": []},
+            )
             level = int(row.value)
             started = began.get((node, uuid, row.labels.get("check")))
-            gpu["checks"].append({
-                "check": row.labels.get("check"), "level": level, "severity": "critical" if level >= 2 else "warning",
-                "since": started, "for_seconds": round(now - started, 0) if started else None})
+            gpu["checks"].append(
+                {
+                    "check": row.labels.get("check"),
+                    "level": level,
+                    "severity": "critical" if level >= 2 else "warning",
+                    "since": started,
+                    "for_seconds": round(now - started, 0) if started else None,
+                }
+            )
             if level >= 2:
                 gpu["severity"] = "critical"
         for gpu in gpus.values():
@@ -152,17 +173,25 @@ class Fleet:
             known = [c["since"] for c in gpu["checks"] if c["since"]]
             gpu["since"] = min(known) if known else None
         ordered = sorted(gpus.values(), key=lambda g: (g["severity"] != "critical", g["node"], g["gpu"] or ""))
-        return {"unhealthy_gpus": ordered,
-                "counts": {"critical": sum(g["severity"] == "critical" for g in ordered),
-                           "warning": sum(g["severity"] == "warning" for g in ordered)},
-                "unknown_nodes": sorted({self.node(r) for r in down}),
-                "note": "since: when the exporter first judged the current level (restarts with the exporter)"}
+        return {
+            "unhealthy_gpus": ordered,
+            "counts": {
+                "critical": sum(g["severity"] == "critical" for g in ordered),
+                "warning": sum(g["severity"] == "warning" for g in ordered),
+            },
+            "unknown_nodes": sorted({self.node(r) for r in down}),
+            "note": "since: when the exporter first judged the current level (restarts with the exporter)",
+        }
 
     # -- cordon candidates ----------------------------------------------------------------------------------------
 
     async def cordon_candidates(self) -> dict[str, Any]:
-        rules = [r for g in build(selector=self.s) for r in g.rules
-                 if r.action in CORDON_ACTIONS and r.severity == "critical"]
+        rules = [
+            r
+            for g in build(selector=self.s)
+            for r in g.rules
+            if r.action in CORDON_ACTIONS and r.severity == "critical"
+        ]
         narrowing = await self.many(*(NARROWING[r.alert].format(s=self.s) for r in rules if r.alert in NARROWING))
         narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=True))
         exprs = []
@@ -172,7 +201,7 @@ class Fleet:
                 continue
             instances = sorted({row.labels.get("instance", "") for row in narrowed[rule.alert]})
             if not instances:
-                exprs.append("vector(0) < 0")   # nothing can match: an empty answer without a scan
+                exprs.append("vector(0) < 0")  # nothing can match: an empty answer without a scan
             elif len(instances) > MAX_NARROWED_INSTANCES:
                 exprs.append(rule.expr)
             else:
@@ -182,40 +211,68 @@ class Fleet:
         names = "|".join(r.alert for r in rules)
         *answers, firing = await self.many(*exprs, f'ALERTS{{{self.s},alertstate="firing",alertname=~"{names}"}}')
         # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
-        fired = {(r.labels.get("alertname"), r.labels.get("instance"), r.labels.get("uuid"), r.labels.get("link"),
-                  r.labels.get("xid")) for r in firing}
+        fired = {
+            (
+                r.labels.get("alertname"),
+                r.labels.get("instance"),
+                r.labels.get("uuid"),
+                r.labels.get("link"),
+                r.labels.get("xid"),
+            )
+            for r in firing
+        }
         nodes: dict[str, dict[str, Any]] = {}
         for rule, rows in zip(rules, answers, strict=True):
             for row in rows:
                 node = self.node(row)
                 entry = nodes.setdefault(node, {"node": node, "findings": []})
                 labels = {k: v for k, v in row.labels.items() if k in ("gpu", "uuid", "xid", "link", "type")}
-                key = (rule.alert, row.labels.get("instance"), row.labels.get("uuid"), row.labels.get("link"),
-                       row.labels.get("xid"))
-                entry["findings"].append({
-                    "alert": rule.alert, "summary": rule.summary, "action": rule.action, "labels": labels,
-                    "value": row.value, "query": rule.expr, "alert_firing": key in fired,
-                    "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}"})
+                key = (
+                    rule.alert,
+                    row.labels.get("instance"),
+                    row.labels.get("uuid"),
+                    row.labels.get("link"),
+                    row.labels.get("xid"),
+                )
+                entry["findings"].append(
+                    {
+                        "alert": rule.alert,
+                        "summary": rule.summary,
+                        "action": rule.action,
+                        "labels": labels,
+                        "value": row.value,
+                        "query": rule.expr,
+                        "alert_firing": key in fired,
+                        "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}",
+                    }
+                )
         out = []
         for node, entry in nodes.items():
             entry["findings"].sort(key=lambda f: (ACTION_ORDER.get(f["action"], 9), f["alert"]))
             name = _node_name(node)
-            entry["commands"] = [f"kubectl cordon {name}",
-                                 f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m"]
+            entry["commands"] = [
+                f"kubectl cordon {name}",
+                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
+            ]
             entry["gpus"] = sorted({f["labels"].get("gpu", "") for f in entry["findings"]} - {""})
             out.append(entry)
         out.sort(key=lambda e: (min(ACTION_ORDER.get(f["action"], 9) for f in e["findings"]), e["node"]))
-        return {"candidates": out, "rules": [r.alert for r in rules],
-                "note": "instant evaluation of the alert expressions, without their `for:` durations; "
-                        "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
-                        "needs the rules loaded there). Review before draining. The commands are printed, never run."}
+        return {
+            "candidates": out,
+            "rules": [r.alert for r in rules],
+            "note": "instant evaluation of the alert expressions, without their `for:` durations; "
+            "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
+            "needs the rules loaded there). Review before draining. The commands are printed, never run.",
+        }
 
     # -- utilization ----------------------------------------------------------------------------------------------
 
     def _util(self, window: str) -> str:
         s = self.s
-        return (f"clamp_max(rate(gpuwarden_busy_seconds_total{{{s}}}[{window}]) "
-                f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}]), 1)")
+        return (
+            f"clamp_max(rate(gpuwarden_busy_seconds_total{{{s}}}[{window}]) "
+            f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}]), 1)"
+        )
 
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
         """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
@@ -226,12 +283,24 @@ class Fleet:
         idle_s = f"clamp_min({sampled} - increase(gpuwarden_busy_seconds_total{{{s}}}[{window}]), 0)"
         alloc = f"max_over_time(gpuwarden_gpu_allocation{{{s}}}[{window}])"
         share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
-        idle_expr = (f"{u} < {idle_ratio:g} and on (instance, uuid) "
-                     f"max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0")
-        starved_expr = (f"{u} < {idle_ratio:g} and on (instance, uuid) "
-                        f"min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0")
-        (observed, wasted_s, gpu_count, average, idle, starved, idle_count, starved_count, ns_wasted,
-         ns_allocated) = await self.many(
+        idle_expr = (
+            f"{u} < {idle_ratio:g} and on (instance, uuid) max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0"
+        )
+        starved_expr = (
+            f"{u} < {idle_ratio:g} and on (instance, uuid) min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0"
+        )
+        (
+            observed,
+            wasted_s,
+            gpu_count,
+            average,
+            idle,
+            starved,
+            idle_count,
+            starved_count,
+            ns_wasted,
+            ns_allocated,
+        ) = await self.many(
             f"sum by ({n}) ({sampled})",
             f"sum by ({n}) ({idle_s})",
             f"count by ({n}) ({u})",
@@ -265,8 +334,18 @@ class Fleet:
             entry["wasted_cost"] = round(row.value / 3600 * price, 2)
 
         def gpu_rows(rows: list[Series]) -> list[dict[str, Any]]:
-            return sorted(({"node": self.node(r), "gpu": r.labels.get("gpu"), "uuid": r.labels.get("uuid"),
-                            "utilization": round(r.value, 4)} for r in rows), key=lambda x: (x["node"], x["gpu"] or ""))
+            return sorted(
+                (
+                    {
+                        "node": self.node(r),
+                        "gpu": r.labels.get("gpu"),
+                        "uuid": r.labels.get("uuid"),
+                        "utilization": round(r.value, 4),
+                    }
+                    for r in rows
+                ),
+                key=lambda x: (x["node"], x["gpu"] or ""),
+            )
 
         namespaces: dict[str, dict[str, Any]] = {}
         for row in ns_allocated:
@@ -279,15 +358,21 @@ class Fleet:
         wasted = sum(r.value for r in wasted_s) / 3600
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
         return {
-            "window": window, "idle_ratio": idle_ratio, "price_per_gpu_hour": price,
+            "window": window,
+            "idle_ratio": idle_ratio,
+            "price_per_gpu_hour": price,
             "currency": self.settings.currency,
-            "totals": {"gpus": sum(e.get("gpus", 0) for e in nodes.values()),
-                       "gpu_hours": hours(sum(r.value for r in observed)),
-                       "wasted_gpu_hours": round(wasted, 4), "wasted_cost": round(wasted * price, 2),
-                       "idle_gpus": int(idle_count[0].value) if idle_count else 0,
-                       "starved_gpus": int(starved_count[0].value) if starved_count else 0},
+            "totals": {
+                "gpus": sum(e.get("gpus", 0) for e in nodes.values()),
+                "gpu_hours": hours(sum(r.value for r in observed)),
+                "wasted_gpu_hours": round(wasted, 4),
+                "wasted_cost": round(wasted * price, 2),
+                "idle_gpus": int(idle_count[0].value) if idle_count else 0,
+                "starved_gpus": int(starved_count[0].value) if starved_count else 0,
+            },
             "listed": f"the {limit} least utilized idle and starved GPUs (?limit=)",
-            "idle_gpus": gpu_rows(idle), "starved_gpus": gpu_rows(starved),
+            "idle_gpus": gpu_rows(idle),
+            "starved_gpus": gpu_rows(starved),
             "by_node": ordered_nodes[:limit],
             "by_namespace": sorted(namespaces.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0)),
             "definitions": {
@@ -295,10 +380,11 @@ class Fleet:
                 "idle": f"utilization < {idle_ratio:g} and no process on the GPU during the window",
                 "starved": f"utilization < {idle_ratio:g} while a process held the GPU the whole window",
                 "gpu_hours": "hours the driver sampled utilization in the window (a GPU seen for part of it counts "
-                             "that part)",
+                "that part)",
                 "wasted_gpu_hours": "sampled minus busy hours: time no kernel ran",
                 "by_namespace": "from gpuwarden_gpu_allocation (pod attribution): a GPU's hours go to the namespaces "
-                                "that held it during the window; a GPU shared by n containers counts 1/n to each"},
+                "that held it during the window; a GPU shared by n containers counts 1/n to each",
+            },
         }
 
     # -- planner's fleet side ---------------------------------------------------------------------------------------
@@ -308,16 +394,24 @@ class Fleet:
         memory, counts = await self.many(
             f"max by (name) (gpuwarden_memory_total_bytes{{{s}}} "
             f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{s}}})",
-            f"count by (name) (gpuwarden_gpu_info{{{s}}})")
+            f"count by (name) (gpuwarden_gpu_info{{{s}}})",
+        )
         count = {r.labels.get("name", ""): int(r.value) for r in counts}
         out = []
         for row in memory:
             model = row.labels.get("name", "")
             usable = row.value * USABLE_MEMORY_RATIO
-            out.append({"model": model, "memory_bytes": row.value, "usable_bytes": round(usable),
-                        "gpus_in_fleet": count.get(model, 0), "fits": plan.fits(row.value),
-                        "enough_gpus": count.get(model, 0) >= plan.gpus,
-                        "headroom_bytes": round(usable - plan.per_gpu_bytes)})
+            out.append(
+                {
+                    "model": model,
+                    "memory_bytes": row.value,
+                    "usable_bytes": round(usable),
+                    "gpus_in_fleet": count.get(model, 0),
+                    "fits": plan.fits(row.value),
+                    "enough_gpus": count.get(model, 0) >= plan.gpus,
+                    "headroom_bytes": round(usable - plan.per_gpu_bytes),
+                }
+            )
         return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
 
 

@@ -16,18 +16,31 @@ from exporter.health.thresholds import Thresholds
 from exporter.snapshot import GpuSnapshot
 
 OK, WARNING, CRITICAL = 0, 1, 2
-CHECKS = ("gpu_lost", "ecc", "row_remap", "xid", "nvlink", "temperature", "thermal_throttling", "power",
-          "performance_state", "memory_pressure", "utilization", "persistence_mode", "pcie")
+CHECKS = (
+    "gpu_lost",
+    "ecc",
+    "row_remap",
+    "xid",
+    "nvlink",
+    "temperature",
+    "thermal_throttling",
+    "power",
+    "performance_state",
+    "memory_pressure",
+    "utilization",
+    "persistence_mode",
+    "pcie",
+)
 
 
 @dataclass(frozen=True)
 class Verdict:
     check: str
     level: int
-    severity: str            # ok, info, warning, critical (info: worth showing, level stays 0)
+    severity: str  # ok, info, warning, critical (info: worth showing, level stays 0)
     observed: str
     threshold: str
-    since: float = 0.0       # unix time this non-ok level began (as this exporter saw it); 0 while ok
+    since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
 
 
 def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -36,10 +49,14 @@ def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
 
 # The counters the windowed checks need; everything else is judged on the current snapshot. NVLink error counters
 # are kept as one sum per type over the GPU's links, not per link: the history stays a dozen numbers per point.
-_HISTORY_KEYS = {("gpuwarden_busy_seconds_total", ()), ("gpuwarden_utilization_sampled_seconds_total", ()),
-                 ("gpuwarden_pcie_replay_errors_total", ())} | {
+_HISTORY_KEYS = {
+    ("gpuwarden_busy_seconds_total", ()),
+    ("gpuwarden_utilization_sampled_seconds_total", ()),
+    ("gpuwarden_pcie_replay_errors_total", ()),
+} | {
     ("gpuwarden_throttle_seconds_total", (reason,))
-    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")}
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
+}
 NVLINK_SUM = "nvlink_errors_sum"
 
 
@@ -91,8 +108,13 @@ class _History:
             return None
         return max(self.latest[key] - then[1][key], 0.0) / (now - then[0])
 
-    def ratio(self, numerator: tuple[str, tuple[str, ...]], denominator: tuple[str, tuple[str, ...]],
-              now: float, window: float) -> float | None:
+    def ratio(
+        self,
+        numerator: tuple[str, tuple[str, ...]],
+        denominator: tuple[str, tuple[str, ...]],
+        now: float,
+        window: float,
+    ) -> float | None:
         """Δnumerator / Δdenominator over the window (busy seconds / sampled seconds)."""
         then = self._then(now, window)
         keys = {numerator, denominator}
@@ -116,14 +138,21 @@ class HealthEvaluator:
     def __init__(self, thresholds: Thresholds) -> None:
         self.t = thresholds
         self._history: dict[str, _History] = {}
-        self._began: dict[tuple[str, str], tuple[int, float]] = {}   # (uuid, check) → (level, began)
+        self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
         self._links_seen_up: dict[str, set[str]] = {}
 
     def _new_history(self) -> _History:
         t = self.t
-        windows = (t.utilization_for_s, t.thermal_slowdown_for_s, t.power_cap_for_s, t.pstate_for_s,
-                   t.nvlink_crc_for_s, t.pcie_replays_for_s, 900)
+        windows = (
+            t.utilization_for_s,
+            t.thermal_slowdown_for_s,
+            t.power_cap_for_s,
+            t.pstate_for_s,
+            t.nvlink_crc_for_s,
+            t.pcie_replays_for_s,
+            900,
+        )
         spacing = min(max(min(windows) / 10, 0.5), 15.0)
         return _History(spacing, max(windows) + 2 * spacing)
 
@@ -135,8 +164,9 @@ class HealthEvaluator:
         since = self._since.setdefault((uuid, key), now)
         return now - since >= duration
 
-    def evaluate(self, gpus: Iterable[GpuSnapshot], xid: dict[tuple[str, int], tuple[int, float]],
-                 now: float) -> dict[str, tuple[Verdict, ...]]:
+    def evaluate(
+        self, gpus: Iterable[GpuSnapshot], xid: dict[tuple[str, int], tuple[int, float]], now: float
+    ) -> dict[str, tuple[Verdict, ...]]:
         result: dict[str, tuple[Verdict, ...]] = {}
         for gpu in gpus:
             if not gpu.up:
@@ -164,11 +194,19 @@ class HealthEvaluator:
                     verdict = replace(verdict, since=began)
                 out.append(verdict)
             stamped[uuid] = tuple(out)
-        self._began = since   # GPUs and checks that are gone or ok are forgotten: bounded by the current set
+        self._began = since  # GPUs and checks that are gone or ok are forgotten: bounded by the current set
         return stamped
 
-    def _check(self, name: str, uuid: str, v: dict[tuple[str, tuple[str, ...]], float], h: _History,
-               xid: dict[tuple[str, int], tuple[int, float]], now: float, pstate_exempt: bool = False) -> Verdict:
+    def _check(
+        self,
+        name: str,
+        uuid: str,
+        v: dict[tuple[str, tuple[str, ...]], float],
+        h: _History,
+        xid: dict[tuple[str, int], tuple[int, float]],
+        now: float,
+        pstate_exempt: bool = False,
+    ) -> Verdict:
         t = self.t
 
         def verdict(level: int, observed: object = "", threshold: object = "", severity: str | None = None) -> Verdict:
@@ -210,8 +248,14 @@ class HealthEvaluator:
                 return verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
             for kind in ("replay", "recovery"):
                 if h.rate((NVLINK_SUM, (kind,)), now, 900):
-                    named = sorted({labels[0] for (n, labels), value in v.items()
-                                    if n == "gpuwarden_nvlink_errors_total" and labels[1] == kind and value}, key=int)
+                    named = sorted(
+                        {
+                            labels[0]
+                            for (n, labels), value in v.items()
+                            if n == "gpuwarden_nvlink_errors_total" and labels[1] == kind and value
+                        },
+                        key=int,
+                    )
                     return verdict(WARNING, f"{kind} errors on link {', '.join(named)}", "none in 15 m")
             crc = h.rate((NVLINK_SUM, ("crc_flit",)), now, t.nvlink_crc_for_s)
             if crc is not None and crc > t.nvlink_crc_per_second:
@@ -222,19 +266,30 @@ class HealthEvaluator:
             temp = v.get(("gpuwarden_temperature_celsius", ()))
             if temp is None:
                 return verdict(OK, "n/a")
-            if self._sustained(uuid, "temp_critical", temp > t.temperature_critical_celsius, now,
-                               t.temperature_critical_for_s):
+            if self._sustained(
+                uuid, "temp_critical", temp > t.temperature_critical_celsius, now, t.temperature_critical_for_s
+            ):
                 return verdict(CRITICAL, f"{temp:.0f} °C", f"> {t.temperature_critical_celsius:g} °C")
-            if self._sustained(uuid, "temp_warning", temp > t.temperature_warning_celsius, now,
-                               t.temperature_warning_for_s):
+            if self._sustained(
+                uuid, "temp_warning", temp > t.temperature_warning_celsius, now, t.temperature_warning_for_s
+            ):
                 return verdict(WARNING, f"{temp:.0f} °C", f"> {t.temperature_warning_celsius:g} °C")
             return verdict(OK, f"{temp:.0f} °C", f"<= {t.temperature_warning_celsius:g} °C")
         if name == "thermal_throttling":
             for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
                 share = h.rate(_throttle(reason), now, t.thermal_slowdown_for_s)
-                if share is None:   # no throttle counters (old driver): fall back to the point-sampled reason
-                    share = 1.0 if self._sustained(uuid, reason, bool(v.get(
-                        ("gpuwarden_clock_event_active", (reason,)))), now, t.thermal_slowdown_for_s) else 0.0
+                if share is None:  # no throttle counters (old driver): fall back to the point-sampled reason
+                    share = (
+                        1.0
+                        if self._sustained(
+                            uuid,
+                            reason,
+                            bool(v.get(("gpuwarden_clock_event_active", (reason,)))),
+                            now,
+                            t.thermal_slowdown_for_s,
+                        )
+                        else 0.0
+                    )
                 if share > t.thermal_slowdown_ratio:
                     return verdict(WARNING, f"{reason} {share:.0%} of the time", f"<= {t.thermal_slowdown_ratio:.0%}")
             return verdict(OK, "no thermal slowdown", f"<= {t.thermal_slowdown_ratio:.0%}")
@@ -255,12 +310,18 @@ class HealthEvaluator:
         if name == "performance_state":
             pstate = v.get(("gpuwarden_performance_state", ()))
             busy = h.ratio(BUSY, SAMPLED, now, t.pstate_for_s)
-            degraded = pstate is not None and pstate >= t.pstate_degraded_min and busy is not None \
-                and busy > t.pstate_busy_ratio and not pstate_exempt
+            degraded = (
+                pstate is not None
+                and pstate >= t.pstate_degraded_min
+                and busy is not None
+                and busy > t.pstate_busy_ratio
+                and not pstate_exempt
+            )
             # idle GPUs (H100 idles in P0 at 345 MHz) and P-states of idle boards never count: busy must be high
             if self._sustained(uuid, "pstate", degraded, now, t.pstate_for_s):
-                return verdict(WARNING, f"P{pstate:.0f} while {busy:.0%} busy",
-                               f"P{t.pstate_degraded_min - 1} or better")
+                return verdict(
+                    WARNING, f"P{pstate:.0f} while {busy:.0%} busy", f"P{t.pstate_degraded_min - 1} or better"
+                )
             return verdict(OK, f"P{pstate:.0f}" if pstate is not None else "n/a", "")
         if name == "memory_pressure":
             used, total = v.get(("gpuwarden_memory_used_bytes", ())), v.get(("gpuwarden_memory_total_bytes", ()))
@@ -289,4 +350,3 @@ class HealthEvaluator:
                 return verdict(WARNING, f"{per_second * 60:.1f} replays/min", f"<= {t.pcie_replays_per_minute:g}/min")
             return verdict(OK, "", "")
         raise ValueError(f"unknown check {name}")
-

@@ -15,50 +15,63 @@ ADVICE: dict[str, tuple[str, str]] = {
     "gpu_lost": (
         "The GPU fell off the bus or needs a reset (XID 79, GPU_IS_LOST / RESET_REQUIRED): a hardware, power or "
         "PCIe fault, or a driver failure.",
-        "Cordon and drain the node; try `nvidia-smi -r`; otherwise power-cycle and reseat the GPU. RMA if it recurs."),
+        "Cordon and drain the node; try `nvidia-smi -r`; otherwise power-cycle and reseat the GPU. RMA if it recurs.",
+    ),
     "ecc": (
         "Uncorrectable (double-bit) memory errors: failing HBM. Jobs on this GPU may crash or compute garbage.",
         "Stop its workloads, cordon the node, reset the GPU (pending row remaps apply at reset); request a "
-        "replacement if it recurs."),
+        "replacement if it recurs.",
+    ),
     "row_remap": (
         "Memory rows were remapped (pending until the next reset) or a remap failed (no spare rows left).",
-        "Pending: reset the GPU at the next maintenance window. Failed: drain, run the field diagnostic, open an RMA."),
+        "Pending: reset the GPU at the next maintenance window. Failed: drain, run the field diagnostic, open an RMA.",
+    ),
     "xid": (
         "The driver reported a critical XID (reset, reboot or hardware class; see NVIDIA's XID catalog).",
-        "Drain the node and reset the GPU; check `dmesg | grep -i xid` and the runbook for that XID."),
+        "Drain the node and reset the GPU; check `dmesg | grep -i xid` and the runbook for that XID.",
+    ),
     "nvlink": (
         "An NVLink link that was up went down or logs errors: a link, NVSwitch or baseboard fault.",
         "Drain the node, check `nvidia-smi nvlink -s` and `nvidia-smi topo -m`, reset or reboot; replace the "
-        "baseboard if it recurs."),
+        "baseboard if it recurs.",
+    ),
     "temperature": (
         "The GPU runs hot: cooling (fans, airflow, inlet temperature, blanking panels) or a bad heatsink.",
-        "Check the chassis' cooling and the GPU's neighbours; drain before it reaches its shutdown temperature."),
+        "Check the chassis' cooling and the GPU's neighbours; drain before it reaches its shutdown temperature.",
+    ),
     "thermal_throttling": (
         "The clocks are held down for heat (HW/SW thermal slowdown): jobs run slower than they should.",
-        "Fix the cooling; compare with the other GPUs in the chassis."),
+        "Fix the cooling; compare with the other GPUs in the chassis.",
+    ),
     "power": (
         "The power limit is below the board's default, or the external power brake engaged: throughput is lost.",
-        "Restore the limit (`nvidia-smi -pl`), find the out-of-band limiter (BMC), check the PSUs and rack budget."),
+        "Restore the limit (`nvidia-smi -pl`), find the out-of-band limiter (BMC), check the PSUs and rack budget.",
+    ),
     "performance_state": (
         "A busy GPU is held in a low performance state: power, thermal or application-clock limits.",
-        "Read the clock-event reasons (`nvidia-smi -q -d PERFORMANCE`), fix power/thermal, reset application clocks."),
+        "Read the clock-event reasons (`nvidia-smi -q -d PERFORMANCE`), fix power/thermal, reset application clocks.",
+    ),
     "memory_pressure": (
         "GPU memory is (nearly) full and the job risks CUDA out-of-memory. The parameter count underestimates "
         "training memory: weights + gradients + optimizer state (Adam: two fp32 moments) + activations; a 7B model "
         "with Adam needs ~100 GB unsharded. Frameworks also preallocate (JAX 75 %, PyTorch's caching allocator).",
         "Smaller batch (with gradient accumulation), gradient checkpointing, ZeRO/FSDP sharding across GPUs, bf16 "
-        "mixed precision, or a GPU with more memory."),
+        "mixed precision, or a GPU with more memory.",
+    ),
     "utilization": (
         "A job holds the GPU but kernels run less than half the time: the GPU waits for data (DataLoader workers, "
         "CPU preprocessing, storage), for communication (all-reduce) or for checkpoints.",
         "Profile first (PyTorch profiler, Nsight Systems). Then: more DataLoader workers, pin_memory, cache the data "
-        "set locally, overlap communication, checkpoint asynchronously."),
+        "set locally, overlap communication, checkpoint asynchronously.",
+    ),
     "persistence_mode": (
         "Persistence mode is off: the driver tears the GPU's state down between jobs.",
-        "Enable nvidia-persistenced (or `nvidia-smi -pm 1`)."),
+        "Enable nvidia-persistenced (or `nvidia-smi -pm 1`).",
+    ),
     "pcie": (
         "The PCIe link replays packets: seating, riser or cable problems, or a degraded link.",
-        "Reseat the GPU and check risers and cables at the next maintenance window."),
+        "Reseat the GPU and check risers and cables at the next maintenance window.",
+    ),
 }
 
 
@@ -79,14 +92,20 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
     if not snapshot.nvml_up:
         error = snapshot.nvml_error or "unknown"
         if error == "lib_rm_version_mismatch":
-            cause = ("The NVIDIA kernel driver was upgraded while this process kept the old libnvidia-ml loaded "
-                     "(driver/library version mismatch).")
+            cause = (
+                "The NVIDIA kernel driver was upgraded while this process kept the old libnvidia-ml loaded "
+                "(driver/library version mismatch)."
+            )
             action = "Restart gpuwarden (it exits on its own after a grace period) and any CUDA application."
         else:
-            cause = (f"NVML is unusable ({error}): the NVIDIA driver is not loaded, still installing, or the "
-                     "container lacks the NVIDIA runtime (libnvidia-ml.so.1 and /dev/nvidia*).")
-            action = ("Check `nvidia-smi` and `lsmod | grep nvidia` on the node, `dmesg | grep -i nvrm`; in Kubernetes "
-                      "run with the NVIDIA runtime (NVIDIA_DRIVER_CAPABILITIES=utility); reload the driver or reboot.")
+            cause = (
+                f"NVML is unusable ({error}): the NVIDIA driver is not loaded, still installing, or the "
+                "container lacks the NVIDIA runtime (libnvidia-ml.so.1 and /dev/nvidia*)."
+            )
+            action = (
+                "Check `nvidia-smi` and `lsmod | grep nvidia` on the node, `dmesg | grep -i nvrm`; in Kubernetes "
+                "run with the NVIDIA runtime (NVIDIA_DRIVER_CAPABILITIES=utility); reload the driver or reboot."
+            )
         findings.append(Finding(None, None, "driver", "critical", error, "nvml up", cause, action))
         return findings
     for gpu in snapshot.gpus:
@@ -94,8 +113,18 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             if verdict.severity == "ok":
                 continue
             cause, action = ADVICE[verdict.check]
-            findings.append(Finding(gpu.index, gpu.uuid, verdict.check, verdict.severity, verdict.observed,
-                                    verdict.threshold, cause, action))
+            findings.append(
+                Finding(
+                    gpu.index,
+                    gpu.uuid,
+                    verdict.check,
+                    verdict.severity,
+                    verdict.observed,
+                    verdict.threshold,
+                    cause,
+                    action,
+                )
+            )
     findings += _nvlink_missing(snapshot)
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: (order.get(f.severity, 3), -1 if f.gpu is None else f.gpu, f.check))
@@ -111,20 +140,28 @@ def _nvlink_missing(snapshot: Snapshot) -> list[Finding]:
         return []
     has_links = any(gpu.info.get("nvlink_links") for gpu in up)
     severity = "warning" if has_links else "info"
-    cause = ("The GPUs have NVLink ports but no pair is joined by an active link: NVSwitch fabric manager not "
-             "running, links trained down, or a baseboard fault." if has_links else
-             "No NVLink between the GPUs: a PCIe SKU or no NVLink bridge. Multi-GPU training communicates over "
-             f"PCIe ({', '.join(sorted(set(levels)))}), which is far slower.")
-    action = ("Check `nvidia-smi topo -m` and `nvidia-smi nvlink -s`; on HGX/DGX systems start "
-              "nvidia-fabricmanager; reboot; replace the baseboard if links stay down." if has_links else
-              "Expected on PCIe cards; for multi-GPU training choose SXM/NVLink nodes or install NVLink bridges.")
+    cause = (
+        "The GPUs have NVLink ports but no pair is joined by an active link: NVSwitch fabric manager not "
+        "running, links trained down, or a baseboard fault."
+        if has_links
+        else "No NVLink between the GPUs: a PCIe SKU or no NVLink bridge. Multi-GPU training communicates over "
+        f"PCIe ({', '.join(sorted(set(levels)))}), which is far slower."
+    )
+    action = (
+        "Check `nvidia-smi topo -m` and `nvidia-smi nvlink -s`; on HGX/DGX systems start "
+        "nvidia-fabricmanager; reboot; replace the baseboard if links stay down."
+        if has_links
+        else "Expected on PCIe cards; for multi-GPU training choose SXM/NVLink nodes or install NVLink bridges."
+    )
     return [Finding(None, None, "nvlink_topology", severity, "no NV# pair", "NV# between GPUs", cause, action)]
 
 
 def as_json(snapshot: Snapshot, findings: list[Finding]) -> dict[str, object]:
     driver = dict(snapshot.driver)
     if driver.get("cuda_driver_version"):
-        driver["note"] = (f"This driver supports CUDA up to {driver['cuda_driver_version']}: an application built "
-                          "for a newer CUDA fails with 'CUDA driver version is insufficient' (upgrade the driver or "
-                          "use a matching CUDA build).")
+        driver["note"] = (
+            f"This driver supports CUDA up to {driver['cuda_driver_version']}: an application built "
+            "for a newer CUDA fails with 'CUDA driver version is insufficient' (upgrade the driver or "
+            "use a matching CUDA build)."
+        )
     return {"nvml_up": snapshot.nvml_up, "driver": driver, "findings": [asdict(f) for f in findings]}

@@ -29,7 +29,7 @@ class Rule:
     summary: str
     description: str
     for_s: int = 0
-    action: str | None = None          # cordon, reset_gpu, reboot, rma: for automation on the receiving side
+    action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
 
 
 @dataclass
@@ -56,169 +56,327 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
 
     def busy(window: int) -> str:
         w = duration(window)
-        return (f"rate(gpuwarden_busy_seconds_total{{{s}}}[{w}]) "
-                f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{w}])")
+        return (
+            f"rate(gpuwarden_busy_seconds_total{{{s}}}[{w}]) "
+            f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{w}])"
+        )
 
     def throttle(reason: str, window: int) -> str:
         return f'rate(gpuwarden_throttle_seconds_total{{{s},reason="{reason}"}}[{duration(window)}])'
 
     return [
-        Group("gpuwarden-exporter", [
-            Rule("GpuwardenExporterDown", f"up{{{s}}} == 0", "warning", "A gpuwarden exporter is down.",
-                 "gpuwarden on {{ $labels.instance }} has not answered scrapes for 5 minutes, so its GPUs are "
-                 "unmonitored; check the pod or service and its logs.", t.exporter_down_for_s),
-            Rule("GpuwardenExporterAbsent", f"absent(up{{{s}}})", "warning", "No gpuwarden exporter is scraped.",
-                 "Prometheus has no gpuwarden target at all, so every GPU rule evaluates to nothing and looks "
-                 "healthy; check the ServiceMonitor or scrape config and the DaemonSet.", t.exporter_absent_for_s),
-            Rule("GpuwardenNvmlDown", f"gpuwarden_nvml_up{{{s}}} == 0", "warning", "NVML is down on a GPU node.",
-                 "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver is "
-                 "not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
-                 "or reboot.", t.nvml_down_for_s),
-            Rule("GpuwardenCollectionStale",
-                 f'time() - gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}} > {t.collection_stale_s}',
-                 "warning", "GPU collection has stalled.",
-                 "gpuwarden on {{ $labels.instance }} has not finished a poll for {{ $value | humanizeDuration }}: "
-                 "NVML is probably wedged in the driver (often a hung GPU, XID 119/120); check dmesg and "
-                 "nvidia-smi."),
-        ]),
-        Group("gpuwarden-availability", [
-            Rule("GpuwardenGpuLost", f"gpuwarden_gpu_up{{{s}}} == 0", "critical", "A GPU has fallen off the bus.",
-                 f"{gpu} does not answer NVML (lost or reset required); drain and cordon the node, then reset or "
-                 "power-cycle the GPU; RMA if it recurs.", t.gpu_lost_for_s, "cordon"),
-            Rule("GpuwardenGpuCountDropped",
-                 f"max_over_time(gpuwarden_gpus{{{s}}}[6h]) - gpuwarden_gpus{{{s}}} > 0", "warning",
-                 "A GPU disappeared from a node.",
-                 "{{ $value }} GPU(s) fewer are visible on {{ $labels.instance }} than in the last 6 hours; check "
-                 "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.", 600),
-            Rule("GpuwardenRecoveryActionNeeded", f"gpuwarden_recovery_action{{{s}}} > 0", "critical",
-                 "The driver asks for a GPU recovery action.",
-                 f"The driver recommends recovery action {{{{ $value }}}} for {gpu} (1 reset GPU, 2 reboot node, "
-                 "3 drain P2P, 4 drain and reset); drain the node and carry it out.", 0, "reset_gpu"),
-            Rule("GpuwardenXidCritical",
-                 f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_critical)}"}} '
-                 f"< {t.xid_window_s}", "critical", "A GPU reported a critical XID.",
-                 f"{gpu} raised XID {{{{ $labels.xid }}}}; drain the node, reset the GPU and follow the runbook "
-                 "for that XID.", 0, "reset_gpu"),
-            Rule("GpuwardenXidWarning",
-                 f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_warning)}"}} '
-                 f"< {t.xid_window_s}", "warning", "A GPU reported a contained XID.",
-                 f"{gpu} raised XID {{{{ $labels.xid }}}}; restart the affected application and reset the GPU at "
-                 "the next maintenance window."),
-        ]),
-        Group("gpuwarden-memory-health", [
-            Rule("GpuwardenEccUncorrectable", f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0',
-                 "critical", "A GPU has uncorrectable ECC errors.",
-                 f"{gpu} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
-                 "workloads, cordon the node, reset the GPU, and request a replacement if it recurs.", 0, "cordon"),
-            Rule("GpuwardenRowRemapFailure", f"gpuwarden_remapped_rows_failed{{{s}}} == 1", "critical",
-                 "A GPU failed to remap a memory row.",
-                 f"{gpu} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
-                 "diagnostic and open an RMA.", 0, "rma"),
-            Rule("GpuwardenRowRemapPending", f"gpuwarden_remapped_rows_pending{{{s}}} == 1", "warning",
-                 "A GPU has a memory row remap pending.",
-                 f"{gpu} has a row remap that takes effect at the next GPU reset; reset it at the next "
-                 "maintenance window.", 0, "reset_gpu"),
-            Rule("GpuwardenRetiredPagesPending", f"gpuwarden_retired_pages_pending{{{s}}} == 1", "warning",
-                 "A GPU has a page retirement pending.",
-                 f"{gpu} retired memory pages that take effect at the next driver reload; reload the driver or "
-                 "reboot at the next maintenance window."),
-            Rule("GpuwardenRetiredPagesLimit",
-                 f"sum without (cause) (gpuwarden_retired_pages{{{s}}}) >= {t.retired_pages_limit}", "critical",
-                 "A GPU reached the retired-page limit.",
-                 f"{gpu} has {{{{ $value }}}} retired pages; drain it, run the field diagnostic and open an RMA.",
-                 0, "rma"),
-        ]),
-        Group("gpuwarden-thermal-power", [
-            Rule("GpuwardenTemperatureHigh",
-                 f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_warning_celsius:g}",
-                 "warning", "A GPU is running hot.",
-                 f"{gpu} is at {{{{ $value }}}} °C; check airflow, fans and inlet temperature before it throttles.",
-                 t.temperature_warning_for_s),
-            Rule("GpuwardenTemperatureCritical",
-                 f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_critical_celsius:g}", "critical",
-                 "A GPU is in the thermal danger zone.",
-                 f"{gpu} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the cooling "
-                 "before the GPU shuts down.", t.temperature_critical_for_s, "cordon"),
-            Rule("GpuwardenMemoryTemperatureHigh",
-                 f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
-                 f'(gpuwarden_temperature_threshold_celsius{{{s},threshold="memory_max"}} '
-                 f"- {t.memory_temperature_margin_celsius:g})", "warning", "A GPU's memory is running hot.",
-                 f"The HBM of {gpu} is at {{{{ $value }}}} °C, within {t.memory_temperature_margin_celsius:g} °C of "
-                 "its limit; check airflow and cooling.", t.memory_temperature_for_s),
-            Rule("GpuwardenHwThermalSlowdown",
-                 f"{throttle('hw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
-                 "warning", "A GPU is throttled for heat.",
-                 f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time in hardware thermal slowdown; "
-                 "check cooling and the chassis' fans.", t.thermal_slowdown_for_s),
-            Rule("GpuwardenHwPowerBrake",
-                 f"{throttle('hw_power_brake_slowdown', t.thermal_slowdown_for_s)} > {t.power_brake_ratio:g}",
-                 "warning", "A GPU is held down by the power brake.",
-                 f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time under the external power brake; "
-                 "check the PSUs and the rack's power budget.", t.thermal_slowdown_for_s),
-            Rule("GpuwardenPowerCapSustained",
-                 f"{throttle('sw_power_cap', t.power_cap_for_s)} > {t.power_cap_ratio:g}", "info",
-                 "A GPU runs at its power cap.",
-                 f"{gpu} was power-capped {{{{ $value | humanizePercentage }}}} of the time; normal at full load, "
-                 "worth a look if the limit was lowered.", 0),
-            Rule("GpuwardenPowerLimitReduced",
-                 f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}", "warning",
-                 "A GPU's power limit is below its default.",
-                 f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
-                 "find the out-of-band limiter (BMC).", t.power_limit_reduced_for_s),
-            Rule("GpuwardenPerformanceStateDegraded",
-                 f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
-                 f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
-                 f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
-                 f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
-                 "warning", "A busy GPU is stuck in a low performance state.",
-                 f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
-                 "thermals, and application clocks.", 300),
-        ]),
-        Group("gpuwarden-capacity", [
-            Rule("GpuwardenMemoryNearlyFull",
-                 f"gpuwarden_memory_used_bytes{{{s}}} / gpuwarden_memory_total_bytes{{{s}}} "
-                 f"> {t.memory_warning_ratio:g}",
-                 "warning", "A GPU's memory is nearly full.",
-                 f"{gpu} uses {{{{ $value | humanizePercentage }}}} of its memory; frameworks preallocate, so "
-                 "tell the job's owner: smaller batch, gradient checkpointing, sharding (ZeRO/FSDP) or bf16.",
-                 t.memory_for_s),
-            Rule("GpuwardenUnderutilized",
-                 f"{busy(t.utilization_for_s)} < {t.utilization_low_ratio:g} "
-                 f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0", "info",
-                 "A GPU holding a job is mostly idle.",
-                 f"{gpu} ran kernels only {{{{ $value | humanizePercentage }}}} of the time while a job held it; "
-                 "the job starves on input (DataLoader workers, pin_memory, local caching), communication or "
-                 "checkpoints: profile it.", 300),
-        ]),
-        Group("gpuwarden-interconnect", [
-            Rule("GpuwardenNvlinkDown",
-                 f"gpuwarden_nvlink_up{{{s}}} == 0 and on (instance, uuid, link) "
-                 f"max_over_time(gpuwarden_nvlink_up{{{s}}}[6h]) == 1", "critical", "An NVLink link went down.",
-                 f"NVLink {{{{ $labels.link }}}} of {gpu} was up and is now down, which cripples multi-GPU "
-                 "training; drain the node, check nvidia-smi nvlink -s, reset or reboot, and replace the "
-                 "baseboard if it recurs.", t.nvlink_down_for_s, "cordon"),
-            Rule("GpuwardenNvlinkCrcErrorsHigh",
-                 f'rate(gpuwarden_nvlink_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
-                 "warning", "An NVLink link has a high CRC error rate.",
-                 f"NVLink {{{{ $labels.link }}}} of {gpu} has {{{{ $value }}}} CRC errors/s; schedule a reset and "
-                 "check the link at the next maintenance window.", t.nvlink_crc_for_s),
-            Rule("GpuwardenNvlinkReplayRecovery",
-                 f'increase(gpuwarden_nvlink_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0', "warning",
-                 "An NVLink link needed replays or recovery.",
-                 f"NVLink {{{{ $labels.link }}}} of {gpu} logged {{{{ $labels.type }}}} errors; watch it and reset "
-                 "the GPU at the next maintenance window if they continue."),
-            Rule("GpuwardenPcieReplaysHigh",
-                 f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
-                 "warning", "A GPU's PCIe link is replaying packets.",
-                 f"{gpu} replays {{{{ $value }}}} PCIe packets per minute; check seating, risers and cables.",
-                 t.pcie_replays_for_s),
-        ]),
-        Group("gpuwarden-configuration", [
-            Rule("GpuwardenPersistenceModeOff", f"gpuwarden_persistence_mode_enabled{{{s}}} == 0", "warning",
-                 "A GPU runs without persistence mode.",
-                 f"{gpu} has persistence mode off, so driver state is torn down between jobs; enable "
-                 "nvidia-persistenced (or nvidia-smi -pm 1).", t.persistence_off_for_s),
-        ]),
+        Group(
+            "gpuwarden-exporter",
+            [
+                Rule(
+                    "GpuwardenExporterDown",
+                    f"up{{{s}}} == 0",
+                    "warning",
+                    "A gpuwarden exporter is down.",
+                    "gpuwarden on {{ $labels.instance }} has not answered scrapes for 5 minutes, so its GPUs are "
+                    "unmonitored; check the pod or service and its logs.",
+                    t.exporter_down_for_s,
+                ),
+                Rule(
+                    "GpuwardenExporterAbsent",
+                    f"absent(up{{{s}}})",
+                    "warning",
+                    "No gpuwarden exporter is scraped.",
+                    "Prometheus has no gpuwarden target at all, so every GPU rule evaluates to nothing and looks "
+                    "healthy; check the ServiceMonitor or scrape config and the DaemonSet.",
+                    t.exporter_absent_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvmlDown",
+                    f"gpuwarden_nvml_up{{{s}}} == 0",
+                    "warning",
+                    "NVML is down on a GPU node.",
+                    "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver is "
+                    "not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
+                    "or reboot.",
+                    t.nvml_down_for_s,
+                ),
+                Rule(
+                    "GpuwardenCollectionStale",
+                    f'time() - gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}} > {t.collection_stale_s}',
+                    "warning",
+                    "GPU collection has stalled.",
+                    "gpuwarden on {{ $labels.instance }} has not finished a poll for {{ $value | humanizeDuration }}: "
+                    "NVML is probably wedged in the driver (often a hung GPU, XID 119/120); check dmesg and "
+                    "nvidia-smi.",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-availability",
+            [
+                Rule(
+                    "GpuwardenGpuLost",
+                    f"gpuwarden_gpu_up{{{s}}} == 0",
+                    "critical",
+                    "A GPU has fallen off the bus.",
+                    f"{gpu} does not answer NVML (lost or reset required); drain and cordon the node, then reset or "
+                    "power-cycle the GPU; RMA if it recurs.",
+                    t.gpu_lost_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenGpuCountDropped",
+                    f"max_over_time(gpuwarden_gpus{{{s}}}[6h]) - gpuwarden_gpus{{{s}}} > 0",
+                    "warning",
+                    "A GPU disappeared from a node.",
+                    "{{ $value }} GPU(s) fewer are visible on {{ $labels.instance }} than in the last 6 hours; check "
+                    "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.",
+                    600,
+                ),
+                Rule(
+                    "GpuwardenRecoveryActionNeeded",
+                    f"gpuwarden_recovery_action{{{s}}} > 0",
+                    "critical",
+                    "The driver asks for a GPU recovery action.",
+                    f"The driver recommends recovery action {{{{ $value }}}} for {gpu} (1 reset GPU, 2 reboot node, "
+                    "3 drain P2P, 4 drain and reset); drain the node and carry it out.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenXidCritical",
+                    f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_critical)}"}} '
+                    f"< {t.xid_window_s}",
+                    "critical",
+                    "A GPU reported a critical XID.",
+                    f"{gpu} raised XID {{{{ $labels.xid }}}}; drain the node, reset the GPU and follow the runbook "
+                    "for that XID.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenXidWarning",
+                    f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_warning)}"}} '
+                    f"< {t.xid_window_s}",
+                    "warning",
+                    "A GPU reported a contained XID.",
+                    f"{gpu} raised XID {{{{ $labels.xid }}}}; restart the affected application and reset the GPU at "
+                    "the next maintenance window.",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-memory-health",
+            [
+                Rule(
+                    "GpuwardenEccUncorrectable",
+                    f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0',
+                    "critical",
+                    "A GPU has uncorrectable ECC errors.",
+                    f"{gpu} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
+                    "workloads, cordon the node, reset the GPU, and request a replacement if it recurs.",
+                    0,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenRowRemapFailure",
+                    f"gpuwarden_remapped_rows_failed{{{s}}} == 1",
+                    "critical",
+                    "A GPU failed to remap a memory row.",
+                    f"{gpu} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
+                    "diagnostic and open an RMA.",
+                    0,
+                    "rma",
+                ),
+                Rule(
+                    "GpuwardenRowRemapPending",
+                    f"gpuwarden_remapped_rows_pending{{{s}}} == 1",
+                    "warning",
+                    "A GPU has a memory row remap pending.",
+                    f"{gpu} has a row remap that takes effect at the next GPU reset; reset it at the next "
+                    "maintenance window.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenRetiredPagesPending",
+                    f"gpuwarden_retired_pages_pending{{{s}}} == 1",
+                    "warning",
+                    "A GPU has a page retirement pending.",
+                    f"{gpu} retired memory pages that take effect at the next driver reload; reload the driver or "
+                    "reboot at the next maintenance window.",
+                ),
+                Rule(
+                    "GpuwardenRetiredPagesLimit",
+                    f"sum without (cause) (gpuwarden_retired_pages{{{s}}}) >= {t.retired_pages_limit}",
+                    "critical",
+                    "A GPU reached the retired-page limit.",
+                    f"{gpu} has {{{{ $value }}}} retired pages; drain it, run the field diagnostic and open an RMA.",
+                    0,
+                    "rma",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-thermal-power",
+            [
+                Rule(
+                    "GpuwardenTemperatureHigh",
+                    f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_warning_celsius:g}",
+                    "warning",
+                    "A GPU is running hot.",
+                    f"{gpu} is at {{{{ $value }}}} °C; check airflow, fans and inlet temperature before it throttles.",
+                    t.temperature_warning_for_s,
+                ),
+                Rule(
+                    "GpuwardenTemperatureCritical",
+                    f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_critical_celsius:g}",
+                    "critical",
+                    "A GPU is in the thermal danger zone.",
+                    f"{gpu} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the cooling "
+                    "before the GPU shuts down.",
+                    t.temperature_critical_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenMemoryTemperatureHigh",
+                    f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
+                    f'(gpuwarden_temperature_threshold_celsius{{{s},threshold="memory_max"}} '
+                    f"- {t.memory_temperature_margin_celsius:g})",
+                    "warning",
+                    "A GPU's memory is running hot.",
+                    f"The HBM of {gpu} is at {{{{ $value }}}} °C, within {t.memory_temperature_margin_celsius:g} °C of "
+                    "its limit; check airflow and cooling.",
+                    t.memory_temperature_for_s,
+                ),
+                Rule(
+                    "GpuwardenHwThermalSlowdown",
+                    f"{throttle('hw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
+                    "warning",
+                    "A GPU is throttled for heat.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time in hardware thermal slowdown; "
+                    "check cooling and the chassis' fans.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenHwPowerBrake",
+                    f"{throttle('hw_power_brake_slowdown', t.thermal_slowdown_for_s)} > {t.power_brake_ratio:g}",
+                    "warning",
+                    "A GPU is held down by the power brake.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time under the external power brake; "
+                    "check the PSUs and the rack's power budget.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenPowerCapSustained",
+                    f"{throttle('sw_power_cap', t.power_cap_for_s)} > {t.power_cap_ratio:g}",
+                    "info",
+                    "A GPU runs at its power cap.",
+                    f"{gpu} was power-capped {{{{ $value | humanizePercentage }}}} of the time; normal at full load, "
+                    "worth a look if the limit was lowered.",
+                    0,
+                ),
+                Rule(
+                    "GpuwardenPowerLimitReduced",
+                    f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}",
+                    "warning",
+                    "A GPU's power limit is below its default.",
+                    f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
+                    "find the out-of-band limiter (BMC).",
+                    t.power_limit_reduced_for_s,
+                ),
+                Rule(
+                    "GpuwardenPerformanceStateDegraded",
+                    f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
+                    f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
+                    f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
+                    f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
+                    "warning",
+                    "A busy GPU is stuck in a low performance state.",
+                    f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
+                    "thermals, and application clocks.",
+                    300,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-capacity",
+            [
+                Rule(
+                    "GpuwardenMemoryNearlyFull",
+                    f"gpuwarden_memory_used_bytes{{{s}}} / gpuwarden_memory_total_bytes{{{s}}} "
+                    f"> {t.memory_warning_ratio:g}",
+                    "warning",
+                    "A GPU's memory is nearly full.",
+                    f"{gpu} uses {{{{ $value | humanizePercentage }}}} of its memory; frameworks preallocate, so "
+                    "tell the job's owner: smaller batch, gradient checkpointing, sharding (ZeRO/FSDP) or bf16.",
+                    t.memory_for_s,
+                ),
+                Rule(
+                    "GpuwardenUnderutilized",
+                    f"{busy(t.utilization_for_s)} < {t.utilization_low_ratio:g} "
+                    f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
+                    "info",
+                    "A GPU holding a job is mostly idle.",
+                    f"{gpu} ran kernels only {{{{ $value | humanizePercentage }}}} of the time while a job held it; "
+                    "the job starves on input (DataLoader workers, pin_memory, local caching), communication or "
+                    "checkpoints: profile it.",
+                    300,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-interconnect",
+            [
+                Rule(
+                    "GpuwardenNvlinkDown",
+                    f"gpuwarden_nvlink_up{{{s}}} == 0 and on (instance, uuid, link) "
+                    f"max_over_time(gpuwarden_nvlink_up{{{s}}}[6h]) == 1",
+                    "critical",
+                    "An NVLink link went down.",
+                    f"NVLink {{{{ $labels.link }}}} of {gpu} was up and is now down, which cripples multi-GPU "
+                    "training; drain the node, check nvidia-smi nvlink -s, reset or reboot, and replace the "
+                    "baseboard if it recurs.",
+                    t.nvlink_down_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenNvlinkCrcErrorsHigh",
+                    f'rate(gpuwarden_nvlink_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
+                    "warning",
+                    "An NVLink link has a high CRC error rate.",
+                    f"NVLink {{{{ $labels.link }}}} of {gpu} has {{{{ $value }}}} CRC errors/s; schedule a reset and "
+                    "check the link at the next maintenance window.",
+                    t.nvlink_crc_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvlinkReplayRecovery",
+                    f'increase(gpuwarden_nvlink_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
+                    "warning",
+                    "An NVLink link needed replays or recovery.",
+                    f"NVLink {{{{ $labels.link }}}} of {gpu} logged {{{{ $labels.type }}}} errors; watch it and reset "
+                    "the GPU at the next maintenance window if they continue.",
+                ),
+                Rule(
+                    "GpuwardenPcieReplaysHigh",
+                    f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
+                    "warning",
+                    "A GPU's PCIe link is replaying packets.",
+                    f"{gpu} replays {{{{ $value }}}} PCIe packets per minute; check seating, risers and cables.",
+                    t.pcie_replays_for_s,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-configuration",
+            [
+                Rule(
+                    "GpuwardenPersistenceModeOff",
+                    f"gpuwarden_persistence_mode_enabled{{{s}}} == 0",
+                    "warning",
+                    "A GPU runs without persistence mode.",
+                    f"{gpu} has persistence mode off, so driver state is torn down between jobs; enable "
+                    "nvidia-persistenced (or nvidia-smi -pm 1).",
+                    t.persistence_off_for_s,
+                ),
+            ],
+        ),
     ]
 
 
@@ -240,8 +398,11 @@ def to_yaml(groups: list[Group], runbook_base: str = RUNBOOK_BASE, for_scale: fl
             if rule.action:
                 labels["action"] = rule.action
             entry["labels"] = labels
-            entry["annotations"] = {"summary": rule.summary, "description": rule.description,
-                                    "runbook_url": f"{runbook_base}#{anchor(rule.alert)}"}
+            entry["annotations"] = {
+                "summary": rule.summary,
+                "description": rule.description,
+                "runbook_url": f"{runbook_base}#{anchor(rule.alert)}",
+            }
             rules.append(entry)
         out["groups"].append({"name": group.name, "rules": rules})
     header = "# Generated by `python -m exporter.health.rules` from exporter/health/thresholds.py: do not edit.\n"

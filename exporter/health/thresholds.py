@@ -48,8 +48,33 @@ class Thresholds(BaseModel):
     pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
     # XIDs (alerting.md §4): a critical XID seen within the window
     xid_window_s: int = Field(600, ge=1)
-    xid_critical: tuple[int, ...] = (46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146,
-                                     147, 148, 149, 150, 155, 156, 158)
+    xid_critical: tuple[int, ...] = (
+        46,
+        48,
+        54,
+        62,
+        64,
+        74,
+        79,
+        95,
+        109,
+        110,
+        119,
+        120,
+        136,
+        140,
+        143,
+        144,
+        145,
+        146,
+        147,
+        148,
+        149,
+        150,
+        155,
+        156,
+        158,
+    )
     xid_warning: tuple[int, ...] = (61, 94)
     xid_info: tuple[int, ...] = (63, 92)
     # NVLink and PCIe

@@ -81,11 +81,11 @@ class GpuDevice:
         self.uuid = uuid
         self.handle = handle
         self.ledger = ledger
-        self.state: dict[str, Any] = {}          # readers' accumulators; survives re-discovery
+        self.state: dict[str, Any] = {}  # readers' accumulators; survives re-discovery
         # Last output of readers that run less often than their tier: reader name → (due at, samples, info)
         self.reader_cache: dict[str, tuple[float, tuple[Any, ...], dict[str, Any]]] = {}
         self.hardware_error: str | None = None
-        self.in_flight: dict[int, str] = {}      # thread id → NVML call it is in (what a hung worker is stuck in)
+        self.in_flight: dict[int, str] = {}  # thread id → NVML call it is in (what a hung worker is stuck in)
         self._unsupported: set[str] = set()
         self._unsupported_fields: set[FieldKey] = set()
         self._choice: dict[str, int] = {}
@@ -183,8 +183,7 @@ class GpuDevice:
         self._unsupported.add(key)
         self.ledger.error(call, error_name(code))
         level = logging.WARNING if code == pynvml.NVML_ERROR_NO_PERMISSION else logging.DEBUG
-        log.log(level, "gpu %s: %s answers %s; series omitted until re-discovery",
-                self.index, key, error_name(code))
+        log.log(level, "gpu %s: %s answers %s; series omitted until re-discovery", self.index, key, error_name(code))
 
     def _handle(self, key: str, call: str, exc: BaseException) -> None:
         code = error_code(exc)
@@ -212,4 +211,3 @@ class GpuDevice:
         self._unknown_streak += 1
         if self._unknown_streak >= UNKNOWN_STREAK_LIMIT:
             raise GpuLostError(f"{name}_repeated")
-

@@ -11,13 +11,13 @@ import pynvml
 
 
 class ErrorKind(enum.Enum):
-    UNSUPPORTED = "unsupported"      # absent on this SKU/driver: omit the series, remember, do not retry
-    NO_DATA = "no_data"              # normal "nothing new" answers (no new samples, event timeout)
-    TRANSIENT = "transient"          # count and omit; repeated → GPU lost
-    GPU_LOST = "gpu_lost"            # this GPU fell off the bus or needs a reset
-    LIBRARY_DOWN = "library_down"    # driver unloaded / NVML uninitialised: re-init with backoff
-    FATAL = "fatal"                  # driver upgraded under us: exit so we get restarted
-    HARDWARE = "hardware"            # InfoROM/IRQ/power problems: mark the GPU unhealthy
+    UNSUPPORTED = "unsupported"  # absent on this SKU/driver: omit the series, remember, do not retry
+    NO_DATA = "no_data"  # normal "nothing new" answers (no new samples, event timeout)
+    TRANSIENT = "transient"  # count and omit; repeated → GPU lost
+    GPU_LOST = "gpu_lost"  # this GPU fell off the bus or needs a reset
+    LIBRARY_DOWN = "library_down"  # driver unloaded / NVML uninitialised: re-init with backoff
+    FATAL = "fatal"  # driver upgraded under us: exit so we get restarted
+    HARDWARE = "hardware"  # InfoROM/IRQ/power problems: mark the GPU unhealthy
 
 
 _KIND_BY_CODE: dict[int, ErrorKind] = {

@@ -38,7 +38,7 @@ class Allocation:
 class AttributionView:
     """The last refresh: immutable, swapped whole, read by the poller without a lock."""
 
-    state: str                          # starting | ok | no_socket | error | disabled
+    state: str  # starting | ok | no_socket | error | disabled
     allocations: tuple[Allocation, ...] = ()
     refreshed_at: float = 0.0
     error: str | None = None
@@ -65,13 +65,16 @@ def parse_list_response(response: object, resource_patterns: Iterable[str]) -> t
                     continue
                 for device_id in devices.device_ids:
                     key = device_key(device_id)
-                    seen.setdefault((key, pod.namespace, pod.name, container.name),
-                                    Allocation(key, pod.namespace, pod.name, container.name))
+                    seen.setdefault(
+                        (key, pod.namespace, pod.name, container.name),
+                        Allocation(key, pod.namespace, pod.name, container.name),
+                    )
     return tuple(sorted(seen.values(), key=lambda a: (a.device_id, a.namespace, a.pod, a.container)))
 
 
-def assign(view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
-           ) -> tuple[dict[str, tuple[Allocation, ...]], int]:
+def assign(
+    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
+) -> tuple[dict[str, tuple[Allocation, ...]], int]:
     """Map allocations onto the visible GPUs: by UUID, by index (the plugin's index strategy), or by the UUID of
     one of the GPU's MIG instances (a MIG slice is charged to its parent GPU). Returns uuid → allocations and the
     number of allocated device IDs that name no visible GPU (GPUs hidden from this container)."""
@@ -87,7 +90,7 @@ def assign(view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
         uuid = by_key.get(allocation.device_id)
         if uuid is None:
             unmatched.add(allocation.device_id)
-        else:   # one series per container and GPU, however many slices of the GPU it holds
+        else:  # one series per container and GPU, however many slices of the GPU it holds
             holders = assigned.setdefault(uuid, {})
             holders.setdefault((allocation.namespace, allocation.pod, allocation.container), allocation)
     return {uuid: tuple(holders.values()) for uuid, holders in assigned.items()}, len(unmatched)
@@ -108,7 +111,8 @@ class PodResourcesClient:
         self._list = self._channel.unary_unary(
             LIST_METHOD,
             request_serializer=pb.ListPodResourcesRequest.SerializeToString,
-            response_deserializer=pb.ListPodResourcesResponse.FromString)
+            response_deserializer=pb.ListPodResourcesResponse.FromString,
+        )
 
     def list(self) -> object:
         return self._list(self._pb.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_S)
@@ -128,8 +132,13 @@ def describe_rpc_error(exc: Exception) -> str:
 class PodAttribution:
     """Refreshes the allocation view in a daemon thread; `view` is always the latest complete one."""
 
-    def __init__(self, socket_path: Path, refresh_interval: float, resource_patterns: tuple[str, ...],
-                 wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        refresh_interval: float,
+        resource_patterns: tuple[str, ...],
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.socket_path = socket_path
         self.refresh_interval = refresh_interval
         self.resource_patterns = resource_patterns
@@ -163,9 +172,13 @@ class PodAttribution:
             self._close()
             view = AttributionView(state="no_socket", refreshed_at=self._wall())
             if previous != "no_socket":
-                log.info("pod attribution off: no kubelet pod-resources socket at %s (mount "
-                         "/var/lib/kubelet/pod-resources read-only, or set --pods.resources-socket); "
-                         "checking again every %.0f s", self.socket_path, self.refresh_interval)
+                log.info(
+                    "pod attribution off: no kubelet pod-resources socket at %s (mount "
+                    "/var/lib/kubelet/pod-resources read-only, or set --pods.resources-socket); "
+                    "checking again every %.0f s",
+                    self.socket_path,
+                    self.refresh_interval,
+                )
         else:
             try:
                 if self._client is None:
@@ -173,16 +186,24 @@ class PodAttribution:
                 allocations = parse_list_response(self._client.list(), self.resource_patterns)
                 view = AttributionView(state="ok", allocations=allocations, refreshed_at=self._wall())
                 if previous != "ok":
-                    log.info("pod attribution on: kubelet pod-resources at %s, %d GPU allocation(s)",
-                             self.socket_path, len(allocations))
-            except Exception as exc:   # any failure of the kubelet call: report it, keep polling
+                    log.info(
+                        "pod attribution on: kubelet pod-resources at %s, %d GPU allocation(s)",
+                        self.socket_path,
+                        len(allocations),
+                    )
+            except Exception as exc:  # any failure of the kubelet call: report it, keep polling
                 self._close()
                 reason = describe_rpc_error(exc)
                 view = AttributionView(state="error", refreshed_at=self._wall(), error=reason)
                 if previous != "error":
-                    log.warning("pod attribution failing: kubelet pod-resources List at %s: %s%s",
-                                self.socket_path, reason,
-                                " (the socket is root-only: run the container as UID 0 with no capabilities, "
-                                "see docs/deploy.md)" if "permission denied" in reason.lower() else "")
+                    log.warning(
+                        "pod attribution failing: kubelet pod-resources List at %s: %s%s",
+                        self.socket_path,
+                        reason,
+                        " (the socket is root-only: run the container as UID 0 with no capabilities, "
+                        "see docs/deploy.md)"
+                        if "permission denied" in reason.lower()
+                        else "",
+                    )
         self.view = view
         return view

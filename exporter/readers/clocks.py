@@ -63,6 +63,10 @@ def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
 
 
 STATIC = Reader("clocks_max", Tier.STATIC, ("gpuwarden_clock_max_hertz",), read_static)
-FAST = Reader("clocks", Tier.FAST, ("gpuwarden_performance_state", "gpuwarden_clock_hertz",
-                                    "gpuwarden_clock_event_active"), read_fast)
+FAST = Reader(
+    "clocks",
+    Tier.FAST,
+    ("gpuwarden_performance_state", "gpuwarden_clock_hertz", "gpuwarden_clock_event_active"),
+    read_fast,
+)
 SLOW = Reader("throttle_time", Tier.SLOW, ("gpuwarden_throttle_seconds_total",), read_slow)

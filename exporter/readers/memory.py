@@ -33,9 +33,18 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     if dev.chosen("memory") == 0:
         out.add("gpuwarden_memory_reserved_bytes", mem.reserved)
     else:
-        out.info["memory_used_includes_reserved"] = True   # v1: "used" counts the driver reserve
+        out.info["memory_used_includes_reserved"] = True  # v1: "used" counts the driver reserve
 
 
 STATIC = Reader("memory_total", Tier.STATIC, (), read_static)
-FAST = Reader("memory", Tier.FAST, ("gpuwarden_memory_total_bytes", "gpuwarden_memory_used_bytes",
-                                    "gpuwarden_memory_free_bytes", "gpuwarden_memory_reserved_bytes"), read_fast)
+FAST = Reader(
+    "memory",
+    Tier.FAST,
+    (
+        "gpuwarden_memory_total_bytes",
+        "gpuwarden_memory_used_bytes",
+        "gpuwarden_memory_free_bytes",
+        "gpuwarden_memory_reserved_bytes",
+    ),
+    read_fast,
+)

@@ -21,7 +21,7 @@ def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
         try:
             handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, slot)
             uuid = pynvml.nvmlDeviceGetUUID(handle)
-        except pynvml.NVMLError:   # an empty slot answers NOT_FOUND; a slot destroyed meanwhile, likewise
+        except pynvml.NVMLError:  # an empty slot answers NOT_FOUND; a slot destroyed meanwhile, likewise
             continue
         uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
     out.info["mig_uuids"] = uuids

@@ -20,8 +20,9 @@ _SCOPED_ERRORS = {
 }
 # Unscoped per-link fields exist for links 0-11 only.
 _CRC_DATA = [39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107]
-_ECC_DATA = list(range(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0,
-                       pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11 + 1))
+_ECC_DATA = list(
+    range(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0, pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11 + 1)
+)
 NVSWITCH_REMOTE_BUS_ID = "FFFFFFFF:FF:FF.0"
 
 
@@ -35,7 +36,8 @@ def read_static(dev: GpuDevice, out: SampleWriter) -> None:
             bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
             remote[link] = bus.upper()
     switch = dev.fields([pynvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT]).get(
-        (pynvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT, 0))
+        (pynvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT, 0)
+    )
     dev.state["nvlink_links"] = links
     dev.state["nvlink_remote"] = remote
     dev.state["nvswitch_links"] = int(switch) if switch else 0
@@ -69,5 +71,6 @@ def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
 
 STATIC = Reader("nvlink_links", Tier.STATIC, (), read_static)
 SLOW = Reader("nvlink", Tier.SLOW, ("gpuwarden_nvlink_up",), read_state)
-ERRORS = Reader("nvlink_errors", Tier.SLOW, ("gpuwarden_nvlink_errors_total",), read_errors,
-                every="nvlink_errors_interval")
+ERRORS = Reader(
+    "nvlink_errors", Tier.SLOW, ("gpuwarden_nvlink_errors_total",), read_errors, every="nvlink_errors_interval"
+)

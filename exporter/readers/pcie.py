@@ -28,7 +28,15 @@ def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
         out.add("gpuwarden_pcie_bytes_total", values.get((field_id, 0)), direction)
 
 
-STATIC = Reader("pcie_max", Tier.STATIC, ("gpuwarden_pcie_link_generation", "gpuwarden_pcie_link_width"),
-                read_static)
-SLOW = Reader("pcie", Tier.SLOW, ("gpuwarden_pcie_link_generation", "gpuwarden_pcie_link_width",
-                                  "gpuwarden_pcie_replay_errors_total", "gpuwarden_pcie_bytes_total"), read_slow)
+STATIC = Reader("pcie_max", Tier.STATIC, ("gpuwarden_pcie_link_generation", "gpuwarden_pcie_link_width"), read_static)
+SLOW = Reader(
+    "pcie",
+    Tier.SLOW,
+    (
+        "gpuwarden_pcie_link_generation",
+        "gpuwarden_pcie_link_width",
+        "gpuwarden_pcie_replay_errors_total",
+        "gpuwarden_pcie_bytes_total",
+    ),
+    read_slow,
+)

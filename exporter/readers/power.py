@@ -14,8 +14,7 @@ def _watts(milliwatts: int | None) -> float | None:
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    out.add("gpuwarden_power_default_limit_watts",
-            _watts(dev.call(pynvml.nvmlDeviceGetPowerManagementDefaultLimit)))
+    out.add("gpuwarden_power_default_limit_watts", _watts(dev.call(pynvml.nvmlDeviceGetPowerManagementDefaultLimit)))
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:

@@ -26,13 +26,21 @@ def read_static(dev: GpuDevice, out: SampleWriter) -> None:
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     gpu = pynvml.NVML_TEMPERATURE_GPU
-    out.add("gpuwarden_temperature_celsius", dev.call_first(
-        "temperature", (pynvml.nvmlDeviceGetTemperatureV, (gpu,)), (pynvml.nvmlDeviceGetTemperature, (gpu,))))
+    out.add(
+        "gpuwarden_temperature_celsius",
+        dev.call_first(
+            "temperature", (pynvml.nvmlDeviceGetTemperatureV, (gpu,)), (pynvml.nvmlDeviceGetTemperature, (gpu,))
+        ),
+    )
     fields = dev.fields([pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
     out.add("gpuwarden_memory_temperature_celsius", fields.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)))
     out.add("gpuwarden_recovery_action", fields.get((pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)))
 
 
 STATIC = Reader("thermal_thresholds", Tier.STATIC, ("gpuwarden_temperature_threshold_celsius",), read_static)
-FAST = Reader("thermal", Tier.FAST, ("gpuwarden_temperature_celsius", "gpuwarden_memory_temperature_celsius",
-                                     "gpuwarden_recovery_action"), read_fast)
+FAST = Reader(
+    "thermal",
+    Tier.FAST,
+    ("gpuwarden_temperature_celsius", "gpuwarden_memory_temperature_celsius", "gpuwarden_recovery_action"),
+    read_fast,
+)

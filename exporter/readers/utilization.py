@@ -20,8 +20,8 @@ from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
-_GAP_FACTOR = 2.5          # a gap longer than this many periods counts as one period (data was lost)
-_DEFAULT_PERIOD_S = 0.2    # measured H100 sample period, used until deltas are seen
+_GAP_FACTOR = 2.5  # a gap longer than this many periods counts as one period (data was lost)
+_DEFAULT_PERIOD_S = 0.2  # measured H100 sample period, used until deltas are seen
 
 
 class _Accumulator:
@@ -43,7 +43,7 @@ class _Accumulator:
             self.period_s = median(deltas)
         for timestamp, value in samples:
             if previous == 0:
-                period = self.period_s      # first sample ever: its own window, by the typical period
+                period = self.period_s  # first sample ever: its own window, by the typical period
             else:
                 period = (timestamp - previous) / 1e6
                 if period > _GAP_FACTOR * self.period_s:
@@ -67,7 +67,7 @@ def _read_samples(dev: GpuDevice, sample_type: int, acc: _Accumulator, key: str)
     """Feed new samples into the accumulator; False when the GPU does not support samples."""
     result = dev.call(pynvml.nvmlDeviceGetSamples, sample_type, acc.last_timestamp_us, key=key)
     if result is None:
-        return dev.supports(key)        # None + supported = no new samples (NOT_FOUND)
+        return dev.supports(key)  # None + supported = no new samples (NOT_FOUND)
     value_type, samples = result
     acc.add_samples([(int(s.timeStamp), _sample_value(s, value_type)) for s in samples])
     return True
@@ -78,7 +78,7 @@ def read_samples(dev: GpuDevice, out: SampleWriter) -> None:
     gpu_acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
     mem_acc: _Accumulator = dev.state.setdefault("util_mem", _Accumulator())
     if not _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
-        return      # unsupported (MIG parent, old board): read_fast integrates single reads instead
+        return  # unsupported (MIG parent, old board): read_fast integrates single reads instead
     _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
     out.add("gpuwarden_utilization_source_info", 1, "samples")
     out.add("gpuwarden_busy_seconds_total", gpu_acc.busy_s)
@@ -106,8 +106,15 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     out.add("gpuwarden_utilization_sampled_seconds_total", acc.sampled_s)
 
 
-_COUNTERS = ("gpuwarden_busy_seconds_total", "gpuwarden_utilization_sampled_seconds_total",
-             "gpuwarden_utilization_source_info")
+_COUNTERS = (
+    "gpuwarden_busy_seconds_total",
+    "gpuwarden_utilization_sampled_seconds_total",
+    "gpuwarden_utilization_source_info",
+)
 SAMPLES = Reader("utilization_samples", Tier.FAST, _COUNTERS, read_samples, every="samples_interval")
-FAST = Reader("utilization", Tier.FAST, ("gpuwarden_utilization_ratio",
-                                         "gpuwarden_memory_bandwidth_utilization_ratio", *_COUNTERS), read_fast)
+FAST = Reader(
+    "utilization",
+    Tier.FAST,
+    ("gpuwarden_utilization_ratio", "gpuwarden_memory_bandwidth_utilization_ratio", *_COUNTERS),
+    read_fast,
+)

@@ -11,8 +11,9 @@ from exporter.sim.scenario import Scenario, load_scenario
 DEFAULT_SCENARIO = "training"
 
 
-def install_simulator(scenario: str | Scenario | None = None,
-                      clock: Callable[[], float] | None = None) -> FakeNvmlLibrary:
+def install_simulator(
+    scenario: str | Scenario | None = None, clock: Callable[[], float] | None = None
+) -> FakeNvmlLibrary:
     """Load the scenario (name, path or model) and put its fake library beneath pynvml."""
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario or DEFAULT_SCENARIO)

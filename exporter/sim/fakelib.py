@@ -21,17 +21,21 @@ import pynvml
 from exporter.sim.models import MODELS, GpuModel
 from exporter.sim.scenario import ERROR_CODES, Fault, Scenario
 
-SAMPLE_PERIOD_S = 0.2        # H100's measured utilization sample period
-SAMPLE_BUFFER = 71           # samples the driver keeps (~14 s)
+SAMPLE_PERIOD_S = 0.2  # H100's measured utilization sample period
+SAMPLE_BUFFER = 71  # samples the driver keeps (~14 s)
 _HANDLE_BASE = 0x7F0000010000
 _EVENT_SET_BASE = 0x7F0000900000
-_EPOCH_US = 1_795_653_828_000_000   # sample timestamps look like the real driver's (µs)
+_EPOCH_US = 1_795_653_828_000_000  # sample timestamps look like the real driver's (µs)
 _NVSWITCH_BUS = b"FFFFFFFF:FF:FF.0"
 
 OK = pynvml.NVML_SUCCESS
-_LEVELS = {"PIX": pynvml.NVML_TOPOLOGY_SINGLE, "PXB": pynvml.NVML_TOPOLOGY_MULTIPLE,
-           "PHB": pynvml.NVML_TOPOLOGY_HOSTBRIDGE, "NODE": pynvml.NVML_TOPOLOGY_NODE,
-           "SYS": pynvml.NVML_TOPOLOGY_SYSTEM}
+_LEVELS = {
+    "PIX": pynvml.NVML_TOPOLOGY_SINGLE,
+    "PXB": pynvml.NVML_TOPOLOGY_MULTIPLE,
+    "PHB": pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+    "NODE": pynvml.NVML_TOPOLOGY_NODE,
+    "SYS": pynvml.NVML_TOPOLOGY_SYSTEM,
+}
 
 # Throttle-time fields (ns) → the clock-event bits during which they count.
 _THROTTLE_FIELD_BITS = {74: 0x4, 75: 0x60, 76: 0x10, 77: 0x0, 78: 0x1, 79: 0x0, 269: 0x20, 270: 0x40, 271: 0x80}
@@ -52,7 +56,7 @@ class _SymbolTable:
         self.__dict__.update(symbols)
 
     def __getattr__(self, name: str) -> Any:
-        self._fake.missing_lookups[name] += 1      # what an old driver lacks: pynvml raises FunctionNotFound
+        self._fake.missing_lookups[name] += 1  # what an old driver lacks: pynvml raises FunctionNotFound
         raise AttributeError(name)
 
 
@@ -85,7 +89,7 @@ class FakeNvmlLibrary:
         self._lock = threading.Lock()
         self._initialised = 0
         self._closing = threading.Event()
-        self.calls: Counter[str] = Counter()          # every symbol looked up and called, for tests
+        self.calls: Counter[str] = Counter()  # every symbol looked up and called, for tests
         self._missing = set(scenario.driver.missing_symbols)
         self._integrated_to = 0.0
         self._energy_mj = [2_770_288.0 + 1000.0 * i for i in range(self.count)]
@@ -93,9 +97,15 @@ class FakeNvmlLibrary:
         self._pcie_bytes = [[1.7e9, 1.6e9] for _ in range(self.count)]
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._next_event_set = 0
-        self.missing_lookups: Counter[str] = Counter()   # symbols pynvml asked for that this driver lacks
-        self.library = _SymbolTable(self, {name: self._wrap(name, getattr(self, name)) for name in dir(type(self))
-                                           if name.startswith("nvml") and name not in self._missing})
+        self.missing_lookups: Counter[str] = Counter()  # symbols pynvml asked for that this driver lacks
+        self.library = _SymbolTable(
+            self,
+            {
+                name: self._wrap(name, getattr(self, name))
+                for name in dir(type(self))
+                if name.startswith("nvml") and name not in self._missing
+            },
+        )
 
     # -- the library surface pynvml sees ---------------------------------------------------------------
 
@@ -113,6 +123,7 @@ class FakeNvmlLibrary:
                 return method(*args)
             except _Hang:
                 return pynvml.NVML_ERROR_UNKNOWN
+
         symbol.__name__ = name
         return symbol
 
@@ -120,14 +131,15 @@ class FakeNvmlLibrary:
 
     def _active(self, kind: str, gpu: int | None = None) -> list[Fault]:
         t = self.now()
-        return [f for f in self.scenario.faults
-                if f.kind == kind and (gpu is None or f.applies_to(gpu)) and f.active(t)]
+        return [
+            f for f in self.scenario.faults if f.kind == kind and (gpu is None or f.applies_to(gpu)) and f.active(t)
+        ]
 
     def _global_error(self, initialising: bool = False) -> int | None:
         if self._active("library_missing"):
             return pynvml.NVML_ERROR_LIBRARY_NOT_FOUND if initialising else pynvml.NVML_ERROR_UNINITIALIZED
         if self._active("driver_unloaded"):
-            self._initialised = 0      # the driver's context is gone: callers must init again
+            self._initialised = 0  # the driver's context is gone: callers must init again
             return pynvml.NVML_ERROR_DRIVER_NOT_LOADED
         if self._active("version_mismatch"):
             return pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
@@ -175,8 +187,7 @@ class FakeNvmlLibrary:
         t = self.now() if t is None else t
         total = 0
         for fault in self.scenario.faults:
-            if fault.kind == kind and fault.applies_to(index) and all(
-                    getattr(fault, k) == v for k, v in match.items()):
+            if fault.kind == kind and fault.applies_to(index) and all(getattr(fault, k) == v for k, v in match.items()):
                 total += fault.occurrences(t) * fault.count
         return total
 
@@ -292,7 +303,7 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
         index, code = self._device(handle, "nvmlDeviceGetUUID")
         if code == OK:
-            slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1   # MIG handles sit after their parent's
+            slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1  # MIG handles sit after their parent's
             buf.value = (self.uuid(index) if slot < 0 else self.mig_uuid(index, slot)).encode()
         return code
 
@@ -378,16 +389,17 @@ class FakeNvmlLibrary:
         return code
 
     def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetPowerUsage",
-                          lambda i: self._value(i, "power_watts") * 1000)
+        return self._uint(handle, ref, "nvmlDeviceGetPowerUsage", lambda i: self._value(i, "power_watts") * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetEnforcedPowerLimit",
-                          lambda i: self._value(i, "power_limit_watts") * 1000)
+        return self._uint(
+            handle, ref, "nvmlDeviceGetEnforcedPowerLimit", lambda i: self._value(i, "power_limit_watts") * 1000
+        )
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetPowerManagementDefaultLimit",
-                          lambda i: self.model.power_default_mw)
+        return self._uint(
+            handle, ref, "nvmlDeviceGetPowerManagementDefaultLimit", lambda i: self.model.power_default_mw
+        )
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, ref: Any) -> int:
         self._integrate()
@@ -397,26 +409,32 @@ class FakeNvmlLibrary:
         return self._uint(handle, ref, "nvmlDeviceGetPerformanceState", lambda i: self._value(i, "pstate"))
 
     def nvmlDeviceGetClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
-        key = {pynvml.NVML_CLOCK_GRAPHICS: "sm_clock_mhz", pynvml.NVML_CLOCK_SM: "sm_clock_mhz",
-               pynvml.NVML_CLOCK_MEM: "memory_clock_mhz"}.get(_val(clock))
+        key = {
+            pynvml.NVML_CLOCK_GRAPHICS: "sm_clock_mhz",
+            pynvml.NVML_CLOCK_SM: "sm_clock_mhz",
+            pynvml.NVML_CLOCK_MEM: "memory_clock_mhz",
+        }.get(_val(clock))
         if key is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         return self._uint(handle, ref, "nvmlDeviceGetClockInfo", lambda i: self._value(i, key))
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
-        key = {pynvml.NVML_CLOCK_GRAPHICS: "graphics", pynvml.NVML_CLOCK_SM: "sm",
-               pynvml.NVML_CLOCK_MEM: "memory"}.get(_val(clock))
+        key = {pynvml.NVML_CLOCK_GRAPHICS: "graphics", pynvml.NVML_CLOCK_SM: "sm", pynvml.NVML_CLOCK_MEM: "memory"}.get(
+            _val(clock)
+        )
         if key is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         return self._uint(handle, ref, "nvmlDeviceGetMaxClockInfo", lambda i: self.model.max_clocks_mhz[key])
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetCurrentClocksEventReasons",
-                          lambda i: self._value(i, "clock_event_reasons"))
+        return self._uint(
+            handle, ref, "nvmlDeviceGetCurrentClocksEventReasons", lambda i: self._value(i, "clock_event_reasons")
+        )
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetCurrentClocksThrottleReasons",
-                          lambda i: self._value(i, "clock_event_reasons"))
+        return self._uint(
+            handle, ref, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda i: self._value(i, "clock_event_reasons")
+        )
 
     # -- utilization -----------------------------------------------------------------------------------
 
@@ -433,19 +451,25 @@ class FakeNvmlLibrary:
             util.memory = round(self._window_mean(index, "memory_utilization", last))
         return code
 
-    def nvmlDeviceGetSamples(self, handle: Any, sample_type: Any, last_seen: Any, value_type: Any,
-                             count: Any, samples: Any) -> int:
+    def nvmlDeviceGetSamples(
+        self, handle: Any, sample_type: Any, last_seen: Any, value_type: Any, count: Any, samples: Any
+    ) -> int:
         index, code = self._device(handle, "nvmlDeviceGetSamples")
         if code != OK:
             return code
-        key = {pynvml.NVML_GPU_UTILIZATION_SAMPLES: "utilization",
-               pynvml.NVML_MEMORY_UTILIZATION_SAMPLES: "memory_utilization"}.get(_val(sample_type))
+        key = {
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES: "utilization",
+            pynvml.NVML_MEMORY_UTILIZATION_SAMPLES: "memory_utilization",
+        }.get(_val(sample_type))
         if key is None:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         newest = int(self.now() / SAMPLE_PERIOD_S)
         since_us = _val(last_seen)
-        ks = [k for k in range(max(1, newest - SAMPLE_BUFFER + 1), newest + 1)
-              if _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6) > since_us]
+        ks = [
+            k
+            for k in range(max(1, newest - SAMPLE_BUFFER + 1), newest + 1)
+            if _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6) > since_us
+        ]
         if not ks:
             return pynvml.NVML_ERROR_NOT_FOUND
         _out(value_type).value = _UINT
@@ -487,8 +511,11 @@ class FakeNvmlLibrary:
         index, code = self._device(handle, "nvmlDeviceGetRetiredPages")
         if code != OK:
             return code
-        label = "single_bit" if _val(cause) == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS \
+        label = (
+            "single_bit"
+            if _val(cause) == pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
             else "double_bit"
+        )
         n = self._events("retired_pages", index, cause=label)
         if pages is not None:
             for slot in range(min(n, _out(count).value)):
@@ -497,14 +524,17 @@ class FakeNvmlLibrary:
         return OK
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetRetiredPagesPendingStatus",
-                          lambda i: 1 if self._active("retired_pages_pending", i) else 0)
+        return self._uint(
+            handle,
+            ref,
+            "nvmlDeviceGetRetiredPagesPendingStatus",
+            lambda i: 1 if self._active("retired_pages_pending", i) else 0,
+        )
 
     # -- modes, processes, fan -------------------------------------------------------------------------
 
     def nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetPersistenceMode",
-                          lambda i: self._value(i, "persistence_mode"))
+        return self._uint(handle, ref, "nvmlDeviceGetPersistenceMode", lambda i: self._value(i, "persistence_mode"))
 
     def nvmlDeviceGetComputeMode(self, handle: Any, ref: Any) -> int:
         return self._uint(handle, ref, "nvmlDeviceGetComputeMode", lambda i: 0)
@@ -517,15 +547,16 @@ class FakeNvmlLibrary:
         return code
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetMaxMigDeviceCount",
-                          lambda i: 7 if i in self.scenario.node.mig_instances else 0)
+        return self._uint(
+            handle, ref, "nvmlDeviceGetMaxMigDeviceCount", lambda i: 7 if i in self.scenario.node.mig_instances else 0
+        )
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: Any, ref: Any) -> int:
         index, code = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
         if code != OK:
             return code
         if _val(slot) >= self.scenario.node.mig_instances.get(index, 0):
-            return pynvml.NVML_ERROR_NOT_FOUND      # an empty slot, as the driver answers
+            return pynvml.NVML_ERROR_NOT_FOUND  # an empty slot, as the driver answers
         _set_pointer(ref, _HANDLE_BASE + index * 0x100 + 1 + _val(slot))
         return OK
 
@@ -572,8 +603,7 @@ class FakeNvmlLibrary:
         return self._uint(handle, ref, "nvmlDeviceGetCurrPcieLinkWidth", lambda i: self._value(i, "pcie_width"))
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, ref: Any) -> int:
-        return self._uint(handle, ref, "nvmlDeviceGetPcieReplayCounter",
-                          lambda i: self._events("pcie_replay", i))
+        return self._uint(handle, ref, "nvmlDeviceGetPcieReplayCounter", lambda i: self._events("pcie_replay", i))
 
     # -- field values ----------------------------------------------------------------------------------
 
@@ -584,7 +614,8 @@ class FakeNvmlLibrary:
         """(return code, value type, value) of one field for one GPU."""
         links = self.model.nvlinks
         if field_id in self.model.unsupported_fields or any(
-                f.field == field_id for f in self._active("not_supported", index)):
+            f.field == field_id for f in self._active("not_supported", index)
+        ):
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _UINT, 0
         simple: dict[int, Callable[[], tuple[int, float]]] = {
             82: lambda: (_UINT, self._value(index, "memory_temperature")),

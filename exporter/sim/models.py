@@ -17,13 +17,13 @@ class GpuModel:
     memory_reserved: int
     vbios: str
     compute_capability: tuple[int, int]
-    max_clocks_mhz: dict[str, int]               # sm, memory, graphics
-    thresholds: dict[str, int]                   # shutdown, slowdown, gpu_max, memory_max
+    max_clocks_mhz: dict[str, int]  # sm, memory, graphics
+    thresholds: dict[str, int]  # shutdown, slowdown, gpu_max, memory_max
     power_default_mw: int
-    pcie_max: tuple[int, int]                    # generation, width
+    pcie_max: tuple[int, int]  # generation, width
     nvlinks: int
-    idle: dict[str, float]                       # baseline values of the trajectories
-    unsupported: frozenset[str] = field(default_factory=frozenset)   # C symbols answering NOT_SUPPORTED
+    idle: dict[str, float]  # baseline values of the trajectories
+    unsupported: frozenset[str] = field(default_factory=frozenset)  # C symbols answering NOT_SUPPORTED
     unsupported_fields: frozenset[int] = field(default_factory=frozenset)
     supported_events: int = 0xFF9F
     clock_events_supported: int = 0x1FF
@@ -42,14 +42,29 @@ H100_SXM_80GB = GpuModel(
     pcie_max=(5, 16),
     nvlinks=18,
     idle={
-        "utilization": 0, "memory_utilization": 0, "memory_used_ratio": 0.0, "temperature": 38,
-        "memory_temperature": 41, "power_watts": 73.2, "sm_clock_mhz": 345, "memory_clock_mhz": 2619,
-        "pstate": 0, "clock_event_reasons": 0x1, "processes": 0, "persistence_mode": 1,
-        "power_limit_watts": 700, "pcie_gen": 5, "pcie_width": 16, "pcie_tx_bytes_per_second": 2.0e5,
-        "pcie_rx_bytes_per_second": 1.5e5, "fan_percent": 0, "recovery_action": 0,
+        "utilization": 0,
+        "memory_utilization": 0,
+        "memory_used_ratio": 0.0,
+        "temperature": 38,
+        "memory_temperature": 41,
+        "power_watts": 73.2,
+        "sm_clock_mhz": 345,
+        "memory_clock_mhz": 2619,
+        "pstate": 0,
+        "clock_event_reasons": 0x1,
+        "processes": 0,
+        "persistence_mode": 1,
+        "power_limit_watts": 700,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "pcie_tx_bytes_per_second": 2.0e5,
+        "pcie_rx_bytes_per_second": 1.5e5,
+        "fan_percent": 0,
+        "recovery_action": 0,
     },
-    unsupported=frozenset({"nvmlDeviceGetFanSpeed", "nvmlDeviceGetRetiredPages",
-                           "nvmlDeviceGetRetiredPagesPendingStatus"}),
+    unsupported=frozenset(
+        {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPagesPendingStatus"}
+    ),
     # Measured NOT_SUPPORTED on H100/H200 (driver 580.159.04): the aggregate NVLink *_TOTAL fields and the
     # legacy per-link CRC-data and ECC fields (39-44, 102-107, 148-159); the scoped DL counters 161-163 work.
     unsupported_fields=frozenset({38, 45, 52, 59, 160, *range(39, 45), *range(102, 108), *range(148, 160)}),
@@ -67,11 +82,25 @@ QUADRO_RTX_6000 = GpuModel(
     pcie_max=(3, 16),
     nvlinks=0,
     idle={
-        "utilization": 0, "memory_utilization": 0, "memory_used_ratio": 0.0, "temperature": 34,
-        "memory_temperature": 0, "power_watts": 21.5, "sm_clock_mhz": 300, "memory_clock_mhz": 405,
-        "pstate": 8, "clock_event_reasons": 0x1, "processes": 0, "persistence_mode": 1,
-        "power_limit_watts": 260, "pcie_gen": 1, "pcie_width": 16, "pcie_tx_bytes_per_second": 5.0e4,
-        "pcie_rx_bytes_per_second": 5.0e4, "fan_percent": 33, "recovery_action": 0,
+        "utilization": 0,
+        "memory_utilization": 0,
+        "memory_used_ratio": 0.0,
+        "temperature": 34,
+        "memory_temperature": 0,
+        "power_watts": 21.5,
+        "sm_clock_mhz": 300,
+        "memory_clock_mhz": 405,
+        "pstate": 8,
+        "clock_event_reasons": 0x1,
+        "processes": 0,
+        "persistence_mode": 1,
+        "power_limit_watts": 260,
+        "pcie_gen": 1,
+        "pcie_width": 16,
+        "pcie_tx_bytes_per_second": 5.0e4,
+        "pcie_rx_bytes_per_second": 5.0e4,
+        "fan_percent": 33,
+        "recovery_action": 0,
     },
     unsupported=frozenset({"nvmlDeviceGetRemappedRows"}),
     unsupported_fields=frozenset({82, 197, 198, 230, 269, 270, 271, 147}),

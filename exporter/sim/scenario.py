@@ -19,28 +19,81 @@ from exporter.config import ConfigError, describe_error
 from exporter.sim.models import MODELS
 
 VALUE_KEYS = (
-    "utilization", "memory_utilization", "memory_used_ratio", "temperature", "memory_temperature",
-    "power_watts", "sm_clock_mhz", "memory_clock_mhz", "pstate", "clock_event_reasons", "processes",
-    "persistence_mode", "power_limit_watts", "pcie_gen", "pcie_width", "pcie_tx_bytes_per_second",
-    "pcie_rx_bytes_per_second", "fan_percent", "recovery_action",
+    "utilization",
+    "memory_utilization",
+    "memory_used_ratio",
+    "temperature",
+    "memory_temperature",
+    "power_watts",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "pstate",
+    "clock_event_reasons",
+    "processes",
+    "persistence_mode",
+    "power_limit_watts",
+    "pcie_gen",
+    "pcie_width",
+    "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second",
+    "fan_percent",
+    "recovery_action",
 )
 
 ERROR_CODES = {
-    "uninitialized": 1, "invalid_argument": 2, "not_supported": 3, "no_permission": 4, "not_found": 6,
-    "insufficient_power": 8, "driver_not_loaded": 9, "timeout": 10, "irq_issue": 11, "library_not_found": 12,
-    "function_not_found": 13, "corrupted_inforom": 14, "gpu_is_lost": 15, "reset_required": 16,
-    "lib_rm_version_mismatch": 18, "gpu_not_found": 28, "unknown": 999,
+    "uninitialized": 1,
+    "invalid_argument": 2,
+    "not_supported": 3,
+    "no_permission": 4,
+    "not_found": 6,
+    "insufficient_power": 8,
+    "driver_not_loaded": 9,
+    "timeout": 10,
+    "irq_issue": 11,
+    "library_not_found": 12,
+    "function_not_found": 13,
+    "corrupted_inforom": 14,
+    "gpu_is_lost": 15,
+    "reset_required": 16,
+    "lib_rm_version_mismatch": 18,
+    "gpu_not_found": 28,
+    "unknown": 999,
 }
 
 FaultKind = Literal[
     # windows: active from `at` until `until` (or for `duration` every `every` seconds)
-    "gpu_lost", "hang", "error", "not_supported", "driver_unloaded", "library_missing", "version_mismatch",
-    "nvlink_down", "remap_pending", "remap_failed", "retired_pages_pending",
+    "gpu_lost",
+    "hang",
+    "error",
+    "not_supported",
+    "driver_unloaded",
+    "library_missing",
+    "version_mismatch",
+    "nvlink_down",
+    "remap_pending",
+    "remap_failed",
+    "retired_pages_pending",
     # events: fire at `at` (and every `every` seconds), adding `count` each time
-    "xid", "ecc", "nvlink_errors", "pcie_replay", "remapped_rows", "retired_pages",
+    "xid",
+    "ecc",
+    "nvlink_errors",
+    "pcie_replay",
+    "remapped_rows",
+    "retired_pages",
 ]
-_WINDOW_KINDS = {"gpu_lost", "hang", "error", "not_supported", "driver_unloaded", "library_missing",
-                 "version_mismatch", "nvlink_down", "remap_pending", "remap_failed", "retired_pages_pending"}
+_WINDOW_KINDS = {
+    "gpu_lost",
+    "hang",
+    "error",
+    "not_supported",
+    "driver_unloaded",
+    "library_missing",
+    "version_mismatch",
+    "nvlink_down",
+    "remap_pending",
+    "remap_failed",
+    "retired_pages_pending",
+}
 _GLOBAL_KINDS = {"driver_unloaded", "library_missing", "version_mismatch"}
 
 
@@ -109,9 +162,11 @@ class Node(_Strict):
     nvlink: Literal["nvswitch", "none"] = "nvswitch"
     numa_nodes: int = Field(2, ge=1, le=8)
     pcie_same_numa: Literal["PIX", "PXB", "PHB", "NODE"] = Field(
-        "NODE", description="PCIe path between GPUs on the same NUMA node (different nodes: SYS)")
+        "NODE", description="PCIe path between GPUs on the same NUMA node (different nodes: SYS)"
+    )
     mig_instances: dict[int, int] = Field(
-        default_factory=dict, description="GPU index → MIG instances on it (MIG mode on for those GPUs), 1-7")
+        default_factory=dict, description="GPU index → MIG instances on it (MIG mode on for those GPUs), 1-7"
+    )
 
     @field_validator("mig_instances")
     @classmethod
@@ -155,8 +210,13 @@ class Fault(_Strict):
     @model_validator(mode="after")
     def _kind_fields(self) -> Fault:
         need: dict[str, tuple[str, ...]] = {
-            "hang": ("call",), "error": ("call", "code"), "xid": ("xid",), "ecc": ("type",),
-            "nvlink_down": ("link",), "nvlink_errors": ("link", "type"), "remapped_rows": ("cause",),
+            "hang": ("call",),
+            "error": ("call", "code"),
+            "xid": ("xid",),
+            "ecc": ("type",),
+            "nvlink_down": ("link",),
+            "nvlink_errors": ("link", "type"),
+            "remapped_rows": ("cause",),
             "retired_pages": ("cause",),
         }
         for name in need.get(self.kind, ()):
@@ -223,8 +283,9 @@ class Scenario(_Strict):
             if fault.gpu is not None and fault.gpu >= self.node.count:
                 raise ValueError(f"faults.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
             if fault.link is not None and fault.link >= MODELS[self.node.model].nvlinks:
-                raise ValueError(f"faults.{number}.link: {self.node.model} has "
-                                 f"{MODELS[self.node.model].nvlinks} NVLinks")
+                raise ValueError(
+                    f"faults.{number}.link: {self.node.model} has {MODELS[self.node.model].nvlinks} NVLinks"
+                )
         return self
 
     def value(self, gpu: int, key: str, t: float) -> float:
@@ -248,13 +309,16 @@ def load_scenario(name_or_path: str) -> Scenario:
     shipped = shipped_scenarios()
     path = shipped.get(name_or_path) or Path(name_or_path)
     if not path.is_file():
-        raise ConfigError(f"scenario '{name_or_path}': no such file or shipped scenario; "
-                          f"shipped: {', '.join(sorted(shipped))}")
+        raise ConfigError(
+            f"scenario '{name_or_path}': no such file or shipped scenario; shipped: {', '.join(sorted(shipped))}"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"scenario {path}: cannot parse it ({type(exc).__name__}: "
-                          f"{getattr(exc, 'problem', None) or exc}); fix the YAML") from None
+        raise ConfigError(
+            f"scenario {path}: cannot parse it ({type(exc).__name__}: "
+            f"{getattr(exc, 'problem', None) or exc}); fix the YAML"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"scenario {path}: top level must be a mapping with at least 'name'")
     try:
