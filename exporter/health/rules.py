@@ -91,8 +91,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"gpuwarden_nvml_up{{{s}}} == 0",
                     "warning",
                     "NVML is down on a GPU node.",
-                    "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver is "
-                    "not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
+                    "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver "
+                    "is not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
                     "or reboot.",
                     t.nvml_down_for_s,
                 ),
