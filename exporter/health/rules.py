@@ -92,8 +92,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "warning",
                     "NVML is down on a GPU node.",
                     "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver "
-                    "is not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and reload "
-                    "or reboot.",
+                    "is not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and "
+                    "reload or reboot.",
                     t.nvml_down_for_s,
                 ),
                 Rule(
