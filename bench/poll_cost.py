@@ -142,13 +142,13 @@ def main() -> int:
     time.sleep(1.1)
     poller.poll_once()
     results: dict[str, Any] = {"gpus": []}
-    for state in sorted(poller._gpus.values(), key=lambda st: st.device.index):
+    for state in sorted(poller.nvml.gpus.values(), key=lambda st: st.device.index):
         dev = state.device
-        calls = trace_calls(lambda dev=dev: poller._read_tier(dev, Tier.FAST))
-        ours = time_ms(lambda dev=dev: poller._read_tier(dev, Tier.FAST), args.repeat)
+        calls = trace_calls(lambda dev=dev: poller.runner.read(dev, Tier.FAST))
+        ours = time_ms(lambda dev=dev: poller.runner.read(dev, Tier.FAST), args.repeat)
         raw = time_ms(lambda calls=calls: replay(calls), args.repeat)
-        slow = time_ms(lambda dev=dev: poller._read_tier(dev, Tier.SLOW), max(5, args.repeat // 5))
-        slow_calls = trace_calls(lambda dev=dev: poller._read_tier(dev, Tier.SLOW))
+        slow = time_ms(lambda dev=dev: poller.runner.read(dev, Tier.SLOW), max(5, args.repeat // 5))
+        slow_calls = trace_calls(lambda dev=dev: poller.runner.read(dev, Tier.SLOW))
         slow_raw = time_ms(lambda calls=slow_calls: replay(calls), max(5, args.repeat // 5))
         results["gpus"].append(
             {
@@ -163,7 +163,7 @@ def main() -> int:
                 "slow_calls": len(slow_calls),
             }
         )
-    cycle = time_ms(lambda: poller._tier_cycle(Tier.FAST), 20)
+    cycle = time_ms(lambda: poller._tier_cycle(Tier.FAST, poller.settings.poll.call_deadline), 20)
     results["fast_cycle_all_gpus"] = cycle
     results["driver"] = poller.snapshot.driver.get("driver_version")
     poller.stop()

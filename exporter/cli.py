@@ -136,7 +136,7 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
     """
     from exporter import logs
     from exporter.health.thresholds import load_thresholds
-    from exporter.poller import family_filter
+    from exporter.metrics import family_filter
 
     try:
         new = settings_from_argv(argv)
@@ -184,9 +184,10 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     import uvicorn
 
     from exporter import logs
-    from exporter.poller import Poller, family_filter
+    from exporter.metrics import family_filter
+    from exporter.poller import Poller
     from exporter.render import Renderer
-    from exporter.server import create_app
+    from exporter.server import create_app, readiness_under
 
     logs.setup(settings.log.level, settings.log.format)
     from exporter.webconfig import WebConfig, load_web_config
@@ -194,7 +195,13 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     web = load_web_config(settings.web.config_file) if settings.web.config_file else WebConfig()
     poller = Poller(settings)
     renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
-    app = create_app(poller, renderer, settings.web.telemetry_path, web.basic_auth_users)
+    app = create_app(
+        lambda: poller.snapshot,
+        readiness_under(lambda: poller.settings),
+        renderer,
+        settings.web.telemetry_path,
+        web.basic_auth_users,
+    )
     server = _graceful_server(
         uvicorn.Config(
             app,

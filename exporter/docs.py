@@ -1,6 +1,7 @@
-"""Generate the README's configuration and metric references from the code (`python -m exporter.docs`).
+"""Generate the README's configuration and metric references and docs/nvml.md's operations table from the code
+(`python -m exporter.docs`).
 
-tests/test_docs.py fails when the committed README differs from what this produces.
+tests/test_docs.py fails when the committed documents differ from what this produces.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from exporter.config import options
 from exporter.metrics import FAMILIES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+NVML_DOC = README.parent / "docs" / "nvml.md"
 
 
 def metric_reference() -> str:
@@ -33,18 +35,38 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def render(text: str) -> str:
-    for name, body in (("metrics", metric_reference()), ("config", config_reference())):
+def operations_reference() -> str:
+    from exporter.nvml.calls import OPERATIONS
+
+    lines = ["| NVML call | used by | on error |", "|---|---|---|"]
+    for name, operation in OPERATIONS.items():
+        lines.append(f"| `{name}` | {operation.tier} | {operation.on_error.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def _fill(text: str, sections: dict[str, str], where: str) -> str:
+    for name, body in sections.items():
         pattern = re.compile(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", re.S)
         if not pattern.search(text):
-            raise SystemExit(f"README.md lacks the <!-- {name}:start --> / <!-- {name}:end --> markers")
+            raise SystemExit(f"{where} lacks the <!-- {name}:start --> / <!-- {name}:end --> markers")
         text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text)
     return text
 
 
+def render(text: str) -> str:
+    """The README with its generated references filled in."""
+    return _fill(text, {"metrics": metric_reference(), "config": config_reference()}, "README.md")
+
+
+def render_nvml_doc(text: str) -> str:
+    """docs/nvml.md with its operations table filled in."""
+    return _fill(text, {"operations": operations_reference()}, "docs/nvml.md")
+
+
 def main() -> int:
     README.write_text(render(README.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"updated {README}")
+    NVML_DOC.write_text(render_nvml_doc(NVML_DOC.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"updated {README} and {NVML_DOC}")
     return 0
 
 

@@ -1,22 +1,18 @@
 """XID critical-error events: one NVML event set, waited on by its own thread, independent of scrapes.
 
 NVML keeps no history: counts start when gpuwarden registers. The set is rebuilt when the GPU population
-changes and after any wait error other than a timeout (nvml.md §10).
+changes and after any wait error other than a timeout (docs/nvml.md, XID events).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import threading
 import time
 from collections.abc import Callable
 
-import pynvml
-
 from exporter.nvml.device import GpuDevice
-from exporter.nvml.errors import error_code, error_name
+from exporter.nvml.events import EventSetBroken, XidEventSet, handle_key
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +62,8 @@ class XidWatcher:
             try:
                 self._watch(generation, devices)
                 continue  # the GPU population changed: re-register at once
-            except pynvml.NVMLError as exc:
-                log.warning("xid watcher: %s; rebuilding the event set", error_name(error_code(exc)))
+            except EventSetBroken as exc:
+                log.warning("xid watcher: %s; rebuilding the event set", exc.reason)
             except Exception:  # a bug must not end XID collection for the life of the process
                 log.exception("xid watcher failed; rebuilding the event set")
             finally:
@@ -75,42 +71,28 @@ class XidWatcher:
             self._stop.wait(REBUILD_BACKOFF_S)
 
     def _watch(self, generation: int, devices: list[GpuDevice]) -> None:
-        event_set = pynvml.nvmlEventSetCreate()
+        event_set = XidEventSet()
         try:
             by_handle = self._register(event_set, devices)
             if not by_handle:
                 self._stop.wait(5.0)  # nothing supports XID events; look again later
                 return
             while not self._stop.is_set() and self._devices()[0] == generation:
-                try:
-                    data = pynvml.nvmlEventSetWait_v2(event_set, WAIT_MS)
-                except pynvml.NVMLError_Timeout:
-                    continue
-                if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                    uuid = by_handle.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
-                    if uuid is not None:
-                        self.counts.record(uuid, int(data.eventData), time.time())
+                event = event_set.wait(WAIT_MS)
+                if event is not None and event[0] in by_handle:
+                    self.counts.record(by_handle[event[0]], event[1], time.time())
         finally:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(event_set)
+            event_set.free()
 
-    def _register(self, event_set: object, devices: list[GpuDevice]) -> dict[int, str]:
+    def _register(self, event_set: XidEventSet, devices: list[GpuDevice]) -> dict[int, str]:
         by_handle: dict[int, str] = {}
         for dev in devices:
-            try:
-                supported = pynvml.nvmlDeviceGetSupportedEventTypes(dev.handle)
-                mask = supported & pynvml.nvmlEventTypeXidCriticalError
-                if not mask:
-                    continue
-                pynvml.nvmlDeviceRegisterEvents(dev.handle, mask, event_set)
-            except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-                continue
-            except pynvml.NVMLError as exc:
-                if error_code(exc) == pynvml.NVML_ERROR_UNKNOWN:
-                    raise  # the set is undefined now: rebuild it
-                log.info("xid watcher: gpu %s not registered (%s)", dev.index, error_name(error_code(exc)))
+            refused = event_set.register(dev.handle)
+            if refused is not None:
+                if refused != "not_supported":
+                    log.info("xid watcher: gpu %s not registered (%s)", dev.index, refused)
                 continue
             # Cache the UUID now: the GPU may be unreadable when its event arrives.
-            by_handle[ctypes.cast(dev.handle, ctypes.c_void_p).value or 0] = dev.uuid
+            by_handle[handle_key(dev.handle)] = dev.uuid
         self.registered = set(by_handle.values())
         return by_handle

@@ -18,11 +18,37 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from exporter import __version__
-from exporter.metrics import FAMILIES, Family
-from exporter.nvml.library import python_binding_version
+from exporter.buildinfo import nvml_binding_version
+from exporter.metrics import (
+    BUILD_INFO,
+    COLLECT_DURATION_SECONDS,
+    COLLECT_ERRORS_TOTAL,
+    COLLECT_TIMEOUTS_TOTAL,
+    DRIVER_INFO,
+    FAMILIES,
+    GPU_ALLOCATION,
+    GPU_HARDWARE_ERROR_INFO,
+    GPU_STALE,
+    GPU_UP,
+    GPUS,
+    HEALTH,
+    HEALTH_SINCE_TIMESTAMP_SECONDS,
+    HEALTH_STATUS,
+    LAST_COLLECT_TIMESTAMP_SECONDS,
+    NVLINK_PEER_LINKS,
+    NVML_ERROR_INFO,
+    NVML_REINIT_TOTAL,
+    NVML_UP,
+    POD_ATTRIBUTION_UNMATCHED_DEVICES,
+    POD_ATTRIBUTION_UP,
+    TOPOLOGY_INFO,
+    XID_ERRORS_TOTAL,
+    XID_LAST_TIMESTAMP_SECONDS,
+    Family,
+)
 from exporter.snapshot import Snapshot
 
-_BINDING_VERSION = python_binding_version()
+_BINDING_VERSION = nvml_binding_version()
 # The classic text format every scraper understands (newer prometheus_client defaults to "version=1.0.0").
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,78 +69,11 @@ class SnapshotCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        rows: dict[str, list[tuple[list[str], float]]] = defaultdict(list)
-
-        def node(name: str, value: float, *labels: str) -> None:
-            rows[name].append((list(labels), value))
-
-        node("gpuwarden_build_info", 1, __version__, _BINDING_VERSION)
-        node("gpuwarden_nvml_up", 1 if snap.nvml_up else 0)
-        if not snap.nvml_up and snap.nvml_error:
-            node("gpuwarden_nvml_error_info", 1, snap.nvml_error)
-        if snap.driver:
-            node(
-                "gpuwarden_driver_info",
-                1,
-                snap.driver.get("driver_version", ""),
-                snap.driver.get("cuda_driver_version", ""),
-                snap.driver.get("nvml_version", ""),
-            )
-        if snap.nvml_up:
-            node("gpuwarden_gpus", sum(1 for gpu in snap.gpus if gpu.up))
-        for tier, seconds in sorted(snap.tier_duration.items()):
-            node("gpuwarden_collect_duration_seconds", seconds, tier)
-        for tier, when in sorted(snap.tier_finished.items()):
-            node("gpuwarden_last_collect_timestamp_seconds", when, tier)
-        for (call, error), count in sorted(snap.collect_errors.items()):
-            node("gpuwarden_collect_errors_total", count, call, error)
-        for call, count in sorted(snap.collect_timeouts.items()):
-            node("gpuwarden_collect_timeouts_total", count, call)
-        node("gpuwarden_nvml_reinit_total", snap.reinit_total)
-        if snap.pods_state != "disabled":
-            node("gpuwarden_pod_attribution_up", 1 if snap.pods_state == "ok" else 0)
-            if snap.pods_state == "ok":
-                node("gpuwarden_pod_attribution_unmatched_devices", snap.pods_unmatched)
-
-        index_of = {gpu.uuid: str(gpu.index) for gpu in snap.gpus}
-        for gpu in snap.gpus:
-            ids = [str(gpu.index), gpu.uuid]
-            rows["gpuwarden_gpu_up"].append((ids, 1 if gpu.up else 0))
-            if not gpu.up:
-                for sample in gpu.samples:  # identity only: a lost GPU's readings are dropped
-                    rows[sample.name].append((ids + list(sample.labels), sample.value))
-                continue
-            rows["gpuwarden_gpu_stale"].append((ids, 1 if gpu.stale else 0))
-            if gpu.hardware_error:
-                rows["gpuwarden_gpu_hardware_error_info"].append((ids + [gpu.hardware_error], 1))
-            for sample in gpu.samples:
-                rows[sample.name].append((ids + list(sample.labels), sample.value))
-            for allocation in snap.pods.get(gpu.uuid, ()):
-                rows["gpuwarden_gpu_allocation"].append(
-                    (ids + [allocation.namespace, allocation.pod, allocation.container], 1)
-                )
-            for peer in snap.topology.get(gpu.uuid, ()):
-                rows["gpuwarden_topology_info"].append((ids + [str(peer.peer_index), peer.level], 1))
-                if peer.nvlinks >= 0:
-                    rows["gpuwarden_nvlink_peer_links"].append(
-                        (ids + [str(peer.peer_index), peer.peer_uuid], peer.nvlinks)
-                    )
-        for gpu in snap.gpus:
-            verdicts = snap.health.get(gpu.uuid, ())
-            ids = [str(gpu.index), gpu.uuid]
-            for verdict in verdicts:
-                rows["gpuwarden_health"].append((ids + [verdict.check], verdict.level))
-                if verdict.level > 0:
-                    rows["gpuwarden_health_since_timestamp_seconds"].append((ids + [verdict.check], verdict.since))
-            if verdicts:
-                rows["gpuwarden_health_status"].append((ids, max(v.level for v in verdicts)))
-        for (uuid, xid), (count, last) in sorted(snap.xid.items()):
-            if uuid in index_of:
-                ids = [index_of[uuid], uuid, str(xid)]
-                rows["gpuwarden_xid_errors_total"].append((ids, count))
-                rows["gpuwarden_xid_last_timestamp_seconds"].append((ids, last))
-
+        rows: Rows = defaultdict(list)
+        _node_rows(self.snapshot, rows)
+        _gpu_rows(self.snapshot, rows)
+        _health_rows(self.snapshot, rows)
+        _xid_rows(self.snapshot, rows)
         for name, spec in FAMILIES.items():
             if name not in rows or not self.wanted(name):
                 continue
@@ -122,6 +81,86 @@ class SnapshotCollector:
             for labels, value in rows[name]:
                 family.add_metric(labels, value)
             yield family
+
+
+Rows = dict[str, list[tuple[list[str], float]]]
+
+
+def _node_rows(snap: Snapshot, rows: Rows) -> None:
+    """The exporter's and the node's own series."""
+
+    def node(family: Family, value: float, *labels: str) -> None:
+        rows[family.name].append((list(labels), value))
+
+    node(BUILD_INFO, 1, __version__, _BINDING_VERSION)
+    node(NVML_UP, 1 if snap.nvml_up else 0)
+    if not snap.nvml_up and snap.nvml_error:
+        node(NVML_ERROR_INFO, 1, snap.nvml_error)
+    if snap.driver:
+        driver = snap.driver
+        node(
+            DRIVER_INFO,
+            1,
+            driver.get("driver_version", ""),
+            driver.get("cuda_driver_version", ""),
+            driver.get("nvml_version", ""),
+        )
+    if snap.nvml_up:
+        node(GPUS, sum(1 for gpu in snap.gpus if gpu.up))
+    for tier, seconds in sorted(snap.tier_duration.items()):
+        node(COLLECT_DURATION_SECONDS, seconds, tier)
+    for tier, when in sorted(snap.tier_finished.items()):
+        node(LAST_COLLECT_TIMESTAMP_SECONDS, when, tier)
+    for (call, error), count in sorted(snap.collect_errors.items()):
+        node(COLLECT_ERRORS_TOTAL, count, call, error)
+    for call, count in sorted(snap.collect_timeouts.items()):
+        node(COLLECT_TIMEOUTS_TOTAL, count, call)
+    node(NVML_REINIT_TOTAL, snap.reinit_total)
+    if snap.pods_state != "disabled":
+        node(POD_ATTRIBUTION_UP, 1 if snap.pods_state == "ok" else 0)
+        if snap.pods_state == "ok":
+            node(POD_ATTRIBUTION_UNMATCHED_DEVICES, snap.pods_unmatched)
+
+
+def _gpu_rows(snap: Snapshot, rows: Rows) -> None:
+    """Each GPU's readings, state, allocations and topology."""
+    for gpu in snap.gpus:
+        ids = [str(gpu.index), gpu.uuid]
+        rows[GPU_UP.name].append((ids, 1 if gpu.up else 0))
+        for sample in gpu.samples:  # a lost GPU's samples are its identity only
+            rows[sample.name].append((ids + list(sample.labels), sample.value))
+        if not gpu.up:
+            continue
+        rows[GPU_STALE.name].append((ids, 1 if gpu.stale else 0))
+        if gpu.hardware_error:
+            rows[GPU_HARDWARE_ERROR_INFO.name].append((ids + [gpu.hardware_error], 1))
+        for allocation in snap.pods.get(gpu.uuid, ()):
+            rows[GPU_ALLOCATION.name].append((ids + [allocation.namespace, allocation.pod, allocation.container], 1))
+        for peer in snap.topology.get(gpu.uuid, ()):
+            rows[TOPOLOGY_INFO.name].append((ids + [str(peer.peer_index), peer.level], 1))
+            if peer.nvlinks >= 0:
+                rows[NVLINK_PEER_LINKS.name].append((ids + [str(peer.peer_index), peer.peer_uuid], peer.nvlinks))
+
+
+def _health_rows(snap: Snapshot, rows: Rows) -> None:
+    for gpu in snap.gpus:
+        verdicts = snap.health.get(gpu.uuid, ())
+        ids = [str(gpu.index), gpu.uuid]
+        for verdict in verdicts:
+            rows[HEALTH.name].append((ids + [verdict.check], verdict.level))
+            if verdict.level > 0:
+                rows[HEALTH_SINCE_TIMESTAMP_SECONDS.name].append((ids + [verdict.check], verdict.since))
+        if verdicts:
+            rows[HEALTH_STATUS.name].append((ids, max(v.level for v in verdicts)))
+
+
+def _xid_rows(snap: Snapshot, rows: Rows) -> None:
+    index_of = {gpu.uuid: str(gpu.index) for gpu in snap.gpus}
+    for (uuid, xid), (count, last) in sorted(snap.xid.items()):
+        if uuid in index_of:
+            ids = [index_of[uuid], uuid, str(xid)]
+            rows[XID_ERRORS_TOTAL.name].append((ids, count))
+            rows[XID_LAST_TIMESTAMP_SECONDS.name].append((ids, last))
 
 
 class _Process:

@@ -6,21 +6,23 @@ import html
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
-from fastapi import FastAPI, Path, Request
+from fastapi import APIRouter, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
+from exporter.asgi import HeaderLimit, first_error, jsonable_errors
+from exporter.config import Settings
 from exporter.health.diagnosis import as_json, diagnose
 from exporter.metrics import FAMILIES
-from exporter.poller import Poller
 from exporter.render import Renderer, content_type
-from exporter.snapshot import GpuSnapshot, Snapshot
+from exporter.snapshot import GpuSnapshot, Snapshot, Verdict
 from exporter.webconfig import BasicAuth
 
 READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
@@ -102,7 +104,7 @@ class Problem(BaseModel):
 
 
 def gpu_dict(
-    gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Any, ...] = (), pods: tuple[Any, ...] = ()
+    gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Verdict, ...] = (), pods: tuple[Any, ...] = ()
 ) -> dict[str, Any]:
     """One GPU as JSON-ready plain data (the shape of the `Gpu` model; ages as of the snapshot)."""
     metrics: dict[str, dict[str, Any]] = {}
@@ -120,7 +122,7 @@ def gpu_dict(
         "lost_reason": gpu.lost_reason,
         "hardware_error": gpu.hardware_error,
         "sample_age_seconds": {tier: round(max(taken_at - at, 0.0), 3) for tier, at in gpu.updated_at.items()},
-        "info": gpu.info,
+        "info": gpu.info.as_json(),
         "metrics": metrics,
         "health": {
             v.check: {
@@ -171,6 +173,10 @@ class GpuJsonCache:
         return self.cached(snapshot) or await anyio.to_thread.run_sync(self.build, snapshot)
 
 
+SnapshotSource = Callable[[], Snapshot]
+Readiness = Callable[[Snapshot, float], "str | None"]
+
+
 def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
     """None when ready, else the reason."""
     if not snapshot.nvml_up:
@@ -184,24 +190,54 @@ def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | Non
     return None
 
 
+def readiness_under(settings: Callable[[], Settings]) -> Readiness:
+    """Readiness judged by the fast interval in force now (a reload may change it), not the one at start."""
+    return lambda snapshot, now: readiness(snapshot, settings().poll.fast_interval, now)
+
+
+def _quality(header: str, wanted: str) -> float:
+    """The q-value `header` (Accept or Accept-Encoding) gives `wanted`; 0 when it is not listed or q=0."""
+    for part in header.split(","):
+        token, *params = (piece.strip() for piece in part.split(";"))
+        if token.lower() != wanted:
+            continue
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return max(0.0, min(float(value), 1.0))
+                except ValueError:
+                    return 0.0
+        return 1.0
+    return 0.0
+
+
+def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
+    """(OpenMetrics?, gzip?) as the scraper asked, honouring quality values (q=0 means "not this")."""
+    openmetrics = _quality(accept, "application/openmetrics-text")
+    text = max(_quality(accept, "text/plain"), _quality(accept, "*/*"))
+    return openmetrics > 0 and openmetrics >= text, _quality(accept_encoding, "gzip") > 0
+
+
 class MetricsFastPath:
     """Serve GET/HEAD on the telemetry path straight from the render cache, ahead of FastAPI's routing.
 
     A cached scrape costs a dict lookup and two ASGI messages on the event loop; only the first scrape of a new
-    snapshot renders, in a worker thread, so the loop never blocks. FastAPI keeps the route for the OpenAPI docs.
+    snapshot renders, in a worker thread, so the loop never blocks.
     """
 
-    def __init__(self, app: Any, path: str, poller: Poller, renderer: Renderer) -> None:
-        self.app, self.path, self.poller, self.renderer = app, path, poller, renderer
+    def __init__(self, app: Any, path: str, snapshots: SnapshotSource, renderer: Renderer) -> None:
+        self.app, self.path, self.snapshots, self.renderer = app, path, snapshots, renderer
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] not in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        openmetrics = b"application/openmetrics-text" in headers.get(b"accept", b"")
-        compress = b"gzip" in headers.get(b"accept-encoding", b"")
-        snapshot = self.poller.snapshot
+        openmetrics, compress = negotiate(
+            headers.get(b"accept", b"").decode("latin-1"), headers.get(b"accept-encoding", b"").decode("latin-1")
+        )
+        snapshot = self.snapshots()
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:
             body = await anyio.to_thread.run_sync(self.renderer.render, snapshot, openmetrics, compress)
@@ -212,86 +248,45 @@ class MetricsFastPath:
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
 
-MAX_HEADER_BYTES = 16 * 1024
+def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: str) -> APIRouter:
+    router = APIRouter()
 
+    # Documentation only: MetricsFastPath answers GET and HEAD on this path before routing reaches it.
 
-class HeaderLimit:
-    """Refuse requests whose headers exceed 16 KiB with 431 JSON (uvicorn's httptools parser sets no limit)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > MAX_HEADER_BYTES:
-            body = json.dumps({"error": f"request headers exceed {MAX_HEADER_BYTES} bytes"}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 431,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
-
-
-def create_app(
-    poller: Poller, renderer: Renderer, telemetry_path: str = "/metrics", basic_auth_users: dict[str, str] | None = None
-) -> FastAPI:
-    app = FastAPI(
-        title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
-    )
-    fast_interval = poller.settings.poll.fast_interval
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ()))
-        return JSONResponse(
-            {"error": f"invalid {where}: {first.get('msg', 'bad request')}", "detail": jsonable_errors(exc)},
-            status_code=422,
-        )
-
-    @app.get(
+    @router.get(
         telemetry_path,
-        include_in_schema=True,
-        summary="Prometheus metrics",
+        summary="Prometheus metrics (text format, or OpenMetrics when asked; gzip when asked)",
         response_class=Response,
-        responses={200: {"content": {"text/plain": {}}}},
+        responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}},
     )
-    def metrics(request: Request) -> Response:
-        accept = request.headers.get("accept", "")
-        openmetrics = "application/openmetrics-text" in accept
-        compress = "gzip" in request.headers.get("accept-encoding", "")
-        body = renderer.render(poller.snapshot, openmetrics=openmetrics, compress=compress)
-        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if compress else {}
-        return Response(body, media_type=content_type(openmetrics), headers=headers)
+    def metrics() -> Response:  # pragma: no cover - never reached
+        raise StarletteHTTPException(500, "served by the fast path")
 
-    @app.get("/healthz", summary="Liveness: the process serves HTTP (never touches NVML)")
+    @router.get("/healthz", summary="Liveness: the process serves HTTP (never touches NVML)")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get(
+    @router.get(
         "/readyz",
         summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
         responses={503: {"model": Problem}},
     )
     def readyz() -> JSONResponse:
-        reason = readiness(poller.snapshot, fast_interval, time.time())
+        reason = ready(snapshots(), time.time())
         if reason is not None:
             return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
         return JSONResponse({"status": "ready"})
 
+    return router
+
+
+def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
+    router = APIRouter()
     gpu_json = GpuJsonCache()
 
-    @app.get("/api/v1/gpus", response_model=GpuList, summary="Every GPU's latest readings, with units")
+    @router.get("/api/v1/gpus", response_model=GpuList, summary="Every GPU's latest readings, with units")
     async def gpus() -> Any:
-        snap = poller.snapshot
+        snap = snapshots()
         all_gpus, _ = await gpu_json.get(snap)
         head = json.dumps(
             {
@@ -303,14 +298,14 @@ def create_app(
         )
         return Response(head[:-1].encode() + b', "gpus": ' + all_gpus + b"}", media_type="application/json")
 
-    @app.get(
+    @router.get(
         "/api/v1/gpus/{gpu}",
         response_model=Gpu,
         responses={404: {"model": Problem}},
         summary="One GPU by index or UUID",
     )
     async def gpu(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index (0) or UUID (GPU-...)")]) -> Any:
-        snap = poller.snapshot
+        snap = snapshots()
         found = snap.gpu(gpu)
         if found is None:
             return JSONResponse(
@@ -320,31 +315,43 @@ def create_app(
         _, by_index = await gpu_json.get(snap)
         return Response(by_index[found.index], media_type="application/json")
 
-    @app.get(
+    return router
+
+
+def _diagnosis_routes(snapshots: SnapshotSource) -> APIRouter:
+    router = APIRouter()
+
+    @router.get(
         "/api/v1/diagnosis",
         response_model=Diagnosis,
         summary="Findings for the node: check, severity, observed, threshold, cause, action",
     )
     def diagnosis() -> Any:
-        snap = poller.snapshot
+        snap = snapshots()
         return as_json(snap, diagnose(snap))
 
-    @app.get(
+    @router.get(
         "/api/v1/diagnosis/{gpu}",
         response_model=Diagnosis,
         responses={404: {"model": Problem}},
         summary="Findings for one GPU",
     )
     def gpu_diagnosis(gpu: Annotated[str, Path(pattern=GPU_KEY_PATTERN, description="index or UUID")]) -> Any:
-        snap = poller.snapshot
+        snap = snapshots()
         found = snap.gpu(gpu)
         if found is None:
             return JSONResponse({"error": f"no GPU '{gpu}' on this node"}, status_code=404)
         return as_json(snap, [f for f in diagnose(snap) if f.uuid == found.uuid])
 
-    @app.get("/api/v1/topology", response_model=Topology, summary="GPU matrix as nvidia-smi topo -m shows it")
+    return router
+
+
+def _topology_routes(snapshots: SnapshotSource) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/api/v1/topology", response_model=Topology, summary="GPU matrix as nvidia-smi topo -m shows it")
     def topology() -> Topology:
-        snap = poller.snapshot
+        snap = snapshots()
         up = [gpu for gpu in snap.gpus if gpu.up]
         matrix: dict[str, dict[str, str]] = {}
         peers: dict[str, list[TopologyPeer]] = {}
@@ -361,9 +368,15 @@ def create_app(
             ]
         return Topology(gpus=[gpu.index for gpu in up], matrix=matrix, peers=peers)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    return router
+
+
+def _page_routes(snapshots: SnapshotSource, telemetry_path: str) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     def landing() -> HTMLResponse:
-        snap = poller.snapshot
+        snap = snapshots()
         state = "up" if snap.nvml_up else f"down ({html.escape(snap.nvml_error or '')})"
         up = sum(1 for gpu in snap.gpus if gpu.up)
         links = "".join(
@@ -384,12 +397,36 @@ def create_app(
             f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>"
         )
 
-    app.add_middleware(MetricsFastPath, path=telemetry_path, poller=poller, renderer=renderer)
+    return router
+
+
+def create_app(
+    snapshots: SnapshotSource,
+    ready: Readiness,
+    renderer: Renderer,
+    telemetry_path: str = "/metrics",
+    basic_auth_users: dict[str, str] | None = None,
+) -> FastAPI:
+    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML."""
+    app = FastAPI(
+        title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
+    )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": first_error(exc), "detail": jsonable_errors(exc)}, status_code=422)
+
+    app.include_router(_probe_routes(snapshots, ready, telemetry_path))
+    app.include_router(_gpu_routes(snapshots))
+    app.include_router(_diagnosis_routes(snapshots))
+    app.include_router(_topology_routes(snapshots))
+    app.include_router(_page_routes(snapshots, telemetry_path))
+    app.add_middleware(MetricsFastPath, path=telemetry_path, snapshots=snapshots, renderer=renderer)
     if basic_auth_users:
         app.add_middleware(BasicAuth, users=basic_auth_users)
     app.add_middleware(HeaderLimit)  # added last: runs first
     return app
-
-
-def jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
-    return [{"loc": [str(part) for part in err.get("loc", ())], "msg": err.get("msg", "")} for err in exc.errors()]

@@ -1,16 +1,16 @@
-"""Immutable snapshots: what the poller publishes and everything downstream (render, JSON, readiness) reads.
-
-A snapshot is never modified after publication, so HTTP handlers read it without locks.
+"""The snapshot contract: what the poller publishes and everything downstream (render, JSON, readiness, health,
+fleet) reads. Every type here is frozen: a snapshot is never modified after publication, so HTTP handlers read
+it without locks. This module imports nothing of NVML, the pod-resources client or HTTP.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.metrics import FAMILIES
-from exporter.podresources import Allocation
+from exporter.metrics import Family
 
 
 class Tier(enum.Enum):
@@ -26,20 +26,73 @@ class Sample:
     value: float
 
 
-class SampleWriter:
-    """What a reader writes into: samples for the contract's families, plus JSON-only facts."""
+@dataclass(frozen=True)
+class NvlinkFacts:
+    """What discovery learns about a GPU's NVLinks: the topology matrix is built from these, not from NVML."""
 
-    def __init__(self) -> None:
+    links: int = 0  # links the GPU has (field 91)
+    remote_bus_ids: tuple[tuple[int, str], ...] = ()  # (link, remote PCI bus id, upper case)
+    nvswitch_links: int = 0  # links connected to NVSwitch (field 147); 0 on direct-NVLink boards
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Static and slowly changing facts about one GPU (the `info` of the JSON API; never a Prometheus label set).
+
+    A field a reader did not set is None and left out of the JSON.
+    """
+
+    name: str | None = None
+    serial: str | None = None
+    pci_bus_id: str | None = None
+    vbios_version: str | None = None
+    compute_capability: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_includes_reserved: bool | None = None  # True when memory v1 answered ("used" counts the reserve)
+    compute_mode: str | None = None
+    nvlink_links: int | None = None
+    mig_uuids: tuple[str, ...] | None = None  # MIG instances of a MIG-enabled GPU
+    nvlink: NvlinkFacts | None = field(default=None, metadata={"json": False})
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if value is None or not spec.metadata.get("json", True):
+                continue
+            out[spec.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+INFO_FIELDS = frozenset(spec.name for spec in dataclasses.fields(GpuInfo))
+
+
+class SampleWriter:
+    """What a reader writes into: samples of the families it declared, plus facts for `GpuInfo`.
+
+    Writing a family the reader did not declare raises: the `metrics.include/exclude` filter decides which readers
+    run from their declarations, so an undeclared family would be silently skipped or silently kept.
+    """
+
+    def __init__(self, declared: tuple[Family, ...] | None = None) -> None:
         self.samples: list[Sample] = []
         self.info: dict[str, Any] = {}
+        self._declared = None if declared is None else frozenset(f.name for f in declared)
 
-    def add(self, name: str, value: float | None, *labels: str) -> None:
+    def add(self, family: Family, value: float | None, *labels: str) -> None:
         if value is None:
             return
-        family = FAMILIES[name]  # KeyError here means a reader emits a name outside the contract
+        if self._declared is not None and family.name not in self._declared:
+            raise ValueError(f"{family.name} is written by a reader that does not declare it")
         if len(labels) != len(family.labels):
-            raise ValueError(f"{name} takes labels {family.labels}, got {labels}")
-        self.samples.append(Sample(name, labels, float(value)))
+            raise ValueError(f"{family.name} takes labels {family.labels}, got {labels}")
+        self.samples.append(Sample(family.name, labels, float(value)))
+
+    def set_info(self, **facts: Any) -> None:
+        unknown = set(facts) - INFO_FIELDS
+        if unknown:
+            raise ValueError(f"not GpuInfo fields: {sorted(unknown)}")
+        self.info.update(facts)
 
 
 @dataclass(frozen=True)
@@ -47,7 +100,7 @@ class TierReading:
     """One tier's result for one GPU."""
 
     samples: tuple[Sample, ...]
-    info: dict[str, Any]
+    info: dict[str, Any]  # GpuInfo fields this tier set
     finished_at: float
 
 
@@ -59,7 +112,7 @@ class GpuSnapshot:
     stale: bool
     lost_reason: str | None
     hardware_error: str | None
-    info: dict[str, Any]
+    info: GpuInfo
     samples: tuple[Sample, ...]
     updated_at: dict[str, float]  # tier name → unix time of its last successful read
 
@@ -70,6 +123,28 @@ class PeerLink:
     peer_uuid: str
     level: str  # NV18, PIX, PXB, PHB, NODE, SYS
     nvlinks: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One health check's judgement of one GPU."""
+
+    check: str
+    level: int  # 0 ok, 1 warning, 2 critical
+    severity: str  # ok, info, warning, critical (info: worth showing, level stays 0)
+    observed: str
+    threshold: str
+    since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
+
+    device_id: str
+    namespace: str
+    pod: str
+    container: str
 
 
 @dataclass(frozen=True)
@@ -87,7 +162,7 @@ class Snapshot:
     reinit_total: int = 0
     tier_duration: dict[str, float] = field(default_factory=dict)
     tier_finished: dict[str, float] = field(default_factory=dict)
-    health: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # uuid → health Verdicts
+    health: dict[str, tuple[Verdict, ...]] = field(default_factory=dict)  # uuid → verdicts
     pods_state: str = "disabled"  # pod attribution: disabled | starting | ok | no_socket | error
     pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers holding it
     pods_unmatched: int = 0

@@ -105,10 +105,10 @@ def compare_gpu(
     num: Callable[[str], float | None] = lambda path: _number(text(path))  # noqa: E731
     info = gpu.info
     cmp.equal(g, "uuid", gpu.uuid, text("uuid"))
-    cmp.equal(g, "name", info.get("name"), text("product_name"))
-    cmp.equal(g, "serial", info.get("serial"), text("serial"))
-    cmp.equal(g, "pci_bus_id", info.get("pci_bus_id"), text("pci/pci_bus_id"))
-    cmp.equal(g, "vbios_version", info.get("vbios_version"), text("vbios_version"))
+    cmp.equal(g, "name", info.name, text("product_name"))
+    cmp.equal(g, "serial", info.serial, text("serial"))
+    cmp.equal(g, "pci_bus_id", info.pci_bus_id, text("pci/pci_bus_id"))
+    cmp.equal(g, "vbios_version", info.vbios_version, text("vbios_version"))
     cmp.equal(g, "driver_version", driver.get("driver_version"), root.findtext("driver_version"))
     cmp.equal(g, "cuda_driver_version", driver.get("cuda_driver_version"), root.findtext("cuda_version"))
     for field, path in (("total", "fb_memory_usage/total"), ("reserved", "fb_memory_usage/reserved")):
@@ -385,7 +385,7 @@ def main(argv: list[str]) -> int:
         print(f"gpuwarden validate: nvidia-smi failed ({exc})", file=sys.stderr)
         return 2
     poller.stop()
-    names = sorted({g.info.get("name", "?") for g in snapshot.gpus})
+    names = sorted({g.info.name or "?" for g in snapshot.gpus})
     header = (
         f"# gpuwarden vs nvidia-smi: {len(snapshot.gpus)}× {', '.join(names)}, driver "
         f"{snapshot.driver.get('driver_version')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"

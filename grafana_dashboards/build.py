@@ -14,13 +14,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.health.thresholds import DEFAULT as T  # noqa: E402
+from exporter.health.thresholds import DEFAULT as LIMITS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'job=~"$job",instance=~"$instance"'
-GSEL = SEL + ',uuid=~"$gpu"'
-RI = "$__rate_interval"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+NODE_SELECTOR = 'job=~"$job",instance=~"$instance"'
+GPU_SELECTOR = NODE_SELECTOR + ',uuid=~"$gpu"'
+RATE_INTERVAL = "$__rate_interval"
 
 
 def _steps(*pairs: tuple[float | None, str]) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def _steps(*pairs: tuple[float | None, str]) -> dict[str, Any]:
 
 
 def target(expr: str, legend: str = "", ref: str = "A", fmt: str = "time_series", instant: bool = False) -> dict:
-    t: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "format": fmt}
+    t: dict[str, Any] = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref, "format": fmt}
     if instant:
         t["instant"] = True
         t["range"] = False
@@ -99,7 +99,7 @@ class Layout:
                 "title": title,
                 "description": description,
                 "id": self.next_id,
-                "datasource": DS,
+                "datasource": DATASOURCE,
                 "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
                 "targets": targets,
                 "fieldConfig": {"defaults": defaults, "overrides": []},
@@ -132,7 +132,7 @@ def variable(name: str, label: str, query: str, multi: bool = True) -> dict[str,
         "name": name,
         "label": label,
         "type": "query",
-        "datasource": DS,
+        "datasource": DATASOURCE,
         "query": {"query": query, "refId": f"var-{name}"},
         "definition": query,
         "refresh": 2,
@@ -177,7 +177,7 @@ def dashboard(uid: str, title: str, description: str, layout: Layout, variables:
     }
 
 
-def busy(window: str = RI, sel: str = GSEL) -> str:
+def busy(window: str = RATE_INTERVAL, sel: str = GPU_SELECTOR) -> str:
     return (
         f"rate(gpuwarden_busy_seconds_total{{{sel}}}[{window}]) / "
         f"rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}])"
@@ -192,7 +192,7 @@ def node_dashboard() -> dict[str, Any]:
         "stat",
         "Health status per GPU",
         "Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, 1 warning, 2 critical.",
-        [target(f"gpuwarden_health_status{{{GSEL}}}", gpu_legend, instant=True)],
+        [target(f"gpuwarden_health_status{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
         "none",
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
@@ -202,7 +202,7 @@ def node_dashboard() -> dict[str, Any]:
         "table",
         "Failing checks",
         "Checks that are not ok, per GPU.",
-        [target(f"gpuwarden_health{{{GSEL}}} > 0", fmt="table", instant=True)],
+        [target(f"gpuwarden_health{{{GPU_SELECTOR}}} > 0", fmt="table", instant=True)],
         "none",
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
@@ -212,7 +212,7 @@ def node_dashboard() -> dict[str, Any]:
         "table",
         "Firing alerts",
         "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
-        [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{SEL}}}', fmt="table", instant=True)],
+        [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{NODE_SELECTOR}}}', fmt="table", instant=True)],
         "none",
         w=8,
     )
@@ -224,7 +224,7 @@ def node_dashboard() -> dict[str, Any]:
         "gpuwarden_gpu_allocation.",
         [
             target(
-                f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GSEL}}})",
+                f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GPU_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             )
@@ -241,7 +241,7 @@ def node_dashboard() -> dict[str, Any]:
         "rate(busy seconds) / rate(sampled seconds). The dashed line is the starvation threshold.",
         [target(busy(), gpu_legend)],
         "percentunit",
-        thresholds=_steps((None, "red"), (T.utilization_low_ratio, "green")),
+        thresholds=_steps((None, "red"), (LIMITS.utilization_low_ratio, "green")),
         custom=threshold_lines(),
         minmax=(0, 1),
     )
@@ -249,7 +249,7 @@ def node_dashboard() -> dict[str, Any]:
         "timeseries",
         "Memory bandwidth busy",
         "Share of the last sample period in which device memory was read or written (not occupancy).",
-        [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GSEL}}}", gpu_legend)],
+        [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GPU_SELECTOR}}}", gpu_legend)],
         "percentunit",
         minmax=(0, 1),
     )
@@ -257,11 +257,19 @@ def node_dashboard() -> dict[str, Any]:
     L.add(
         "timeseries",
         "Memory used / total",
-        f"Device memory occupancy; 70-95 % is healthy for training, above {T.memory_warning_ratio:.0%} risks OOM.",
-        [target(f"gpuwarden_memory_used_bytes{{{GSEL}}} / gpuwarden_memory_total_bytes{{{GSEL}}}", gpu_legend)],
+        f"Device memory occupancy; 70-95 % is healthy for training, above {LIMITS.memory_warning_ratio:.0%} risks OOM.",
+        [
+            target(
+                f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}} / gpuwarden_memory_total_bytes{{{GPU_SELECTOR}}}",
+                gpu_legend,
+            )
+        ],
         "percentunit",
         thresholds=_steps(
-            (None, "green"), (0.7, "green"), (T.memory_warning_ratio, "orange"), (T.memory_critical_ratio, "red")
+            (None, "green"),
+            (0.7, "green"),
+            (LIMITS.memory_warning_ratio, "orange"),
+            (LIMITS.memory_critical_ratio, "red"),
         ),
         custom=threshold_lines(),
         minmax=(0, 1),
@@ -271,8 +279,8 @@ def node_dashboard() -> dict[str, Any]:
         "Memory used, reserved",
         "Bytes used by processes and reserved by the driver (v2).",
         [
-            target(f"gpuwarden_memory_used_bytes{{{GSEL}}}", "used " + gpu_legend),
-            target(f"gpuwarden_memory_reserved_bytes{{{GSEL}}}", "reserved " + gpu_legend),
+            target(f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}}", "used " + gpu_legend),
+            target(f"gpuwarden_memory_reserved_bytes{{{GPU_SELECTOR}}}", "reserved " + gpu_legend),
         ],
         "bytes",
     )
@@ -280,12 +288,14 @@ def node_dashboard() -> dict[str, Any]:
     L.add(
         "timeseries",
         "GPU temperature",
-        f"Die temperature with the {T.temperature_warning_celsius:g} °C warning "
-        f"and {T.temperature_critical_celsius:g} °C critical lines of the alert rules.",
-        [target(f"gpuwarden_temperature_celsius{{{GSEL}}}", gpu_legend)],
+        f"Die temperature with the {LIMITS.temperature_warning_celsius:g} °C warning "
+        f"and {LIMITS.temperature_critical_celsius:g} °C critical lines of the alert rules.",
+        [target(f"gpuwarden_temperature_celsius{{{GPU_SELECTOR}}}", gpu_legend)],
         "celsius",
         thresholds=_steps(
-            (None, "green"), (T.temperature_warning_celsius, "orange"), (T.temperature_critical_celsius, "red")
+            (None, "green"),
+            (LIMITS.temperature_warning_celsius, "orange"),
+            (LIMITS.temperature_critical_celsius, "red"),
         ),
         custom=threshold_lines(),
     )
@@ -294,8 +304,11 @@ def node_dashboard() -> dict[str, Any]:
         "Memory temperature and slowdown threshold",
         "HBM temperature, and each GPU's own slowdown threshold from NVML.",
         [
-            target(f"gpuwarden_memory_temperature_celsius{{{GSEL}}}", "HBM " + gpu_legend),
-            target(f'gpuwarden_temperature_threshold_celsius{{{GSEL},threshold="slowdown"}}', "slowdown " + gpu_legend),
+            target(f"gpuwarden_memory_temperature_celsius{{{GPU_SELECTOR}}}", "HBM " + gpu_legend),
+            target(
+                f'gpuwarden_temperature_threshold_celsius{{{GPU_SELECTOR},threshold="slowdown"}}',
+                "slowdown " + gpu_legend,
+            ),
         ],
         "celsius",
     )
@@ -305,7 +318,12 @@ def node_dashboard() -> dict[str, Any]:
         "Power draw / limit",
         "Draw as a share of the enforced limit: below 30 % is idle, 60-90 % "
         "healthy, 100 % sustained is power throttling.",
-        [target(f"gpuwarden_power_usage_watts{{{GSEL}}} / gpuwarden_power_limit_watts{{{GSEL}}}", gpu_legend)],
+        [
+            target(
+                f"gpuwarden_power_usage_watts{{{GPU_SELECTOR}}} / gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}",
+                gpu_legend,
+            )
+        ],
         "percentunit",
         thresholds=_steps((None, "blue"), (0.3, "green"), (0.9, "orange")),
         custom=threshold_lines(),
@@ -316,9 +334,9 @@ def node_dashboard() -> dict[str, Any]:
         "Power draw and limit (W), average from energy",
         "Instant draw, enforced limit, and the true average from the energy counter.",
         [
-            target(f"gpuwarden_power_usage_watts{{{GSEL}}}", "draw " + gpu_legend),
-            target(f"gpuwarden_power_limit_watts{{{GSEL}}}", "limit " + gpu_legend),
-            target(f"rate(gpuwarden_energy_joules_total{{{GSEL}}}[{RI}])", "average " + gpu_legend),
+            target(f"gpuwarden_power_usage_watts{{{GPU_SELECTOR}}}", "draw " + gpu_legend),
+            target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend),
+            target(f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "average " + gpu_legend),
         ],
         "watt",
     )
@@ -326,7 +344,7 @@ def node_dashboard() -> dict[str, Any]:
         "stat",
         "Energy over the range",
         "Energy used by the selected GPUs over the dashboard's time range.",
-        [target(f"sum(increase(gpuwarden_energy_joules_total{{{GSEL}}}[$__range]))", instant=True)],
+        [target(f"sum(increase(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[$__range]))", instant=True)],
         "joule",
         w=6,
         thresholds=_steps((None, "blue")),
@@ -337,7 +355,7 @@ def node_dashboard() -> dict[str, Any]:
         "Clock-event reasons",
         "Why the clocks are held down, per GPU and reason (1 = active). "
         "gpu_idle is normal when idle; sw_power_cap is normal at full load.",
-        [target(f'gpuwarden_clock_event_active{{{GSEL},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
+        [target(f'gpuwarden_clock_event_active{{{GPU_SELECTOR},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
         "none",
         w=12,
         thresholds=_steps((None, "transparent"), (1, "orange")),
@@ -347,9 +365,9 @@ def node_dashboard() -> dict[str, Any]:
         "timeseries",
         "Throttle time share",
         "Share of time the driver held the clocks down, per reason (cumulative counters, not point samples).",
-        [target(f"rate(gpuwarden_throttle_seconds_total{{{GSEL}}}[{RI}])", "{{gpu}} {{reason}}")],
+        [target(f"rate(gpuwarden_throttle_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{reason}}")],
         "percentunit",
-        thresholds=_steps((None, "green"), (T.thermal_slowdown_ratio, "orange")),
+        thresholds=_steps((None, "green"), (LIMITS.thermal_slowdown_ratio, "orange")),
         custom=threshold_lines(),
     )
     L.add(
@@ -358,8 +376,8 @@ def node_dashboard() -> dict[str, Any]:
         "SM clock against the GPU's maximum.",
         [
             target(
-                f'gpuwarden_clock_hertz{{{GSEL},clock="sm"}} / ignoring(clock) group_left '
-                f'gpuwarden_clock_max_hertz{{{GSEL},clock="sm"}}',
+                f'gpuwarden_clock_hertz{{{GPU_SELECTOR},clock="sm"}} / ignoring(clock) group_left '
+                f'gpuwarden_clock_max_hertz{{{GPU_SELECTOR},clock="sm"}}',
                 gpu_legend,
             )
         ],
@@ -370,16 +388,16 @@ def node_dashboard() -> dict[str, Any]:
         "state-timeline",
         "P-state",
         "Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
-        [target(f"gpuwarden_performance_state{{{GSEL}}}", gpu_legend)],
+        [target(f"gpuwarden_performance_state{{{GPU_SELECTOR}}}", gpu_legend)],
         "none",
-        thresholds=_steps((None, "green"), (T.pstate_degraded_min, "orange")),
+        thresholds=_steps((None, "green"), (LIMITS.pstate_degraded_min, "orange")),
     )
     L.row("Errors")
     L.add(
         "timeseries",
         "ECC errors",
         "New ECC errors per interval (volatile counters); any uncorrected error pages (GpuwardenEccUncorrectable).",
-        [target(f"increase(gpuwarden_ecc_errors_total{{{GSEL}}}[{RI}])", "{{gpu}} {{type}}")],
+        [target(f"increase(gpuwarden_ecc_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{type}}")],
         "none",
         thresholds=_steps((None, "green"), (1, "red")),
     )
@@ -388,9 +406,10 @@ def node_dashboard() -> dict[str, Any]:
         "Remapped rows",
         "Remapped rows by cause, and pending / failed flags (failed = RMA).",
         [
-            target(f"gpuwarden_remapped_rows{{{GSEL}}}", fmt="table", instant=True),
+            target(f"gpuwarden_remapped_rows{{{GPU_SELECTOR}}}", fmt="table", instant=True),
             target(
-                f"gpuwarden_remapped_rows_pending{{{GSEL}}} + 2 * gpuwarden_remapped_rows_failed{{{GSEL}}}",
+                f"gpuwarden_remapped_rows_pending{{{GPU_SELECTOR}}} + 2 * "
+                f"gpuwarden_remapped_rows_failed{{{GPU_SELECTOR}}}",
                 fmt="table",
                 instant=True,
             ),
@@ -401,7 +420,7 @@ def node_dashboard() -> dict[str, Any]:
         "timeseries",
         "XID events",
         "XID events per GPU and code over the rate interval (counts since gpuwarden started).",
-        [target(f"increase(gpuwarden_xid_errors_total{{{GSEL}}}[{RI}])", "{{gpu}} XID {{xid}}")],
+        [target(f"increase(gpuwarden_xid_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} XID {{xid}}")],
         "none",
     )
     L.add(
@@ -409,9 +428,10 @@ def node_dashboard() -> dict[str, Any]:
         "PCIe replays and NVLink errors",
         "PCIe replays per second, and NVLink errors per second by link and type.",
         [
-            target(f"rate(gpuwarden_pcie_replay_errors_total{{{GSEL}}}[{RI}])", "PCIe {{gpu}}"),
+            target(f"rate(gpuwarden_pcie_replay_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "PCIe {{gpu}}"),
             target(
-                f"sum by (instance, gpu, type) (rate(gpuwarden_nvlink_errors_total{{{GSEL}}}[{RI}]))",
+                f"sum by (instance, gpu, type) "
+                f"(rate(gpuwarden_nvlink_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]))",
                 "NVLink {{gpu}} {{type}}",
             ),
         ],
@@ -422,7 +442,7 @@ def node_dashboard() -> dict[str, Any]:
         "stat",
         "Active NVLinks per GPU",
         "Links up per GPU (18 on H100/H200 SXM).",
-        [target(f"sum by (instance, gpu) (gpuwarden_nvlink_up{{{GSEL}}})", gpu_legend, instant=True)],
+        [target(f"sum by (instance, gpu) (gpuwarden_nvlink_up{{{GPU_SELECTOR}}})", gpu_legend, instant=True)],
         "none",
         thresholds=_steps((None, "red"), (1, "green")),
     )
@@ -430,7 +450,7 @@ def node_dashboard() -> dict[str, Any]:
         "table",
         "Topology (nvidia-smi topo -m)",
         "Connection from each GPU to each peer.",
-        [target(f"gpuwarden_topology_info{{{GSEL}}}", fmt="table", instant=True)],
+        [target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
         "none",
     )
     L.row("Exporter")
@@ -438,7 +458,7 @@ def node_dashboard() -> dict[str, Any]:
         "timeseries",
         "Poll duration",
         "Wall time of each tier's last poll.",
-        [target(f"gpuwarden_collect_duration_seconds{{{SEL}}}", "{{instance}} {{tier}}")],
+        [target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{instance}} {{tier}}")],
         "s",
     )
     L.add(
@@ -446,9 +466,12 @@ def node_dashboard() -> dict[str, Any]:
         "Data age and errors",
         "Seconds since each tier's last poll, and NVML errors per second.",
         [
-            target(f"time() - gpuwarden_last_collect_timestamp_seconds{{{SEL}}}", "age {{instance}} {{tier}}"),
             target(
-                f"sum by (instance, call, error) (rate(gpuwarden_collect_errors_total{{{SEL}}}[{RI}]))",
+                f"time() - gpuwarden_last_collect_timestamp_seconds{{{NODE_SELECTOR}}}", "age {{instance}} {{tier}}"
+            ),
+            target(
+                f"sum by (instance, call, error) "
+                f"(rate(gpuwarden_collect_errors_total{{{NODE_SELECTOR}}}[{RATE_INTERVAL}]))",
                 "errors {{instance}} {{call}} {{error}}",
             ),
         ],
@@ -477,9 +500,9 @@ def fleet_dashboard() -> dict[str, Any]:
         "GPUs by health status",
         "How many GPUs are ok (0), warning (1) or critical (2).",
         [
-            target(f"count(gpuwarden_health_status{{{SEL}}} == 0) or vector(0)", "ok", instant=True),
-            target(f"count(gpuwarden_health_status{{{SEL}}} == 1) or vector(0)", "warning", instant=True),
-            target(f"count(gpuwarden_health_status{{{SEL}}} == 2) or vector(0)", "critical", instant=True),
+            target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 0) or vector(0)", "ok", instant=True),
+            target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 1) or vector(0)", "warning", instant=True),
+            target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 2) or vector(0)", "critical", instant=True),
         ],
         "none",
         w=8,
@@ -491,12 +514,14 @@ def fleet_dashboard() -> dict[str, Any]:
         "GPUs whose health is not ok, with the model and the failing checks.",
         [
             target(
-                f"gpuwarden_health{{{SEL}}} > 0 and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
+                f"gpuwarden_health{{{NODE_SELECTOR}}} > 0 and on (instance, uuid) "
+                f"gpuwarden_health_status{{{NODE_SELECTOR}}} > 0",
                 fmt="table",
                 instant=True,
             ),
             target(
-                f"gpuwarden_gpu_info{{{SEL}}} and on (instance, uuid) gpuwarden_health_status{{{SEL}}} > 0",
+                f"gpuwarden_gpu_info{{{NODE_SELECTOR}}} and on (instance, uuid) "
+                f"gpuwarden_health_status{{{NODE_SELECTOR}}} > 0",
                 fmt="table",
                 instant=True,
             ),
@@ -511,10 +536,10 @@ def fleet_dashboard() -> dict[str, Any]:
         "table",
         "Least busy GPUs over the range",
         "GPU busy share over the dashboard's range; below "
-        f"{T.utilization_low_ratio:.0%} while a job runs is starvation.",
-        [target(f"bottomk(20, {busy('$__range', SEL)})", fmt="table", instant=True)],
+        f"{LIMITS.utilization_low_ratio:.0%} while a job runs is starvation.",
+        [target(f"bottomk(20, {busy('$__range', NODE_SELECTOR)})", fmt="table", instant=True)],
         "percentunit",
-        thresholds=_steps((None, "red"), (T.utilization_low_ratio, "green")),
+        thresholds=_steps((None, "red"), (LIMITS.utilization_low_ratio, "green")),
     )
     L.add(
         "stat",
@@ -522,14 +547,14 @@ def fleet_dashboard() -> dict[str, Any]:
         "GPU-hours not spent running kernels over the range, and their cost at $price per GPU-hour.",
         [
             target(
-                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-                f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600",
+                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{NODE_SELECTOR}}}[$__range]) - "
+                f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range])) / 3600",
                 "idle GPU-hours",
                 instant=True,
             ),
             target(
-                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-                f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range])) / 3600 * $price",
+                f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{NODE_SELECTOR}}}[$__range]) - "
+                f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range])) / 3600 * $price",
                 "cost",
                 instant=True,
             ),
@@ -537,11 +562,11 @@ def fleet_dashboard() -> dict[str, Any]:
         "none",
         thresholds=_steps((None, "blue")),
     )
-    alloc = f"max_over_time(gpuwarden_gpu_allocation{{{SEL}}}[$__range])"
+    alloc = f"max_over_time(gpuwarden_gpu_allocation{{{NODE_SELECTOR}}}[$__range])"
     share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
     idle_seconds = (
-        f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{SEL}}}[$__range]) - "
-        f"increase(gpuwarden_busy_seconds_total{{{SEL}}}[$__range]), 0)"
+        f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{NODE_SELECTOR}}}[$__range]) - "
+        f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range]), 0)"
     )
     L.add(
         "table",
@@ -570,11 +595,13 @@ def fleet_dashboard() -> dict[str, Any]:
         "table",
         "Hottest GPUs",
         "The ten hottest GPUs now.",
-        [target(f"topk(10, gpuwarden_temperature_celsius{{{SEL}}})", fmt="table", instant=True)],
+        [target(f"topk(10, gpuwarden_temperature_celsius{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
         "celsius",
         w=8,
         thresholds=_steps(
-            (None, "green"), (T.temperature_warning_celsius, "orange"), (T.temperature_critical_celsius, "red")
+            (None, "green"),
+            (LIMITS.temperature_warning_celsius, "orange"),
+            (LIMITS.temperature_critical_celsius, "red"),
         ),
     )
     L.add(
@@ -582,8 +609,8 @@ def fleet_dashboard() -> dict[str, Any]:
         "ECC and XID offenders",
         "GPUs with uncorrected ECC errors or critical XIDs in the window.",
         [
-            target(f'gpuwarden_ecc_errors_total{{{SEL},type="uncorrected"}} > 0', fmt="table", instant=True),
-            target(f"gpuwarden_xid_errors_total{{{SEL}}} > 0", fmt="table", instant=True),
+            target(f'gpuwarden_ecc_errors_total{{{NODE_SELECTOR},type="uncorrected"}} > 0', fmt="table", instant=True),
+            target(f"gpuwarden_xid_errors_total{{{NODE_SELECTOR}}} > 0", fmt="table", instant=True),
         ],
         "none",
         w=8,
@@ -593,10 +620,10 @@ def fleet_dashboard() -> dict[str, Any]:
         "NVLink problems",
         "Links that are down, or GPUs reaching peers over fewer links than usual.",
         [
-            target(f"gpuwarden_nvlink_up{{{SEL}}} == 0", fmt="table", instant=True),
+            target(f"gpuwarden_nvlink_up{{{NODE_SELECTOR}}} == 0", fmt="table", instant=True),
             target(
-                f"gpuwarden_nvlink_peer_links{{{SEL}}} < on (instance) group_left "
-                f"max by (instance) (gpuwarden_nvlink_peer_links{{{SEL}}})",
+                f"gpuwarden_nvlink_peer_links{{{NODE_SELECTOR}}} < on (instance) group_left "
+                f"max by (instance) (gpuwarden_nvlink_peer_links{{{NODE_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             ),
@@ -611,7 +638,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "Nodes per driver and CUDA driver version.",
         [
             target(
-                f"count by (driver_version, cuda_driver_version) (gpuwarden_driver_info{{{SEL}}})",
+                f"count by (driver_version, cuda_driver_version) (gpuwarden_driver_info{{{NODE_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             )
@@ -623,7 +650,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "table",
         "GPU models",
         "GPUs per model.",
-        [target(f"count by (name) (gpuwarden_gpu_info{{{SEL}}})", fmt="table", instant=True)],
+        [target(f"count by (name) (gpuwarden_gpu_info{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
         "none",
         w=12,
     )

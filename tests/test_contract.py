@@ -11,7 +11,7 @@ import pytest
 from exporter.metrics import FAMILIES
 from exporter.render import Renderer
 from exporter.sim.scenario import shipped_scenarios
-from tests.conftest import ManualClock, parse_exposition
+from tests.helpers.common import ManualClock, parse_exposition
 
 SOURCE = Path(__file__).resolve().parent.parent / "exporter"
 
@@ -37,15 +37,6 @@ def test_constants_the_logic_depends_on():
     assert pynvml.NVML_TOPOLOGY_HOSTBRIDGE == 30
     assert pynvml.NVML_FI_DEV_NVLINK_GET_STATE == 165
     assert pynvml.nvmlEventTypeXidCriticalError == 0x8
-
-
-def test_only_the_nvml_seam_and_readers_import_pynvml():
-    importers = {p.relative_to(SOURCE).as_posix() for p in production_sources() if "import pynvml" in p.read_text()}
-    allowed_prefixes = ("nvml/", "readers/")
-    allowed = {"poller.py", "events.py", "topology.py"}
-    assert all(p.startswith(allowed_prefixes) or p in allowed for p in importers), importers
-    assert "import pynvml" not in (SOURCE / "server.py").read_text()
-    assert "import pynvml" not in (SOURCE / "render.py").read_text()
 
 
 def test_metric_names_follow_the_conventions():

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from tests.conftest import free_port, parse_exposition, values, write_yaml
+from tests.helpers.common import free_port, parse_exposition, values, write_yaml
+
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 FAST = {"poll": {"fast_interval": 0.2, "slow_interval": 1, "call_deadline": 0.5}}
 
@@ -66,7 +68,7 @@ def test_hung_call_repeatedly(live_server):
     assert values(scrape(server), "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetPowerUsage")
     until(lambda: values(scrape(server), "gpuwarden_gpu_stale", gpu="1") == [0])
     time.sleep(3)  # two more hangs: abandoned threads stay at one per GPU and tier
-    fast_workers = [w for (_, tier), w in server.poller._workers.items() if tier == "fast"]
+    fast_workers = server.poller.pool.workers("fast-")
     assert len(fast_workers) == 2 and all(w.thread.is_alive() for w in fast_workers)
 
 

@@ -8,22 +8,8 @@ from exporter.config import ConfigError
 from exporter.health.thresholds import load_thresholds
 from exporter.poller import Poller
 from exporter.render import Renderer
-from tests.conftest import ManualClock, parse_exposition, settings, values, write_yaml
-
-SHORT = {
-    "utilization_for_s": 10,
-    "memory_for_s": 3,
-    "temperature_warning_for_s": 3,
-    "temperature_critical_for_s": 3,
-    "thermal_slowdown_for_s": 10,
-    "power_cap_for_s": 10,
-    "power_limit_reduced_for_s": 5,
-    "pstate_for_s": 10,
-    "nvlink_down_for_s": 3,
-    "persistence_off_for_s": 5,
-    "nvlink_crc_for_s": 10,
-    "pcie_replays_for_s": 10,
-}
+from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
+from tests.helpers.thresholds import SHORT
 
 
 @pytest.fixture
@@ -173,7 +159,7 @@ def test_history_stays_bounded_at_fast_polling():
     """An hour of 0.1 s polls keeps one point per spacing, not one per poll (found by the soak run)."""
     from exporter.health.checks import HealthEvaluator
     from exporter.health.thresholds import DEFAULT
-    from exporter.snapshot import GpuSnapshot, Sample
+    from exporter.snapshot import GpuInfo, GpuSnapshot, Sample
 
     evaluator = HealthEvaluator(DEFAULT)
     for step in range(36_000):
@@ -183,7 +169,7 @@ def test_history_stays_bounded_at_fast_polling():
             Sample("gpuwarden_utilization_sampled_seconds_total", (), step * 0.1),
             Sample("gpuwarden_temperature_celsius", (), 60.0),
         )
-        gpu = GpuSnapshot(0, "G0", True, False, None, None, {"name": "NVIDIA H100 80GB HBM3"}, samples, {})
+        gpu = GpuSnapshot(0, "G0", True, False, None, None, GpuInfo(name="NVIDIA H100 80GB HBM3"), samples, {})
         evaluator.evaluate([gpu], {}, now)
     history = evaluator._history["G0"]
     assert len(history.points) <= history.keep / history.spacing + 2

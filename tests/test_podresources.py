@@ -11,61 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 
 from exporter.podresources import PodAttribution, assign, device_key
 from exporter.podresources import podresources_pb2 as pb
-from tests.conftest import parse_exposition, values
-
-GPU = "nvidia.com/gpu"
-
-
-class FakeKubelet:
-    """A PodResourcesLister on a unix socket; `pods` is what List answers, changeable while it runs."""
-
-    def __init__(self, socket_path: Path) -> None:
-        self.socket_path = socket_path
-        self.pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]] = []
-        self.calls = 0
-        self.server: grpc.Server | None = None
-
-    def _list(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> pb.ListPodResourcesResponse:
-        self.calls += 1
-        response = pb.ListPodResourcesResponse()
-        for namespace, name, containers in self.pods:
-            pod = response.pod_resources.add(name=name, namespace=namespace)
-            for container_name, devices in containers:
-                container = pod.containers.add(name=container_name)
-                for resource, ids in devices:
-                    container.devices.add(resource_name=resource, device_ids=ids)
-        return response
-
-    def start(self) -> FakeKubelet:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        handler = grpc.method_handlers_generic_handler(
-            "v1.PodResourcesLister",
-            {
-                "List": grpc.unary_unary_rpc_method_handler(
-                    self._list,
-                    request_deserializer=pb.ListPodResourcesRequest.FromString,
-                    response_serializer=pb.ListPodResourcesResponse.SerializeToString,
-                )
-            },
-        )
-        self.server.add_generic_rpc_handlers((handler,))
-        self.server.add_insecure_port(f"unix://{self.socket_path}")
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(grace=None).wait()
-            self.server = None
-        self.socket_path.unlink(missing_ok=True)
+from tests.helpers.common import parse_exposition, values
+from tests.helpers.kubelet import GPU, FakeKubelet
 
 
 @pytest.fixture
@@ -144,10 +97,10 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
     scenario = {"name": "mig", "node": {"count": 2, "mig_instances": {1: 3}}}
     server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
     gpus = {g.index: g for g in server.poller.snapshot.gpus}  # type: ignore[attr-defined]
-    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.get("mig_uuids", ())) == 3)  # type: ignore
-    mig = server.poller.snapshot.gpus[1].info["mig_uuids"]  # type: ignore[attr-defined]
+    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore
+    mig = server.poller.snapshot.gpus[1].info.mig_uuids  # type: ignore[attr-defined]
     assert all(u.startswith("MIG-") for u in mig) and len(set(mig)) == 3
-    assert "mig_uuids" not in server.poller.snapshot.gpus[0].info  # type: ignore[attr-defined]
+    assert server.poller.snapshot.gpus[0].info.mig_uuids is None  # type: ignore[attr-defined]
     kubelet.pods = [("infer", f"svc-{i}", [("main", [("nvidia.com/mig-2g.20gb", [u])])]) for i, u in enumerate(mig)]
 
     def allocations() -> list[float]:
@@ -247,7 +200,7 @@ def test_no_socket_at_start_turns_itself_off(
 def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from tests.conftest import settings\n"
+        "from tests.helpers.common import settings\n"
         "from exporter.sim import install_simulator\n"
         "from exporter.sim.scenario import load_scenario\n"
         "from exporter.poller import Poller\n"

@@ -9,7 +9,7 @@ import pytest
 from exporter.poller import Poller
 from exporter.render import Renderer
 from exporter.sim.models import H100_SXM_80GB
-from tests.conftest import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, parse_exposition, values
 
 
 def exposition(poller: Poller) -> dict:
@@ -61,7 +61,7 @@ def test_memory_falls_back_to_v1_on_old_driver(sim, make_poller):
     series = exposition(poller)
     assert values(series, "gpuwarden_memory_used_bytes", gpu="0") == [503_316_480]  # v1 counts the reserve
     assert values(series, "gpuwarden_memory_reserved_bytes") == []
-    assert poller.snapshot.gpus[0].info["memory_used_includes_reserved"] is True
+    assert poller.snapshot.gpus[0].info.memory_used_includes_reserved is True
 
 
 def test_fallbacks_for_renamed_symbols(sim, make_poller):

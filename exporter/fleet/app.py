@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -20,11 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
+from exporter.asgi import HeaderLimit, jsonable_errors, problem
 from exporter.fleet import planner
 from exporter.fleet.prometheus import PrometheusClient, PrometheusError
 from exporter.fleet.settings import FleetSettings, parse_duration
 from exporter.fleet.views import Fleet
-from exporter.server import jsonable_errors
 from exporter.webconfig import BasicAuth
 
 TEMPLATES = Environment(
@@ -32,8 +32,183 @@ TEMPLATES = Environment(
 )
 
 
-def _problem(status: int, error: str, detail: Any = None) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail}, status_code=status)
+def check_window(window: str, max_window_s: float, max_window: str) -> None:
+    """A window between 5m and the configured maximum, or 422 naming the field."""
+    try:
+        seconds = parse_duration(window)
+    except ValueError as exc:
+        raise RequestValidationError([{"loc": ("query", "window"), "msg": str(exc), "type": "value_error"}]) from None
+    if seconds > max_window_s or seconds < 300:
+        raise RequestValidationError(
+            [{"loc": ("query", "window"), "type": "value_error", "msg": f"window must be between 5m and {max_window}"}]
+        )
+
+
+def plan_body(result: planner.Plan, parameters: float, precision: str, gpus: int, mode: str) -> dict[str, Any]:
+    """The planner's answer as JSON (GiB rounded to 0.01)."""
+    gib = planner.GIB
+    return {
+        "input": {
+            "parameters": parameters,
+            "precision": precision,
+            "optimizer": result.optimizer,
+            "sharding": result.sharding,
+            "gpus": gpus,
+            "mode": mode,
+        },
+        "per_gpu": {
+            "weights_gib": round(result.weights_bytes / gib, 2),
+            "gradients_gib": round(result.gradients_bytes / gib, 2),
+            "optimizer_state_gib": round(result.optimizer_bytes / gib, 2),
+            "activations_gib": round(result.activations_bytes / gib, 2),
+            "activations": result.activations_source,
+            "total_gib": round(result.per_gpu_bytes / gib, 2),
+            "total_gb": round(result.per_gpu_bytes / 1e9, 2),
+        },
+        "model_states_unsharded_gib": round(result.model_states_unsharded_bytes / gib, 2),
+        "usable_memory_ratio": planner.USABLE_MEMORY_RATIO,
+    }
+
+
+def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        """The fleet service's own health: queries to Prometheus by outcome, their duration, cache hits."""
+        return Response(generate_latest(client.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/readyz")
+    async def readyz() -> JSONResponse:
+        started = time.monotonic()
+        await client.query("vector(1)")  # Prometheus errors become 503/504 through the handler
+        return JSONResponse(
+            {"status": "ready", "prometheus": settings.prometheus_url, "seconds": round(time.monotonic() - started, 3)}
+        )
+
+    return router
+
+
+def _fleet_routes(fleet: Fleet, settings: FleetSettings, max_window_s: float) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/api/v1/fleet")
+    async def inventory() -> dict[str, Any]:
+        """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
+        return await fleet.inventory()
+
+    @router.get("/api/v1/fleet/health")
+    async def health() -> dict[str, Any]:
+        """Every GPU that is not healthy, with its failing checks, severity and since when."""
+        return await fleet.health()
+
+    @router.get("/api/v1/fleet/cordon-candidates")
+    async def cordon_candidates() -> dict[str, Any]:
+        """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
+        return await fleet.cordon_candidates()
+
+    @router.get("/api/v1/fleet/utilization")
+    async def utilization(
+        window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
+        """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
+        check_window(window, max_window_s, settings.max_window)
+        return await fleet.utilization(window, limit)
+
+    return router
+
+
+def _plan_routes(fleet: Fleet) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/api/v1/plan")
+    async def plan(
+        parameters: Annotated[float, Query(gt=0, le=1e14, description="model parameters, e.g. 7e9")],
+        precision: Annotated[planner.Precision, Query()] = "bf16",
+        optimizer: Annotated[planner.Optimizer, Query()] = "adamw",
+        sharding: Annotated[planner.Sharding, Query(description="none (DDP), zero1, zero2, zero3, fsdp")] = "none",
+        gpus: Annotated[int, Query(ge=1, le=100_000)] = 1,
+        mode: Annotated[planner.Mode, Query()] = "training",
+        activations_gib: Annotated[float | None, Query(ge=0, le=10_000)] = None,
+        layers: Annotated[int | None, Query(ge=1, le=1000)] = None,
+        hidden_size: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+        heads: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+        sequence_length: Annotated[int | None, Query(ge=1, le=10_000_000)] = None,
+        micro_batch_size: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+        activation_checkpointing: bool = False,
+        flash_attention: bool = True,
+    ) -> JSONResponse:
+        """Memory per GPU (weights + gradients + optimizer state + activations) and the fleet's GPUs that fit."""
+        shape_fields = (layers, hidden_size, heads, sequence_length, micro_batch_size)
+        if any(v is not None for v in shape_fields) and any(v is None for v in shape_fields):
+            return problem(
+                422,
+                "invalid request",
+                [
+                    {
+                        "loc": ["query"],
+                        "msg": "the activation estimate needs layers, hidden_size, heads, "
+                        "sequence_length and micro_batch_size together",
+                    }
+                ],
+            )
+        shape = (
+            planner.ActivationShape(
+                layers,  # type: ignore[arg-type]
+                hidden_size,  # type: ignore[arg-type]
+                heads,  # type: ignore[arg-type]
+                sequence_length,  # type: ignore[arg-type]
+                micro_batch_size,  # type: ignore[arg-type]
+                activation_checkpointing,
+                flash_attention,
+            )
+            if layers is not None
+            else None
+        )
+        try:
+            result = planner.plan(parameters, precision, optimizer, sharding, gpus, mode, shape, activations_gib)
+        except planner.PlanError as exc:
+            return problem(422, "invalid request", [{"loc": ["query"], "msg": str(exc)}])
+        body = plan_body(result, parameters, precision, gpus, mode)
+        try:
+            body["fleet"] = await fleet.fit(result)
+        except PrometheusError as exc:  # the plan stands on its own; say why the fleet part is missing
+            body["fleet"], body["fleet_error"] = None, str(exc)
+        return JSONResponse(body)
+
+    return router
+
+
+def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/", response_class=HTMLResponse)
+    async def overview() -> HTMLResponse:
+        """A quick look when Grafana is not at hand."""
+        try:
+            inventory, health, cordon, usage = await asyncio.gather(
+                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20)
+            )
+        except PrometheusError as exc:
+            page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
+            return HTMLResponse(page, status_code=exc.status)
+        page = TEMPLATES.get_template("overview.html").render(
+            inventory=inventory,
+            health=health,
+            cordon=cordon,
+            usage=usage,
+            settings=settings,
+            version=__version__,
+            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        )
+        return HTMLResponse(page)
+
+    return router
 
 
 def create_app(
@@ -60,170 +235,21 @@ def create_app(
 
     @app.exception_handler(PrometheusError)
     async def _prometheus(request: Request, exc: PrometheusError) -> JSONResponse:
-        return _problem(exc.status, "prometheus", str(exc))
+        return problem(exc.status, "prometheus", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _problem(exc.status_code, str(exc.detail))
+        return problem(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _problem(422, "invalid request", jsonable_errors(exc))
+        return problem(422, "invalid request", jsonable_errors(exc))
 
-    def check_window(window: str) -> None:
-        try:
-            seconds = parse_duration(window)
-        except ValueError as exc:
-            raise RequestValidationError(
-                [{"loc": ("query", "window"), "msg": str(exc), "type": "value_error"}]
-            ) from None
-        if seconds > max_window_s or seconds < 300:
-            raise RequestValidationError(
-                [
-                    {
-                        "loc": ("query", "window"),
-                        "type": "value_error",
-                        "msg": f"window must be between 5m and {settings.max_window}",
-                    }
-                ]
-            )
-
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        """The fleet service's own health: queries to Prometheus by outcome, their duration, cache hits."""
-        return Response(generate_latest(client.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        started = time.monotonic()
-        await client.query("vector(1)")  # Prometheus errors become 503/504 through the handler
-        return JSONResponse(
-            {"status": "ready", "prometheus": settings.prometheus_url, "seconds": round(time.monotonic() - started, 3)}
-        )
-
-    @app.get("/api/v1/fleet")
-    async def inventory() -> dict[str, Any]:
-        """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
-        return await fleet.inventory()
-
-    @app.get("/api/v1/fleet/health")
-    async def health() -> dict[str, Any]:
-        """Every GPU that is not healthy, with its failing checks, severity and since when."""
-        return await fleet.health()
-
-    @app.get("/api/v1/fleet/cordon-candidates")
-    async def cordon_candidates() -> dict[str, Any]:
-        """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
-        return await fleet.cordon_candidates()
-
-    @app.get("/api/v1/fleet/utilization")
-    async def utilization(
-        window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> dict[str, Any]:
-        """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
-        check_window(window)
-        return await fleet.utilization(window, limit)
-
-    @app.get("/api/v1/plan")
-    async def plan(
-        parameters: Annotated[float, Query(gt=0, le=1e14, description="model parameters, e.g. 7e9")],
-        precision: Annotated[planner.Precision, Query()] = "bf16",
-        optimizer: Annotated[planner.Optimizer, Query()] = "adamw",
-        sharding: Annotated[planner.Sharding, Query(description="none (DDP), zero1, zero2, zero3, fsdp")] = "none",
-        gpus: Annotated[int, Query(ge=1, le=100_000)] = 1,
-        mode: Annotated[planner.Mode, Query()] = "training",
-        activations_gib: Annotated[float | None, Query(ge=0, le=10_000)] = None,
-        layers: Annotated[int | None, Query(ge=1, le=1000)] = None,
-        hidden_size: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
-        heads: Annotated[int | None, Query(ge=1, le=10_000)] = None,
-        sequence_length: Annotated[int | None, Query(ge=1, le=10_000_000)] = None,
-        micro_batch_size: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-        activation_checkpointing: bool = False,
-        flash_attention: bool = True,
-    ) -> JSONResponse:
-        """Memory per GPU (weights + gradients + optimizer state + activations) and the fleet's GPUs that fit."""
-        shape_fields = (layers, hidden_size, heads, sequence_length, micro_batch_size)
-        shape = None
-        if any(v is not None for v in shape_fields):
-            if any(v is None for v in shape_fields):
-                return _problem(
-                    422,
-                    "invalid request",
-                    [
-                        {
-                            "loc": ["query"],
-                            "msg": "the activation estimate needs layers, hidden_size, heads, "
-                            "sequence_length and micro_batch_size together",
-                        }
-                    ],
-                )
-            shape = planner.ActivationShape(
-                layers,
-                hidden_size,
-                heads,
-                sequence_length,  # type: ignore[arg-type]
-                micro_batch_size,
-                activation_checkpointing,  # type: ignore[arg-type]
-                flash_attention,
-            )
-        try:
-            result = planner.plan(parameters, precision, optimizer, sharding, gpus, mode, shape, activations_gib)
-        except planner.PlanError as exc:
-            return _problem(422, "invalid request", [{"loc": ["query"], "msg": str(exc)}])
-        gib = planner.GIB
-        body: dict[str, Any] = {
-            "input": {
-                "parameters": parameters,
-                "precision": precision,
-                "optimizer": result.optimizer,
-                "sharding": result.sharding,
-                "gpus": gpus,
-                "mode": mode,
-            },
-            "per_gpu": {
-                "weights_gib": round(result.weights_bytes / gib, 2),
-                "gradients_gib": round(result.gradients_bytes / gib, 2),
-                "optimizer_state_gib": round(result.optimizer_bytes / gib, 2),
-                "activations_gib": round(result.activations_bytes / gib, 2),
-                "activations": result.activations_source,
-                "total_gib": round(result.per_gpu_bytes / gib, 2),
-                "total_gb": round(result.per_gpu_bytes / 1e9, 2),
-            },
-            "model_states_unsharded_gib": round(result.model_states_unsharded_bytes / gib, 2),
-            "usable_memory_ratio": planner.USABLE_MEMORY_RATIO,
-        }
-        try:
-            body["fleet"] = await fleet.fit(result)
-        except PrometheusError as exc:  # the plan stands on its own; say why the fleet part is missing
-            body["fleet"], body["fleet_error"] = None, str(exc)
-        return JSONResponse(body)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def overview() -> HTMLResponse:
-        """A quick look when Grafana is not at hand."""
-        try:
-            inventory, health, cordon, usage = await asyncio.gather(
-                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20)
-            )
-        except PrometheusError as exc:
-            page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
-            return HTMLResponse(page, status_code=exc.status)
-        page = TEMPLATES.get_template("overview.html").render(
-            inventory=inventory,
-            health=health,
-            cordon=cordon,
-            usage=usage,
-            settings=settings,
-            version=__version__,
-            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        )
-        return HTMLResponse(page)
-
+    app.include_router(_probe_routes(client, settings))
+    app.include_router(_fleet_routes(fleet, settings, max_window_s))
+    app.include_router(_plan_routes(fleet))
+    app.include_router(_page_routes(fleet, settings))
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users)
+    app.add_middleware(HeaderLimit)  # added last: runs first
     return app

@@ -24,7 +24,7 @@ CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # query finds the nodes that can match at all; the rule's own expression then runs with the selector narrowed to
 # them: the same answer, without scanning every link's 6 h (the endpoint: 1.03 → 0.54 s on 1,000 nodes,
 # docs/benchmarks.md).
-NARROWING = {"GpuwardenNvlinkDown": "gpuwarden_nvlink_up{{{s}}} == 0"}
+NARROWING = {"GpuwardenNvlinkDown": "gpuwarden_nvlink_up{{{sel}}} == 0"}
 MAX_NARROWED_INSTANCES = 200
 ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
 
@@ -37,11 +37,11 @@ class Fleet:
     settings: FleetSettings
 
     @property
-    def s(self) -> str:
+    def selector(self) -> str:
         return self.settings.selector
 
     @property
-    def n(self) -> str:
+    def node_label(self) -> str:
         return self.settings.node_label
 
     async def many(self, *exprs: str) -> list[list[Series]]:
@@ -50,22 +50,22 @@ class Fleet:
         return list(await asyncio.gather(*(self.client.query(e, at) for e in exprs)))
 
     def node(self, series: Series) -> str:
-        return series.labels.get(self.n, "")
+        return series.labels.get(self.node_label, "")
 
     # -- inventory ----------------------------------------------------------------------------------------------
 
     async def inventory(self) -> dict[str, Any]:
-        s, n = self.s, self.n
+        sel, node_label = self.selector, self.node_label
         up, models, memory, drivers, versions, nvml, age, visible = await self.many(
-            f"max by ({n}) (up{{{s}}})",
-            f"count by ({n}, name) (gpuwarden_gpu_info{{{s}}})",
-            f"max by ({n}, name) (gpuwarden_memory_total_bytes{{{s}}} "
-            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{s}}})",
-            f"max by ({n}, driver_version, cuda_driver_version) (gpuwarden_driver_info{{{s}}})",
-            f"max by ({n}, version) (gpuwarden_build_info{{{s}}})",
-            f"max by ({n}) (gpuwarden_nvml_up{{{s}}})",
-            f'time() - max by ({n}) (gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}})',
-            f"max by ({n}) (gpuwarden_gpus{{{s}}})",
+            f"max by ({node_label}) (up{{{sel}}})",
+            f"count by ({node_label}, name) (gpuwarden_gpu_info{{{sel}}})",
+            f"max by ({node_label}, name) (gpuwarden_memory_total_bytes{{{sel}}} "
+            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{sel}}})",
+            f"max by ({node_label}, driver_version, cuda_driver_version) (gpuwarden_driver_info{{{sel}}})",
+            f"max by ({node_label}, version) (gpuwarden_build_info{{{sel}}})",
+            f"max by ({node_label}) (gpuwarden_nvml_up{{{sel}}})",
+            f'time() - max by ({node_label}) (gpuwarden_last_collect_timestamp_seconds{{{sel},tier="fast"}})',
+            f"max by ({node_label}) (gpuwarden_gpus{{{sel}}})",
         )
         nodes: dict[str, dict[str, Any]] = defaultdict(
             lambda: {
@@ -140,11 +140,11 @@ class Fleet:
     # -- health ---------------------------------------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
-        s = self.s
+        sel = self.selector
         unhealthy, since, down = await self.many(
-            f"gpuwarden_health{{{s}}} > 0",
-            f"gpuwarden_health_since_timestamp_seconds{{{s}}}",
-            f"up{{{s}}} == 0",
+            f"gpuwarden_health{{{sel}}} > 0",
+            f"gpuwarden_health_since_timestamp_seconds{{{sel}}}",
+            f"up{{{sel}}} == 0",
         )
         began = {(self.node(r), r.labels.get("uuid"), r.labels.get("check")): r.value for r in since}
         gpus: dict[tuple[str, str], dict[str, Any]] = {}
@@ -188,11 +188,13 @@ class Fleet:
     async def cordon_candidates(self) -> dict[str, Any]:
         rules = [
             r
-            for g in build(selector=self.s)
+            for g in build(selector=self.selector)
             for r in g.rules
             if r.action in CORDON_ACTIONS and r.severity == "critical"
         ]
-        narrowing = await self.many(*(NARROWING[r.alert].format(s=self.s) for r in rules if r.alert in NARROWING))
+        narrowing = await self.many(
+            *(NARROWING[r.alert].format(sel=self.selector) for r in rules if r.alert in NARROWING)
+        )
         narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=True))
         exprs = []
         for rule in rules:
@@ -206,10 +208,12 @@ class Fleet:
                 exprs.append(rule.expr)
             else:
                 regex = "|".join(re.escape(i) for i in instances).replace("\\", "\\\\")
-                narrow = f'{self.s},instance=~"{regex}"'
+                narrow = f'{self.selector},instance=~"{regex}"'
                 exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
         names = "|".join(r.alert for r in rules)
-        *answers, firing = await self.many(*exprs, f'ALERTS{{{self.s},alertstate="firing",alertname=~"{names}"}}')
+        *answers, firing = await self.many(
+            *exprs, f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
+        )
         # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
         fired = {
             (
@@ -268,26 +272,27 @@ class Fleet:
     # -- utilization ----------------------------------------------------------------------------------------------
 
     def _util(self, window: str) -> str:
-        s = self.s
+        sel = self.selector
         return (
-            f"clamp_max(rate(gpuwarden_busy_seconds_total{{{s}}}[{window}]) "
-            f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}]), 1)"
+            f"clamp_max(rate(gpuwarden_busy_seconds_total{{{sel}}}[{window}]) "
+            f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}]), 1)"
         )
 
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
         """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
         part of the window counts only the part it was seen."""
-        s, n, u = self.s, self.n, self._util(window)
+        sel, node_label, util = self.selector, self.node_label, self._util(window)
         idle_ratio = self.settings.idle_ratio
-        sampled = f"increase(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{window}])"
-        idle_s = f"clamp_min({sampled} - increase(gpuwarden_busy_seconds_total{{{s}}}[{window}]), 0)"
-        alloc = f"max_over_time(gpuwarden_gpu_allocation{{{s}}}[{window}])"
+        sampled = f"increase(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}])"
+        idle_s = f"clamp_min({sampled} - increase(gpuwarden_busy_seconds_total{{{sel}}}[{window}]), 0)"
+        alloc = f"max_over_time(gpuwarden_gpu_allocation{{{sel}}}[{window}])"
         share = f"({alloc} / on (instance, uuid) group_left () count by (instance, uuid) ({alloc}))"
         idle_expr = (
-            f"{u} < {idle_ratio:g} and on (instance, uuid) max_over_time(gpuwarden_processes{{{s}}}[{window}]) == 0"
+            f"{util} < {idle_ratio:g} and on (instance, uuid) "
+            f"max_over_time(gpuwarden_processes{{{sel}}}[{window}]) == 0"
         )
         starved_expr = (
-            f"{u} < {idle_ratio:g} and on (instance, uuid) min_over_time(gpuwarden_processes{{{s}}}[{window}]) > 0"
+            f"{util} < {idle_ratio:g} and on (instance, uuid) min_over_time(gpuwarden_processes{{{sel}}}[{window}]) > 0"
         )
         (
             observed,
@@ -301,10 +306,10 @@ class Fleet:
             ns_wasted,
             ns_allocated,
         ) = await self.many(
-            f"sum by ({n}) ({sampled})",
-            f"sum by ({n}) ({idle_s})",
-            f"count by ({n}) ({u})",
-            f"avg by ({n}) ({u})",
+            f"sum by ({node_label}) ({sampled})",
+            f"sum by ({node_label}) ({idle_s})",
+            f"count by ({node_label}) ({util})",
+            f"avg by ({node_label}) ({util})",
             f"bottomk({limit}, {idle_expr})",
             f"bottomk({limit}, {starved_expr})",
             f"count({idle_expr})",
@@ -390,11 +395,11 @@ class Fleet:
     # -- planner's fleet side ---------------------------------------------------------------------------------------
 
     async def fit(self, plan: Plan) -> list[dict[str, Any]]:
-        s = self.s
+        sel = self.selector
         memory, counts = await self.many(
-            f"max by (name) (gpuwarden_memory_total_bytes{{{s}}} "
-            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{s}}})",
-            f"count by (name) (gpuwarden_gpu_info{{{s}}})",
+            f"max by (name) (gpuwarden_memory_total_bytes{{{sel}}} "
+            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{sel}}})",
+            f"count by (name) (gpuwarden_gpu_info{{{sel}}})",
         )
         count = {r.labels.get("name", ""): int(r.value) for r in counts}
         out = []

@@ -9,11 +9,34 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from exporter.health.thresholds import Thresholds
-from exporter.snapshot import GpuSnapshot
+from exporter.metrics import (
+    BUSY_SECONDS_TOTAL,
+    CLOCK_EVENT_ACTIVE,
+    ECC_ERRORS_TOTAL,
+    MEMORY_TOTAL_BYTES,
+    MEMORY_USED_BYTES,
+    NVLINK_ERRORS_TOTAL,
+    NVLINK_UP,
+    PCIE_REPLAY_ERRORS_TOTAL,
+    PERFORMANCE_STATE,
+    PERSISTENCE_MODE_ENABLED,
+    POWER_DEFAULT_LIMIT_WATTS,
+    POWER_LIMIT_WATTS,
+    POWER_USAGE_WATTS,
+    PROCESSES,
+    REMAPPED_ROWS_FAILED,
+    REMAPPED_ROWS_PENDING,
+    RETIRED_PAGES,
+    RETIRED_PAGES_PENDING,
+    TEMPERATURE_CELSIUS,
+    THROTTLE_SECONDS_TOTAL,
+    UTILIZATION_SAMPLED_SECONDS_TOTAL,
+)
+from exporter.snapshot import GpuSnapshot, Verdict
 
 OK, WARNING, CRITICAL = 0, 1, 2
 CHECKS = (
@@ -33,16 +56,6 @@ CHECKS = (
 )
 
 
-@dataclass(frozen=True)
-class Verdict:
-    check: str
-    level: int
-    severity: str  # ok, info, warning, critical (info: worth showing, level stays 0)
-    observed: str
-    threshold: str
-    since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
-
-
 def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
     return {(s.name, s.labels): s.value for s in gpu.samples}
 
@@ -50,11 +63,11 @@ def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
 # The counters the windowed checks need; everything else is judged on the current snapshot. NVLink error counters
 # are kept as one sum per type over the GPU's links, not per link: the history stays a dozen numbers per point.
 _HISTORY_KEYS = {
-    ("gpuwarden_busy_seconds_total", ()),
-    ("gpuwarden_utilization_sampled_seconds_total", ()),
-    ("gpuwarden_pcie_replay_errors_total", ()),
+    (BUSY_SECONDS_TOTAL.name, ()),
+    (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()),
+    (PCIE_REPLAY_ERRORS_TOTAL.name, ()),
 } | {
-    ("gpuwarden_throttle_seconds_total", (reason,))
+    (THROTTLE_SECONDS_TOTAL.name, (reason,))
     for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
 }
 NVLINK_SUM = "nvlink_errors_sum"
@@ -63,7 +76,7 @@ NVLINK_SUM = "nvlink_errors_sum"
 def _history_values(values: dict[tuple[str, tuple[str, ...]], float]) -> dict[tuple[str, tuple[str, ...]], float]:
     kept = {key: value for key, value in values.items() if key in _HISTORY_KEYS}
     for (name, labels), value in values.items():
-        if name == "gpuwarden_nvlink_errors_total":
+        if name == NVLINK_ERRORS_TOTAL.name:
             key = (NVLINK_SUM, (labels[1],))
             kept[key] = kept.get(key, 0.0) + value
     return kept
@@ -124,39 +137,250 @@ class _History:
         return None if base <= 0 else (self.latest[numerator] - then[1][numerator]) / base
 
 
-BUSY = ("gpuwarden_busy_seconds_total", ())
-SAMPLED = ("gpuwarden_utilization_sampled_seconds_total", ())
+BUSY = (BUSY_SECONDS_TOTAL.name, ())
+SAMPLED = (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ())
 
 
 def _throttle(reason: str) -> tuple[str, tuple[str, ...]]:
-    return ("gpuwarden_throttle_seconds_total", (reason,))
+    return (THROTTLE_SECONDS_TOTAL.name, (reason,))
+
+
+Values = dict[tuple[str, tuple[str, ...]], float]
+
+
+@dataclass
+class CheckContext:
+    """What one check sees of one GPU: its current values, its history, the node's XIDs and the evaluator's
+    memory of sustained conditions."""
+
+    name: str
+    uuid: str
+    values: Values
+    history: _History
+    xid: dict[tuple[str, int], tuple[int, float]]
+    now: float
+    pstate_exempt: bool
+    thresholds: Thresholds
+    evaluator: HealthEvaluator
+
+    def verdict(
+        self, level: int, observed: object = "", threshold: object = "", severity: str | None = None
+    ) -> Verdict:
+        label = severity or ("ok", "warning", "critical")[level]
+        return Verdict(self.name, level, label, str(observed), str(threshold))
+
+    def sustained(self, key: str, condition: bool, duration: float) -> bool:
+        """True once `condition` has held continuously for `duration` seconds."""
+        return self.evaluator.sustained(self.uuid, key, condition, self.now, duration)
+
+
+def check_gpu_lost(c: CheckContext) -> Verdict:
+    return c.verdict(OK, "up", "gpu_up 1")  # a lost GPU is judged before the checks run
+
+
+def check_ecc(c: CheckContext) -> Verdict:
+    uncorrected = c.values.get((ECC_ERRORS_TOTAL.name, ("uncorrected",)))
+    if uncorrected:
+        return c.verdict(CRITICAL, f"{uncorrected:.0f} uncorrected (volatile)", "0")
+    return c.verdict(OK, f"{uncorrected or 0:.0f} uncorrected", "0")
+
+
+def check_row_remap(c: CheckContext) -> Verdict:
+    limits, values = c.thresholds, c.values
+    if values.get((REMAPPED_ROWS_FAILED.name, ())):
+        return c.verdict(CRITICAL, "remap failed", "no failure")
+    retired = sum(values.get((RETIRED_PAGES.name, (cause,)), 0) for cause in ("single_bit", "double_bit"))
+    if retired >= limits.retired_pages_limit:
+        return c.verdict(CRITICAL, f"{retired:.0f} retired pages", f"< {limits.retired_pages_limit}")
+    if values.get((REMAPPED_ROWS_PENDING.name, ())) or values.get((RETIRED_PAGES_PENDING.name, ())):
+        return c.verdict(WARNING, "remap or retirement pending", "none pending")
+    return c.verdict(OK, "none pending", "none pending")
+
+
+def check_xid(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    window = f"none in {limits.xid_window_s} s"
+    recent = {
+        code: last for (uuid, code), (_, last) in c.xid.items() if uuid == c.uuid and c.now - last < limits.xid_window_s
+    }
+    critical = sorted(code for code in recent if code in limits.xid_critical)
+    if critical:
+        return c.verdict(CRITICAL, f"XID {', '.join(map(str, critical))}", window)
+    warning = sorted(code for code in recent if code in limits.xid_warning)
+    if warning:
+        return c.verdict(WARNING, f"XID {', '.join(map(str, warning))}", window)
+    return c.verdict(OK, "no critical XID", window)
+
+
+def check_nvlink(c: CheckContext) -> Verdict:
+    limits, values, history = c.thresholds, c.values, c.history
+    links = {labels[0]: value for (name, labels), value in values.items() if name == NVLINK_UP.name}
+    seen_up = c.evaluator.links_seen_up.setdefault(c.uuid, set())
+    seen_up.update(link for link, up in links.items() if up)
+    # a link that was never up in our history may simply be unused: not a regression
+    down = sorted((link for link, up in links.items() if not up and link in seen_up), key=int)
+    if c.sustained("nvlink_down", bool(down), limits.nvlink_down_for_s):
+        return c.verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
+    for kind in ("replay", "recovery"):
+        if history.rate((NVLINK_SUM, (kind,)), c.now, 900):
+            named = sorted(
+                {
+                    labels[0]
+                    for (name, labels), value in values.items()
+                    if name == NVLINK_ERRORS_TOTAL.name and labels[1] == kind and value
+                },
+                key=int,
+            )
+            return c.verdict(WARNING, f"{kind} errors on link {', '.join(named)}", "none in 15 m")
+    crc = history.rate((NVLINK_SUM, ("crc_flit",)), c.now, limits.nvlink_crc_for_s)
+    if crc is not None and crc > limits.nvlink_crc_per_second:
+        # the sum over links: a conservative reading of the per-link threshold of the alert rule
+        return c.verdict(WARNING, f"CRC {crc:.0f}/s over all links", f"<= {limits.nvlink_crc_per_second:g}/s")
+    return c.verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
+
+
+def check_temperature(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    temp = c.values.get((TEMPERATURE_CELSIUS.name, ()))
+    if temp is None:
+        return c.verdict(OK, "n/a")
+    critical, warning = limits.temperature_critical_celsius, limits.temperature_warning_celsius
+    if c.sustained("temp_critical", temp > critical, limits.temperature_critical_for_s):
+        return c.verdict(CRITICAL, f"{temp:.0f} °C", f"> {critical:g} °C")
+    if c.sustained("temp_warning", temp > warning, limits.temperature_warning_for_s):
+        return c.verdict(WARNING, f"{temp:.0f} °C", f"> {warning:g} °C")
+    return c.verdict(OK, f"{temp:.0f} °C", f"<= {warning:g} °C")
+
+
+def check_thermal_throttling(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
+        share = c.history.rate(_throttle(reason), c.now, limits.thermal_slowdown_for_s)
+        if share is None:  # no throttle counters (old driver): fall back to the point-sampled reason
+            active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
+            share = 1.0 if c.sustained(reason, active, limits.thermal_slowdown_for_s) else 0.0
+        if share > limits.thermal_slowdown_ratio:
+            return c.verdict(WARNING, f"{reason} {share:.0%} of the time", f"<= {limits.thermal_slowdown_ratio:.0%}")
+    return c.verdict(OK, "no thermal slowdown", f"<= {limits.thermal_slowdown_ratio:.0%}")
+
+
+def check_power(c: CheckContext) -> Verdict:
+    limits, values = c.thresholds, c.values
+    brake = c.history.rate(_throttle("hw_power_brake_slowdown"), c.now, limits.thermal_slowdown_for_s)
+    if brake is not None and brake > limits.power_brake_ratio:
+        return c.verdict(WARNING, f"power brake {brake:.0%} of the time", f"<= {limits.power_brake_ratio:.0%}")
+    limit = values.get((POWER_LIMIT_WATTS.name, ()))
+    default = values.get((POWER_DEFAULT_LIMIT_WATTS.name, ()))
+    reduced = limit is not None and default is not None and limit < default
+    if c.sustained("power_limit", reduced, limits.power_limit_reduced_for_s):
+        return c.verdict(WARNING, f"limit {limit:.0f} W", f"default {default:.0f} W")
+    cap = c.history.rate(_throttle("sw_power_cap"), c.now, limits.power_cap_for_s)
+    if cap is not None and cap > limits.power_cap_ratio:
+        return c.verdict(OK, f"power-capped {cap:.0%} of the time", f"<= {limits.power_cap_ratio:.0%}", "info")
+    draw = values.get((POWER_USAGE_WATTS.name, ()))
+    return c.verdict(OK, f"{draw:.0f} W" if draw is not None else "n/a", "")
+
+
+def check_performance_state(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    pstate = c.values.get((PERFORMANCE_STATE.name, ()))
+    busy = c.history.ratio(BUSY, SAMPLED, c.now, limits.pstate_for_s)
+    # idle GPUs (H100 idles in P0 at 345 MHz) and P-states of idle boards never count: busy must be high
+    degraded = (
+        pstate is not None
+        and pstate >= limits.pstate_degraded_min
+        and busy is not None
+        and busy > limits.pstate_busy_ratio
+        and not c.pstate_exempt
+    )
+    if c.sustained("pstate", degraded, limits.pstate_for_s):
+        return c.verdict(
+            WARNING, f"P{pstate:.0f} while {busy:.0%} busy", f"P{limits.pstate_degraded_min - 1} or better"
+        )
+    return c.verdict(OK, f"P{pstate:.0f}" if pstate is not None else "n/a", "")
+
+
+def check_memory_pressure(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    used, total = c.values.get((MEMORY_USED_BYTES.name, ())), c.values.get((MEMORY_TOTAL_BYTES.name, ()))
+    if not used or not total:
+        return c.verdict(OK, "0%" if total else "n/a")
+    share = used / total
+    if share >= limits.memory_critical_ratio:
+        return c.verdict(CRITICAL, f"{share:.1%} used", f"< {limits.memory_critical_ratio:.0%}")
+    if c.sustained("memory", share > limits.memory_warning_ratio, limits.memory_for_s):
+        return c.verdict(WARNING, f"{share:.1%} used", f"<= {limits.memory_warning_ratio:.0%}")
+    return c.verdict(OK, f"{share:.1%} used", f"<= {limits.memory_warning_ratio:.0%}")
+
+
+def check_utilization(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    busy = c.history.ratio(BUSY, SAMPLED, c.now, limits.utilization_for_s)
+    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    if running and busy is not None and busy < limits.utilization_low_ratio:
+        return c.verdict(WARNING, f"{busy:.0%} busy with a job running", f">= {limits.utilization_low_ratio:.0%}")
+    return c.verdict(OK, "n/a" if busy is None else f"{busy:.0%} busy", "")
+
+
+def check_persistence_mode(c: CheckContext) -> Verdict:
+    off = c.values.get((PERSISTENCE_MODE_ENABLED.name, ())) == 0
+    if c.sustained("persistence", off, c.thresholds.persistence_off_for_s):
+        return c.verdict(WARNING, "off", "on")
+    return c.verdict(OK, "off" if off else "on", "on")
+
+
+def check_pcie(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    per_second = c.history.rate((PCIE_REPLAY_ERRORS_TOTAL.name, ()), c.now, limits.pcie_replays_for_s)
+    if per_second is not None and per_second * 60 > limits.pcie_replays_per_minute:
+        return c.verdict(WARNING, f"{per_second * 60:.1f} replays/min", f"<= {limits.pcie_replays_per_minute:g}/min")
+    return c.verdict(OK, "", "")
+
+
+# Every check, in the order verdicts are reported; a check is one function of its context.
+CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
+    "gpu_lost": check_gpu_lost,
+    "ecc": check_ecc,
+    "row_remap": check_row_remap,
+    "xid": check_xid,
+    "nvlink": check_nvlink,
+    "temperature": check_temperature,
+    "thermal_throttling": check_thermal_throttling,
+    "power": check_power,
+    "performance_state": check_performance_state,
+    "memory_pressure": check_memory_pressure,
+    "utilization": check_utilization,
+    "persistence_mode": check_persistence_mode,
+    "pcie": check_pcie,
+}
+assert tuple(CHECK_FUNCTIONS) == CHECKS
 
 
 class HealthEvaluator:
     """Keeps per-GPU history between publications and turns each snapshot into verdicts."""
 
     def __init__(self, thresholds: Thresholds) -> None:
-        self.t = thresholds
+        self.thresholds = thresholds
         self._history: dict[str, _History] = {}
         self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
-        self._links_seen_up: dict[str, set[str]] = {}
+        self.links_seen_up: dict[str, set[str]] = {}
 
     def _new_history(self) -> _History:
-        t = self.t
+        limits = self.thresholds
         windows = (
-            t.utilization_for_s,
-            t.thermal_slowdown_for_s,
-            t.power_cap_for_s,
-            t.pstate_for_s,
-            t.nvlink_crc_for_s,
-            t.pcie_replays_for_s,
+            limits.utilization_for_s,
+            limits.thermal_slowdown_for_s,
+            limits.power_cap_for_s,
+            limits.pstate_for_s,
+            limits.nvlink_crc_for_s,
+            limits.pcie_replays_for_s,
             900,
         )
         spacing = min(max(min(windows) / 10, 0.5), 15.0)
         return _History(spacing, max(windows) + 2 * spacing)
 
-    def _sustained(self, uuid: str, key: str, condition: bool, now: float, duration: float) -> bool:
+    def sustained(self, uuid: str, key: str, condition: bool, now: float, duration: float) -> bool:
         """True once `condition` has held continuously for `duration` seconds."""
         if not condition:
             self._since.pop((uuid, key), None)
@@ -168,6 +392,7 @@ class HealthEvaluator:
         self, gpus: Iterable[GpuSnapshot], xid: dict[tuple[str, int], tuple[int, float]], now: float
     ) -> dict[str, tuple[Verdict, ...]]:
         result: dict[str, tuple[Verdict, ...]] = {}
+        limits = self.thresholds
         for gpu in gpus:
             if not gpu.up:
                 result[gpu.uuid] = (Verdict("gpu_lost", CRITICAL, "critical", gpu.lost_reason or "lost", "gpu_up 1"),)
@@ -175,9 +400,11 @@ class HealthEvaluator:
             values = _values(gpu)
             history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
             history.add(now, values)
-            exempt = re.fullmatch(self.t.pstate_exempt_name_regex, str(gpu.info.get("name", "")))
-            verdicts = [self._check(name, gpu.uuid, values, history, xid, now, bool(exempt)) for name in CHECKS]
-            result[gpu.uuid] = tuple(verdicts)
+            exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
+            result[gpu.uuid] = tuple(
+                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self))
+                for name, check in CHECK_FUNCTIONS.items()
+            )
         return self._stamp(result, now)
 
     def _stamp(self, result: dict[str, tuple[Verdict, ...]], now: float) -> dict[str, tuple[Verdict, ...]]:
@@ -196,157 +423,3 @@ class HealthEvaluator:
             stamped[uuid] = tuple(out)
         self._began = since  # GPUs and checks that are gone or ok are forgotten: bounded by the current set
         return stamped
-
-    def _check(
-        self,
-        name: str,
-        uuid: str,
-        v: dict[tuple[str, tuple[str, ...]], float],
-        h: _History,
-        xid: dict[tuple[str, int], tuple[int, float]],
-        now: float,
-        pstate_exempt: bool = False,
-    ) -> Verdict:
-        t = self.t
-
-        def verdict(level: int, observed: object = "", threshold: object = "", severity: str | None = None) -> Verdict:
-            label = severity or ("ok", "warning", "critical")[level]
-            return Verdict(name, level, label, str(observed), str(threshold))
-
-        if name == "gpu_lost":
-            return verdict(OK, "up", "gpu_up 1")
-        if name == "ecc":
-            uncorrected = v.get(("gpuwarden_ecc_errors_total", ("uncorrected",)))
-            if uncorrected:
-                return verdict(CRITICAL, f"{uncorrected:.0f} uncorrected (volatile)", "0")
-            return verdict(OK, f"{uncorrected or 0:.0f} uncorrected", "0")
-        if name == "row_remap":
-            if v.get(("gpuwarden_remapped_rows_failed", ())):
-                return verdict(CRITICAL, "remap failed", "no failure")
-            retired = sum(v.get(("gpuwarden_retired_pages", (c,)), 0) for c in ("single_bit", "double_bit"))
-            if retired >= t.retired_pages_limit:
-                return verdict(CRITICAL, f"{retired:.0f} retired pages", f"< {t.retired_pages_limit}")
-            if v.get(("gpuwarden_remapped_rows_pending", ())) or v.get(("gpuwarden_retired_pages_pending", ())):
-                return verdict(WARNING, "remap or retirement pending", "none pending")
-            return verdict(OK, "none pending", "none pending")
-        if name == "xid":
-            recent = {code: last for (u, code), (_, last) in xid.items() if u == uuid and now - last < t.xid_window_s}
-            critical = sorted(c for c in recent if c in t.xid_critical)
-            if critical:
-                return verdict(CRITICAL, f"XID {', '.join(map(str, critical))}", f"none in {t.xid_window_s} s")
-            warning = sorted(c for c in recent if c in t.xid_warning)
-            if warning:
-                return verdict(WARNING, f"XID {', '.join(map(str, warning))}", f"none in {t.xid_window_s} s")
-            return verdict(OK, "no critical XID", f"none in {t.xid_window_s} s")
-        if name == "nvlink":
-            links = {labels[0]: value for (n, labels), value in v.items() if n == "gpuwarden_nvlink_up"}
-            seen_up = self._links_seen_up.setdefault(uuid, set())
-            seen_up.update(link for link, up in links.items() if up)
-            down = sorted((link for link, up in links.items() if not up and link in seen_up), key=int)
-            # a link that was never up in our history may simply be unused: not a regression
-            if self._sustained(uuid, "nvlink_down", bool(down), now, t.nvlink_down_for_s):
-                return verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
-            for kind in ("replay", "recovery"):
-                if h.rate((NVLINK_SUM, (kind,)), now, 900):
-                    named = sorted(
-                        {
-                            labels[0]
-                            for (n, labels), value in v.items()
-                            if n == "gpuwarden_nvlink_errors_total" and labels[1] == kind and value
-                        },
-                        key=int,
-                    )
-                    return verdict(WARNING, f"{kind} errors on link {', '.join(named)}", "none in 15 m")
-            crc = h.rate((NVLINK_SUM, ("crc_flit",)), now, t.nvlink_crc_for_s)
-            if crc is not None and crc > t.nvlink_crc_per_second:
-                # the sum over links: a conservative reading of the per-link threshold of the alert rule
-                return verdict(WARNING, f"CRC {crc:.0f}/s over all links", f"<= {t.nvlink_crc_per_second:g}/s")
-            return verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
-        if name == "temperature":
-            temp = v.get(("gpuwarden_temperature_celsius", ()))
-            if temp is None:
-                return verdict(OK, "n/a")
-            if self._sustained(
-                uuid, "temp_critical", temp > t.temperature_critical_celsius, now, t.temperature_critical_for_s
-            ):
-                return verdict(CRITICAL, f"{temp:.0f} °C", f"> {t.temperature_critical_celsius:g} °C")
-            if self._sustained(
-                uuid, "temp_warning", temp > t.temperature_warning_celsius, now, t.temperature_warning_for_s
-            ):
-                return verdict(WARNING, f"{temp:.0f} °C", f"> {t.temperature_warning_celsius:g} °C")
-            return verdict(OK, f"{temp:.0f} °C", f"<= {t.temperature_warning_celsius:g} °C")
-        if name == "thermal_throttling":
-            for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
-                share = h.rate(_throttle(reason), now, t.thermal_slowdown_for_s)
-                if share is None:  # no throttle counters (old driver): fall back to the point-sampled reason
-                    share = (
-                        1.0
-                        if self._sustained(
-                            uuid,
-                            reason,
-                            bool(v.get(("gpuwarden_clock_event_active", (reason,)))),
-                            now,
-                            t.thermal_slowdown_for_s,
-                        )
-                        else 0.0
-                    )
-                if share > t.thermal_slowdown_ratio:
-                    return verdict(WARNING, f"{reason} {share:.0%} of the time", f"<= {t.thermal_slowdown_ratio:.0%}")
-            return verdict(OK, "no thermal slowdown", f"<= {t.thermal_slowdown_ratio:.0%}")
-        if name == "power":
-            brake = h.rate(_throttle("hw_power_brake_slowdown"), now, t.thermal_slowdown_for_s)
-            if brake is not None and brake > t.power_brake_ratio:
-                return verdict(WARNING, f"power brake {brake:.0%} of the time", f"<= {t.power_brake_ratio:.0%}")
-            limit = v.get(("gpuwarden_power_limit_watts", ()))
-            default = v.get(("gpuwarden_power_default_limit_watts", ()))
-            reduced = limit is not None and default is not None and limit < default
-            if self._sustained(uuid, "power_limit", reduced, now, t.power_limit_reduced_for_s):
-                return verdict(WARNING, f"limit {limit:.0f} W", f"default {default:.0f} W")
-            cap = h.rate(_throttle("sw_power_cap"), now, t.power_cap_for_s)
-            if cap is not None and cap > t.power_cap_ratio:
-                return verdict(OK, f"power-capped {cap:.0%} of the time", f"<= {t.power_cap_ratio:.0%}", "info")
-            draw = v.get(("gpuwarden_power_usage_watts", ()))
-            return verdict(OK, f"{draw:.0f} W" if draw is not None else "n/a", "")
-        if name == "performance_state":
-            pstate = v.get(("gpuwarden_performance_state", ()))
-            busy = h.ratio(BUSY, SAMPLED, now, t.pstate_for_s)
-            degraded = (
-                pstate is not None
-                and pstate >= t.pstate_degraded_min
-                and busy is not None
-                and busy > t.pstate_busy_ratio
-                and not pstate_exempt
-            )
-            # idle GPUs (H100 idles in P0 at 345 MHz) and P-states of idle boards never count: busy must be high
-            if self._sustained(uuid, "pstate", degraded, now, t.pstate_for_s):
-                return verdict(
-                    WARNING, f"P{pstate:.0f} while {busy:.0%} busy", f"P{t.pstate_degraded_min - 1} or better"
-                )
-            return verdict(OK, f"P{pstate:.0f}" if pstate is not None else "n/a", "")
-        if name == "memory_pressure":
-            used, total = v.get(("gpuwarden_memory_used_bytes", ())), v.get(("gpuwarden_memory_total_bytes", ()))
-            if not used or not total:
-                return verdict(OK, "0%" if total else "n/a")
-            share = used / total
-            if share >= t.memory_critical_ratio:
-                return verdict(CRITICAL, f"{share:.1%} used", f"< {t.memory_critical_ratio:.0%}")
-            if self._sustained(uuid, "memory", share > t.memory_warning_ratio, now, t.memory_for_s):
-                return verdict(WARNING, f"{share:.1%} used", f"<= {t.memory_warning_ratio:.0%}")
-            return verdict(OK, f"{share:.1%} used", f"<= {t.memory_warning_ratio:.0%}")
-        if name == "utilization":
-            busy = h.ratio(BUSY, SAMPLED, now, t.utilization_for_s)
-            running = v.get(("gpuwarden_processes", ()), 0) > 0
-            if running and busy is not None and busy < t.utilization_low_ratio:
-                return verdict(WARNING, f"{busy:.0%} busy with a job running", f">= {t.utilization_low_ratio:.0%}")
-            return verdict(OK, "n/a" if busy is None else f"{busy:.0%} busy", "")
-        if name == "persistence_mode":
-            off = v.get(("gpuwarden_persistence_mode_enabled", ())) == 0
-            if self._sustained(uuid, "persistence", off, now, t.persistence_off_for_s):
-                return verdict(WARNING, "off", "on")
-            return verdict(OK, "off" if off else "on", "on")
-        if name == "pcie":
-            per_second = h.rate(("gpuwarden_pcie_replay_errors_total", ()), now, t.pcie_replays_for_s)
-            if per_second is not None and per_second * 60 > t.pcie_replays_per_minute:
-                return verdict(WARNING, f"{per_second * 60:.1f} replays/min", f"<= {t.pcie_replays_per_minute:g}/min")
-            return verdict(OK, "", "")
-        raise ValueError(f"unknown check {name}")

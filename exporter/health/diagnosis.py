@@ -138,7 +138,7 @@ def _nvlink_missing(snapshot: Snapshot) -> list[Finding]:
     levels = [peer.level for gpu in up for peer in snapshot.topology.get(gpu.uuid, ())]
     if any(level.startswith("NV") for level in levels):
         return []
-    has_links = any(gpu.info.get("nvlink_links") for gpu in up)
+    has_links = any(gpu.info.nvlink_links for gpu in up)
     severity = "warning" if has_links else "info"
     cause = (
         "The GPUs have NVLink ports but no pair is joined by an active link: NVSwitch fabric manager not "

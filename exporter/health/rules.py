@@ -2,7 +2,7 @@
 
 One definition of every threshold and duration (exporter/health/thresholds.py) feeds both these rules and the
 exporter's health gauges; tests/test_alert_rules.py fails when the committed file differs from this output.
-Severity: critical pages, warning opens a ticket, info is for dashboards (alerting.md §1).
+Severity: critical pages, warning opens a ticket, info is for dashboards (docs/alerting.md, Severities).
 """
 
 from __future__ import annotations

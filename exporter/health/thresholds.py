@@ -46,7 +46,7 @@ class Thresholds(BaseModel):
     pstate_for_s: int = Field(900, ge=1)
     # CUDA runs GeForce/Quadro/TITAN boards in P2 by design ("CUDA - Force P2 State"): not a degradation there
     pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
-    # XIDs (alerting.md §4): a critical XID seen within the window
+    # XIDs (docs/alerting.md, XIDs): a critical XID seen within the window
     xid_window_s: int = Field(600, ge=1)
     xid_critical: tuple[int, ...] = (
         46,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 
+from exporter.nvml import calls
 from exporter.nvml.errors import (
     ErrorKind,
     GpuLostError,
@@ -27,7 +28,7 @@ from exporter.nvml.errors import (
 
 log = logging.getLogger(__name__)
 
-# Consecutive UNKNOWN answers after which a GPU is treated as lost (nvml.md §12).
+# Consecutive UNKNOWN answers after which a GPU is treated as lost (docs/nvml.md, Error policy).
 UNKNOWN_STREAK_LIMIT = 3
 
 FieldKey = tuple[int, int]
@@ -60,7 +61,7 @@ class ErrorLedger:
 
 
 def decode_field(entry: Any) -> float:
-    """Read a field value by its declared type (nvml.md §4: never guess the union member)."""
+    """Read a field value by its declared type (docs/nvml.md, Field values: never guess the union member)."""
     value = entry.value
     return {
         pynvml.NVML_VALUE_TYPE_DOUBLE: lambda: value.dVal,
@@ -104,15 +105,16 @@ class GpuDevice:
     def supports(self, key: str) -> bool:
         return key not in self._unsupported
 
-    def call(self, fn: Callable[..., Any], *args: Any, key: str | None = None) -> Any:
-        """Call `fn(handle, *args)`; None means "omit the series"."""
+    def call(self, fn: Callable[..., Any], *args: Any, key: str | None = None, on: Any = None) -> Any:
+        """Call `fn(handle, *args)` (or on another handle of this GPU, e.g. a MIG instance's); None means "omit
+        the series"."""
         key = key or fn.__name__
         if key in self._unsupported:
             return None
         thread = threading.get_ident()
         self.in_flight[thread] = fn.__name__
         try:
-            value = fn(self.handle, *args)
+            value = fn(self.handle if on is None else on, *args)
         except _MISMATCH:
             self._mark_unsupported(key, fn.__name__, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
             return None
@@ -156,7 +158,7 @@ class GpuDevice:
         if not keys:
             return {}
         request = [k if k[1] else k[0] for k in keys]
-        entries = self.call(pynvml.nvmlDeviceGetFieldValues, request)
+        entries = self.call(calls.nvmlDeviceGetFieldValues, request)
         if entries is None:
             return {}
         values: dict[FieldKey, float] = {}

@@ -1,6 +1,6 @@
 """Classify NVML errors once, so the rest of the exporter handles states, never return codes.
 
-The policy is the table in docs/architecture.md (from nvml.md §12).
+The policy is the table in docs/nvml.md, Error policy.
 """
 
 from __future__ import annotations

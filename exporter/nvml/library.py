@@ -18,13 +18,3 @@ def install(library: Any) -> None:
         pynvml.nvmlLib = library
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
-
-
-def python_binding_version() -> str:
-    """Version of nvidia-ml-py, for gpuwarden_build_info."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nvidia-ml-py")
-    except PackageNotFoundError:
-        return "unknown"

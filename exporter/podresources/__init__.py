@@ -16,22 +16,14 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
+from exporter.snapshot import Allocation
+
 log = logging.getLogger(__name__)
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 CALL_TIMEOUT_S = 5.0
 # The NVIDIA device plugin's time-slicing and MPS replicas are "<uuid>::<replica>".
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
-
-    device_id: str
-    namespace: str
-    pod: str
-    container: str
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.metrics import Family
 from exporter.nvml.device import GpuDevice
 from exporter.snapshot import SampleWriter, Tier
 
@@ -16,7 +17,7 @@ from exporter.snapshot import SampleWriter, Tier
 class Reader:
     name: str
     tier: Tier
-    families: tuple[str, ...]
+    families: tuple[Family, ...]  # every family `read` may write (SampleWriter enforces it)
     read: Callable[[GpuDevice, SampleWriter], None]
     # A costly reader may run less often than its tier: the PollSettings field holding its interval. Between
     # runs the poller serves the reader's last samples (they are counters: nothing is lost, only delayed).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import GPU_INFO
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
@@ -16,15 +16,15 @@ def _text(value: object) -> str:
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    name = _text(dev.call(pynvml.nvmlDeviceGetName))
-    serial = _text(dev.call(pynvml.nvmlDeviceGetSerial))
-    pci = dev.call(pynvml.nvmlDeviceGetPciInfo_v3)
+    name = _text(dev.call(nvml.nvmlDeviceGetName))
+    serial = _text(dev.call(nvml.nvmlDeviceGetSerial))
+    pci = dev.call(nvml.nvmlDeviceGetPciInfo_v3)
     bus_id = _text(pci.busId) if pci is not None else ""
-    vbios = _text(dev.call(pynvml.nvmlDeviceGetVbiosVersion))
-    capability = dev.call(pynvml.nvmlDeviceGetCudaComputeCapability)
+    vbios = _text(dev.call(nvml.nvmlDeviceGetVbiosVersion))
+    capability = dev.call(nvml.nvmlDeviceGetCudaComputeCapability)
     cc = f"{capability[0]}.{capability[1]}" if capability else ""
-    out.add("gpuwarden_gpu_info", 1, name, serial, bus_id, vbios, cc)
-    out.info.update(name=name, serial=serial, pci_bus_id=bus_id, vbios_version=vbios, compute_capability=cc)
+    out.add(GPU_INFO, 1, name, serial, bus_id, vbios, cc)
+    out.set_info(name=name, serial=serial, pci_bus_id=bus_id, vbios_version=vbios, compute_capability=cc)
 
 
-STATIC = Reader("identity", Tier.STATIC, ("gpuwarden_gpu_info",), read_static)
+STATIC = Reader("identity", Tier.STATIC, (GPU_INFO,), read_static)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import MEMORY_FREE_BYTES, MEMORY_RESERVED_BYTES, MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
@@ -12,28 +12,28 @@ from exporter.snapshot import SampleWriter, Tier
 def _memory(dev: GpuDevice):  # noqa: ANN202 - pynvml struct
     return dev.call_first(
         "memory",
-        (pynvml.nvmlDeviceGetMemoryInfo, (pynvml.nvmlMemory_v2,)),
-        (pynvml.nvmlDeviceGetMemoryInfo, ()),
+        (nvml.nvmlDeviceGetMemoryInfo, (nvml.nvmlMemory_v2,)),
+        (nvml.nvmlDeviceGetMemoryInfo, ()),
     )
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
     mem = _memory(dev)
     if mem is not None:
-        out.info["memory_total_bytes"] = int(mem.total)
+        out.set_info(memory_total_bytes=int(mem.total))
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     mem = _memory(dev)
     if mem is None:
         return
-    out.add("gpuwarden_memory_total_bytes", mem.total)
-    out.add("gpuwarden_memory_used_bytes", mem.used)
-    out.add("gpuwarden_memory_free_bytes", mem.free)
+    out.add(MEMORY_TOTAL_BYTES, mem.total)
+    out.add(MEMORY_USED_BYTES, mem.used)
+    out.add(MEMORY_FREE_BYTES, mem.free)
     if dev.chosen("memory") == 0:
-        out.add("gpuwarden_memory_reserved_bytes", mem.reserved)
+        out.add(MEMORY_RESERVED_BYTES, mem.reserved)
     else:
-        out.info["memory_used_includes_reserved"] = True  # v1: "used" counts the driver reserve
+        out.set_info(memory_used_includes_reserved=True)  # v1: "used" counts the driver reserve
 
 
 STATIC = Reader("memory_total", Tier.STATIC, (), read_static)
@@ -41,10 +41,10 @@ FAST = Reader(
     "memory",
     Tier.FAST,
     (
-        "gpuwarden_memory_total_bytes",
-        "gpuwarden_memory_used_bytes",
-        "gpuwarden_memory_free_bytes",
-        "gpuwarden_memory_reserved_bytes",
+        MEMORY_TOTAL_BYTES,
+        MEMORY_USED_BYTES,
+        MEMORY_FREE_BYTES,
+        MEMORY_RESERVED_BYTES,
     ),
     read_fast,
 )

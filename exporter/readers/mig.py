@@ -4,27 +4,26 @@ hence the slow tier rather than discovery."""
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
 
 def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
-    mode = dev.call(pynvml.nvmlDeviceGetMigMode)
+    mode = dev.call(nvml.nvmlDeviceGetMigMode)
     if not mode or not mode[0]:
         return
-    slots = dev.call(pynvml.nvmlDeviceGetMaxMigDeviceCount) or 0
+    slots = dev.call(nvml.nvmlDeviceGetMaxMigDeviceCount) or 0
     uuids = []
     for slot in range(slots):
-        try:
-            handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, slot)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-        except pynvml.NVMLError:  # an empty slot answers NOT_FOUND; a slot destroyed meanwhile, likewise
+        # An empty slot answers NOT_FOUND (no data: None); a slot destroyed meanwhile, likewise.
+        handle = dev.call(nvml.nvmlDeviceGetMigDeviceHandleByIndex, slot, key=f"mig_slot_{slot}")
+        uuid = None if handle is None else dev.call(nvml.nvmlDeviceGetUUID, on=handle, key=f"mig_uuid_{slot}")
+        if uuid is None:
             continue
         uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-    out.info["mig_uuids"] = uuids
+    out.set_info(mig_uuids=tuple(uuids))
 
 
 SLOW = Reader("mig", Tier.SLOW, (), read_slow)

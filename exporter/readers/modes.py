@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import FAN_SPEED_RATIO, MIG_MODE_ENABLED, PERSISTENCE_MODE_ENABLED, PROCESSES
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
@@ -12,30 +12,30 @@ _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "excl
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    compute = dev.call(pynvml.nvmlDeviceGetComputeMode)
+    compute = dev.call(nvml.nvmlDeviceGetComputeMode)
     if compute is not None:
-        out.info["compute_mode"] = _COMPUTE_MODES.get(compute, str(compute))
-    mig = dev.call(pynvml.nvmlDeviceGetMigMode)
+        out.set_info(compute_mode=_COMPUTE_MODES.get(compute, str(compute)))
+    mig = dev.call(nvml.nvmlDeviceGetMigMode)
     if mig is not None:
-        out.add("gpuwarden_mig_mode_enabled", 1 if mig[0] else 0)
+        out.add(MIG_MODE_ENABLED, 1 if mig[0] else 0)
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
-    persistence = dev.call(pynvml.nvmlDeviceGetPersistenceMode)
-    out.add("gpuwarden_persistence_mode_enabled", None if persistence is None else (1 if persistence else 0))
+    persistence = dev.call(nvml.nvmlDeviceGetPersistenceMode)
+    out.add(PERSISTENCE_MODE_ENABLED, None if persistence is None else (1 if persistence else 0))
     processes = dev.call_first(
         "processes",
-        (pynvml.nvmlDeviceGetComputeRunningProcesses_v3, ()),
-        (pynvml.nvmlDeviceGetComputeRunningProcesses_v2, ()),
+        (nvml.nvmlDeviceGetComputeRunningProcesses_v3, ()),
+        (nvml.nvmlDeviceGetComputeRunningProcesses_v2, ()),
     )
-    out.add("gpuwarden_processes", None if processes is None else len(processes))
+    out.add(PROCESSES, None if processes is None else len(processes))
 
 
 def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
-    speed = dev.call(pynvml.nvmlDeviceGetFanSpeed)
-    out.add("gpuwarden_fan_speed_ratio", None if speed is None else speed / 100.0)
+    speed = dev.call(nvml.nvmlDeviceGetFanSpeed)
+    out.add(FAN_SPEED_RATIO, None if speed is None else speed / 100.0)
 
 
-STATIC = Reader("modes", Tier.STATIC, ("gpuwarden_mig_mode_enabled",), read_static)
-FAST = Reader("processes", Tier.FAST, ("gpuwarden_persistence_mode_enabled", "gpuwarden_processes"), read_fast)
-SLOW = Reader("fan", Tier.SLOW, ("gpuwarden_fan_speed_ratio",), read_slow)
+STATIC = Reader("modes", Tier.STATIC, (MIG_MODE_ENABLED,), read_static)
+FAST = Reader("processes", Tier.FAST, (PERSISTENCE_MODE_ENABLED, PROCESSES), read_fast)
+SLOW = Reader("fan", Tier.SLOW, (FAN_SPEED_RATIO,), read_slow)

@@ -7,50 +7,49 @@ all of it CPU time in the driver, so they run every poll.nvlink_errors_interval 
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import NVLINK_ERRORS_TOTAL, NVLINK_UP
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
-from exporter.snapshot import SampleWriter, Tier
+from exporter.snapshot import NvlinkFacts, SampleWriter, Tier
 
 _SCOPED_ERRORS = {
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    nvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
+    nvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
+    nvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
 }
 # Unscoped per-link fields exist for links 0-11 only.
 _CRC_DATA = [39, 40, 41, 42, 43, 44, 102, 103, 104, 105, 106, 107]
 _ECC_DATA = list(
-    range(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0, pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11 + 1)
+    range(nvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0, nvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11 + 1)
 )
 NVSWITCH_REMOTE_BUS_ID = "FFFFFFFF:FF:FF.0"
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    count = dev.fields([pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT]).get((pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
+    count = dev.fields([nvml.NVML_FI_DEV_NVLINK_LINK_COUNT]).get((nvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0))
     links = int(count or 0)
     remote: dict[int, str] = {}
     for link in range(links):
-        pci = dev.call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, link, key=f"nvlink_remote_{link}")
+        pci = dev.call(nvml.nvmlDeviceGetNvLinkRemotePciInfo, link, key=f"nvlink_remote_{link}")
         if pci is not None:
             bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
             remote[link] = bus.upper()
-    switch = dev.fields([pynvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT]).get(
-        (pynvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT, 0)
+    switch = dev.fields([nvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT]).get(
+        (nvml.NVML_FI_DEV_NVSWITCH_CONNECTED_LINK_COUNT, 0)
     )
-    dev.state["nvlink_links"] = links
-    dev.state["nvlink_remote"] = remote
-    dev.state["nvswitch_links"] = int(switch) if switch else 0
-    out.info["nvlink_links"] = links
+    dev.state["nvlink_links"] = links  # this reader's own: how many links the slow tier reads
+    facts = NvlinkFacts(links, tuple(sorted(remote.items())), int(switch) if switch else 0)
+    out.set_info(nvlink_links=links, nvlink=facts)
 
 
 def read_state(dev: GpuDevice, out: SampleWriter) -> None:
     """Link state: one field per link, ~0.2 ms for 18 links (measured on H200)."""
     links = dev.state.get("nvlink_links", 0)
-    values = dev.fields([(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)])
+    values = dev.fields([(nvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)])
     for link in range(links):
-        state = values.get((pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link))
-        out.add("gpuwarden_nvlink_up", None if state is None else (1 if state else 0), str(link))
+        state = values.get((nvml.NVML_FI_DEV_NVLINK_GET_STATE, link))
+        out.add(NVLINK_UP, None if state is None else (1 if state else 0), str(link))
 
 
 def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
@@ -63,14 +62,12 @@ def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
     values = dev.fields(wanted)
     for link in range(links):
         for field_id, label in _SCOPED_ERRORS.items():
-            out.add("gpuwarden_nvlink_errors_total", values.get((field_id, link)), str(link), label)
+            out.add(NVLINK_ERRORS_TOTAL, values.get((field_id, link)), str(link), label)
         if link < len(_CRC_DATA):
-            out.add("gpuwarden_nvlink_errors_total", values.get((_CRC_DATA[link], 0)), str(link), "crc_data")
-            out.add("gpuwarden_nvlink_errors_total", values.get((_ECC_DATA[link], 0)), str(link), "ecc")
+            out.add(NVLINK_ERRORS_TOTAL, values.get((_CRC_DATA[link], 0)), str(link), "crc_data")
+            out.add(NVLINK_ERRORS_TOTAL, values.get((_ECC_DATA[link], 0)), str(link), "ecc")
 
 
 STATIC = Reader("nvlink_links", Tier.STATIC, (), read_static)
-SLOW = Reader("nvlink", Tier.SLOW, ("gpuwarden_nvlink_up",), read_state)
-ERRORS = Reader(
-    "nvlink_errors", Tier.SLOW, ("gpuwarden_nvlink_errors_total",), read_errors, every="nvlink_errors_interval"
-)
+SLOW = Reader("nvlink", Tier.SLOW, (NVLINK_UP,), read_state)
+ERRORS = Reader("nvlink_errors", Tier.SLOW, (NVLINK_ERRORS_TOTAL,), read_errors, every="nvlink_errors_interval")

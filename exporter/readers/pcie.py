@@ -5,38 +5,38 @@ Never nvmlDeviceGetPcieThroughput: it blocks ~21 ms per call while it counts.
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import PCIE_BYTES_TOTAL, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_REPLAY_ERRORS_TOTAL
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
-_BYTES = {pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "tx", pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: "rx"}
+_BYTES = {nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "tx", nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: "rx"}
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    out.add("gpuwarden_pcie_link_generation", dev.call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration), "max")
-    out.add("gpuwarden_pcie_link_width", dev.call(pynvml.nvmlDeviceGetMaxPcieLinkWidth), "max")
+    out.add(PCIE_LINK_GENERATION, dev.call(nvml.nvmlDeviceGetMaxPcieLinkGeneration), "max")
+    out.add(PCIE_LINK_WIDTH, dev.call(nvml.nvmlDeviceGetMaxPcieLinkWidth), "max")
 
 
 def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
-    out.add("gpuwarden_pcie_link_generation", dev.call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration), "current")
-    out.add("gpuwarden_pcie_link_width", dev.call(pynvml.nvmlDeviceGetCurrPcieLinkWidth), "current")
-    out.add("gpuwarden_pcie_replay_errors_total", dev.call(pynvml.nvmlDeviceGetPcieReplayCounter))
+    out.add(PCIE_LINK_GENERATION, dev.call(nvml.nvmlDeviceGetCurrPcieLinkGeneration), "current")
+    out.add(PCIE_LINK_WIDTH, dev.call(nvml.nvmlDeviceGetCurrPcieLinkWidth), "current")
+    out.add(PCIE_REPLAY_ERRORS_TOTAL, dev.call(nvml.nvmlDeviceGetPcieReplayCounter))
     values = dev.fields(_BYTES)
     for field_id, direction in _BYTES.items():
-        out.add("gpuwarden_pcie_bytes_total", values.get((field_id, 0)), direction)
+        out.add(PCIE_BYTES_TOTAL, values.get((field_id, 0)), direction)
 
 
-STATIC = Reader("pcie_max", Tier.STATIC, ("gpuwarden_pcie_link_generation", "gpuwarden_pcie_link_width"), read_static)
+STATIC = Reader("pcie_max", Tier.STATIC, (PCIE_LINK_GENERATION, PCIE_LINK_WIDTH), read_static)
 SLOW = Reader(
     "pcie",
     Tier.SLOW,
     (
-        "gpuwarden_pcie_link_generation",
-        "gpuwarden_pcie_link_width",
-        "gpuwarden_pcie_replay_errors_total",
-        "gpuwarden_pcie_bytes_total",
+        PCIE_LINK_GENERATION,
+        PCIE_LINK_WIDTH,
+        PCIE_REPLAY_ERRORS_TOTAL,
+        PCIE_BYTES_TOTAL,
     ),
     read_slow,
 )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import ENERGY_JOULES_TOTAL, POWER_DEFAULT_LIMIT_WATTS, POWER_LIMIT_WATTS, POWER_USAGE_WATTS
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
@@ -14,19 +14,19 @@ def _watts(milliwatts: int | None) -> float | None:
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
-    out.add("gpuwarden_power_default_limit_watts", _watts(dev.call(pynvml.nvmlDeviceGetPowerManagementDefaultLimit)))
+    out.add(POWER_DEFAULT_LIMIT_WATTS, _watts(dev.call(nvml.nvmlDeviceGetPowerManagementDefaultLimit)))
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
-    out.add("gpuwarden_power_usage_watts", _watts(dev.call(pynvml.nvmlDeviceGetPowerUsage)))
-    out.add("gpuwarden_power_limit_watts", _watts(dev.call(pynvml.nvmlDeviceGetEnforcedPowerLimit)))
+    out.add(POWER_USAGE_WATTS, _watts(dev.call(nvml.nvmlDeviceGetPowerUsage)))
+    out.add(POWER_LIMIT_WATTS, _watts(dev.call(nvml.nvmlDeviceGetEnforcedPowerLimit)))
 
 
 def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
-    millijoules = dev.call(pynvml.nvmlDeviceGetTotalEnergyConsumption)
-    out.add("gpuwarden_energy_joules_total", None if millijoules is None else millijoules / 1000.0)
+    millijoules = dev.call(nvml.nvmlDeviceGetTotalEnergyConsumption)
+    out.add(ENERGY_JOULES_TOTAL, None if millijoules is None else millijoules / 1000.0)
 
 
-STATIC = Reader("power_default", Tier.STATIC, ("gpuwarden_power_default_limit_watts",), read_static)
-FAST = Reader("power", Tier.FAST, ("gpuwarden_power_usage_watts", "gpuwarden_power_limit_watts"), read_fast)
-SLOW = Reader("energy", Tier.SLOW, ("gpuwarden_energy_joules_total",), read_slow)
+STATIC = Reader("power_default", Tier.STATIC, (POWER_DEFAULT_LIMIT_WATTS,), read_static)
+FAST = Reader("power", Tier.FAST, (POWER_USAGE_WATTS, POWER_LIMIT_WATTS), read_fast)
+SLOW = Reader("energy", Tier.SLOW, (ENERGY_JOULES_TOTAL,), read_slow)

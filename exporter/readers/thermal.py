@@ -2,45 +2,50 @@
 
 from __future__ import annotations
 
-import pynvml
-
+from exporter.metrics import (
+    MEMORY_TEMPERATURE_CELSIUS,
+    RECOVERY_ACTION,
+    TEMPERATURE_CELSIUS,
+    TEMPERATURE_THRESHOLD_CELSIUS,
+)
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
 _THRESHOLDS = {
-    "slowdown": pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-    "shutdown": pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
-    "gpu_max": pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
-    "memory_max": pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
+    "slowdown": nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+    "shutdown": nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+    "gpu_max": nvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX,
+    "memory_max": nvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX,
 }
 
 
 def read_static(dev: GpuDevice, out: SampleWriter) -> None:
     for label, threshold in _THRESHOLDS.items():
-        value = dev.call(pynvml.nvmlDeviceGetTemperatureThreshold, threshold, key=f"threshold_{label}")
+        value = dev.call(nvml.nvmlDeviceGetTemperatureThreshold, threshold, key=f"threshold_{label}")
         # Some boards answer 0 for thresholds they do not have: that is "absent", not 0 °C.
         if value:
-            out.add("gpuwarden_temperature_threshold_celsius", value, label)
+            out.add(TEMPERATURE_THRESHOLD_CELSIUS, value, label)
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
-    gpu = pynvml.NVML_TEMPERATURE_GPU
+    gpu = nvml.NVML_TEMPERATURE_GPU
     out.add(
-        "gpuwarden_temperature_celsius",
+        TEMPERATURE_CELSIUS,
         dev.call_first(
-            "temperature", (pynvml.nvmlDeviceGetTemperatureV, (gpu,)), (pynvml.nvmlDeviceGetTemperature, (gpu,))
+            "temperature", (nvml.nvmlDeviceGetTemperatureV, (gpu,)), (nvml.nvmlDeviceGetTemperature, (gpu,))
         ),
     )
-    fields = dev.fields([pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
-    out.add("gpuwarden_memory_temperature_celsius", fields.get((pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)))
-    out.add("gpuwarden_recovery_action", fields.get((pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)))
+    fields = dev.fields([nvml.NVML_FI_DEV_MEMORY_TEMP, nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    out.add(MEMORY_TEMPERATURE_CELSIUS, fields.get((nvml.NVML_FI_DEV_MEMORY_TEMP, 0)))
+    out.add(RECOVERY_ACTION, fields.get((nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)))
 
 
-STATIC = Reader("thermal_thresholds", Tier.STATIC, ("gpuwarden_temperature_threshold_celsius",), read_static)
+STATIC = Reader("thermal_thresholds", Tier.STATIC, (TEMPERATURE_THRESHOLD_CELSIUS,), read_static)
 FAST = Reader(
     "thermal",
     Tier.FAST,
-    ("gpuwarden_temperature_celsius", "gpuwarden_memory_temperature_celsius", "gpuwarden_recovery_action"),
+    (TEMPERATURE_CELSIUS, MEMORY_TEMPERATURE_CELSIUS, RECOVERY_ACTION),
     read_fast,
 )

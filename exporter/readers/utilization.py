@@ -1,4 +1,4 @@
-"""Utilization from the driver's sample buffer, turned into busy-time counters (nvml.md §5).
+"""Utilization from the driver's sample buffer, turned into busy-time counters (docs/nvml.md, Utilization).
 
 One nvmlDeviceGetUtilizationRates read per scrape samples a single ~200 ms window and misreports bursty load.
 nvmlDeviceGetSamples returns every sample since the last timestamp we saw: each sample adds value × period
@@ -14,8 +14,14 @@ from __future__ import annotations
 import time
 from statistics import median
 
-import pynvml
-
+from exporter.metrics import (
+    BUSY_SECONDS_TOTAL,
+    MEMORY_BANDWIDTH_UTILIZATION_RATIO,
+    UTILIZATION_RATIO,
+    UTILIZATION_SAMPLED_SECONDS_TOTAL,
+    UTILIZATION_SOURCE_INFO,
+)
+from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
@@ -56,16 +62,16 @@ class _Accumulator:
 
 def _sample_value(sample: object, value_type: int) -> float:
     value = sample.sampleValue  # type: ignore[attr-defined]
-    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+    if value_type == nvml.NVML_VALUE_TYPE_DOUBLE:
         return float(value.dVal)
-    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+    if value_type == nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
         return float(value.ullVal)
     return float(value.uiVal)
 
 
 def _read_samples(dev: GpuDevice, sample_type: int, acc: _Accumulator, key: str) -> bool:
     """Feed new samples into the accumulator; False when the GPU does not support samples."""
-    result = dev.call(pynvml.nvmlDeviceGetSamples, sample_type, acc.last_timestamp_us, key=key)
+    result = dev.call(nvml.nvmlDeviceGetSamples, sample_type, acc.last_timestamp_us, key=key)
     if result is None:
         return dev.supports(key)  # None + supported = no new samples (NOT_FOUND)
     value_type, samples = result
@@ -77,21 +83,21 @@ def read_samples(dev: GpuDevice, out: SampleWriter) -> None:
     """Drain the sample buffer into the busy/sampled counters (every poll.samples_interval, ≤ 10 s)."""
     gpu_acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
     mem_acc: _Accumulator = dev.state.setdefault("util_mem", _Accumulator())
-    if not _read_samples(dev, pynvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
+    if not _read_samples(dev, nvml.NVML_GPU_UTILIZATION_SAMPLES, gpu_acc, "samples_gpu"):
         return  # unsupported (MIG parent, old board): read_fast integrates single reads instead
-    _read_samples(dev, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
-    out.add("gpuwarden_utilization_source_info", 1, "samples")
-    out.add("gpuwarden_busy_seconds_total", gpu_acc.busy_s)
-    out.add("gpuwarden_utilization_sampled_seconds_total", gpu_acc.sampled_s)
+    _read_samples(dev, nvml.NVML_MEMORY_UTILIZATION_SAMPLES, mem_acc, "samples_memory")
+    out.add(UTILIZATION_SOURCE_INFO, 1, "samples")
+    out.add(BUSY_SECONDS_TOTAL, gpu_acc.busy_s)
+    out.add(UTILIZATION_SAMPLED_SECONDS_TOTAL, gpu_acc.sampled_s)
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     """The point value (the driver's last sample period, ~2 µs) every poll; counters from it if no samples."""
-    rates = dev.call(pynvml.nvmlDeviceGetUtilizationRates)
+    rates = dev.call(nvml.nvmlDeviceGetUtilizationRates)
     if rates is None:
         return
-    out.add("gpuwarden_utilization_ratio", rates.gpu / 100.0)
-    out.add("gpuwarden_memory_bandwidth_utilization_ratio", rates.memory / 100.0)
+    out.add(UTILIZATION_RATIO, rates.gpu / 100.0)
+    out.add(MEMORY_BANDWIDTH_UTILIZATION_RATIO, rates.memory / 100.0)
     if dev.supports("samples_gpu"):
         return
     acc: _Accumulator = dev.state.setdefault("util_gpu", _Accumulator())
@@ -101,20 +107,20 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     if last is not None:
         acc.busy_s += rates.gpu / 100.0 * (now - last)
         acc.sampled_s += now - last
-    out.add("gpuwarden_utilization_source_info", 1, "single_read")
-    out.add("gpuwarden_busy_seconds_total", acc.busy_s)
-    out.add("gpuwarden_utilization_sampled_seconds_total", acc.sampled_s)
+    out.add(UTILIZATION_SOURCE_INFO, 1, "single_read")
+    out.add(BUSY_SECONDS_TOTAL, acc.busy_s)
+    out.add(UTILIZATION_SAMPLED_SECONDS_TOTAL, acc.sampled_s)
 
 
 _COUNTERS = (
-    "gpuwarden_busy_seconds_total",
-    "gpuwarden_utilization_sampled_seconds_total",
-    "gpuwarden_utilization_source_info",
+    BUSY_SECONDS_TOTAL,
+    UTILIZATION_SAMPLED_SECONDS_TOTAL,
+    UTILIZATION_SOURCE_INFO,
 )
 SAMPLES = Reader("utilization_samples", Tier.FAST, _COUNTERS, read_samples, every="samples_interval")
 FAST = Reader(
     "utilization",
     Tier.FAST,
-    ("gpuwarden_utilization_ratio", "gpuwarden_memory_bandwidth_utilization_ratio", *_COUNTERS),
+    (UTILIZATION_RATIO, MEMORY_BANDWIDTH_UTILIZATION_RATIO, *_COUNTERS),
     read_fast,
 )

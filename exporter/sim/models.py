@@ -1,6 +1,7 @@
 """GPU model presets for the simulator, grounded in real readings.
 
-h100-sxm-80gb comes from ../shared/fixtures/real/h100-sxm-80gb-x2 (driver 580.159.04, 2026-11): idle at P0,
+h100-sxm-80gb comes from readings of a real 2× H100 SXM 80GB host (the measured system of docs/nvml.md,
+driver 580.159.04, 2026-11): idle at P0,
 345 MHz SM, 38 °C, 73 W, GpuIdle reason, 480 MiB reserved, fan and retired pages NotSupported, 18 NVLinks
 through NVSwitch with remote bus id FFFFFFFF:FF:FF.0.
 """

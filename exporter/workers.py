@@ -1,0 +1,99 @@
+"""Worker threads that let the poller abandon a hung NVML call without ever queueing work behind it.
+
+A call stuck in the driver cannot be interrupted (docs/nvml.md, Hangs): it blocks only its own worker thread.
+While a worker is busy it accepts no new job, so abandoned threads stay bounded to one per key.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+Job = Callable[[], Any]
+
+
+class Worker:
+    """A daemon thread that runs one job at a time for one key (a GPU and tier, a discovery slot, NVML init)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Job | None, concurrent.futures.Future[Any] | None]] = queue.SimpleQueue()
+        self.busy = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> concurrent.futures.Future[Any] | None:
+        """Queue a job, or None while the previous one has not returned (never stack work on a hung call)."""
+        if self.busy:
+            return None
+        self.busy = True
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._jobs.put((job, future))
+        return future
+
+    def stop(self) -> None:
+        """Let the thread end once it is idle (a thread stuck in a wedged call ends when the call returns)."""
+        self._jobs.put((None, None))
+
+    def _run(self) -> None:
+        while True:
+            job, future = self._jobs.get()
+            if job is None or future is None:
+                return
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # noqa: BLE001 - delivered to the caller through the future
+                future.set_exception(exc)
+            finally:
+                self.busy = False
+
+
+class WorkerPool:
+    """Workers by key, created on first use and kept (a GPU's workers outlive its re-discovery)."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Worker] = {}
+        self._lock = threading.Lock()
+
+    def worker(self, key: str) -> Worker:
+        with self._lock:
+            worker = self._workers.get(key)
+            if worker is None:
+                worker = self._workers[key] = Worker(f"gpuwarden-{key}")
+            return worker
+
+    def submit(self, key: str, job: Job) -> concurrent.futures.Future[Any] | None:
+        return self.worker(key).submit(job)
+
+    def busy(self, prefix: str = "") -> list[str]:
+        """Keys of the workers still inside a job (a wedged call, or one being waited on)."""
+        with self._lock:
+            return [key for key, worker in self._workers.items() if worker.busy and key.startswith(prefix)]
+
+    def workers(self, prefix: str = "") -> list[Worker]:
+        with self._lock:
+            return [worker for key, worker in self._workers.items() if key.startswith(prefix)]
+
+    def thread_id(self, key: str) -> int | None:
+        with self._lock:
+            worker = self._workers.get(key)
+        return None if worker is None else worker.thread.ident
+
+    def stop(self) -> None:
+        with self._lock:
+            for worker in self._workers.values():
+                worker.stop()
+
+
+def run_with_deadline(pool: WorkerPool, key: str, job: Job, deadline: float) -> tuple[bool, Any]:
+    """Run `job` on the key's worker and wait up to `deadline` s: (True, result) or (False, None) when it did not
+    answer in time or the worker is still stuck in an earlier job. The job's exception is raised here."""
+    future = pool.submit(key, job)
+    if future is None:
+        return False, None
+    try:
+        return True, future.result(timeout=deadline)
+    except concurrent.futures.TimeoutError:
+        return False, None

@@ -1,0 +1,73 @@
+"""A wedged GPU never holds the others back: fast data of the other GPUs stays fresh and /readyz stays ready while
+one GPU's fast call hangs, and a GPU whose discovery hangs is skipped after the deadline (docs/nvml.md, Hangs)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from tests.helpers.common import parse_exposition, values
+
+pytestmark = pytest.mark.slow
+
+
+def oldest_fast_age(server, skip: int) -> float:
+    """The age of the stalest fast reading among the GPUs other than `skip`, as a client sees it now."""
+    body = server.get("/api/v1/gpus").json()
+    ages = [
+        body["snapshot_age_seconds"] + gpu["sample_age_seconds"]["fast"] for gpu in body["gpus"] if gpu["index"] != skip
+    ]
+    return max(ages)
+
+
+def test_one_gpu_hung_for_15_s_never_stalls_the_others(live_server):
+    fast_interval = 1.0  # the defaults: fast 1 s, call deadline 5 s
+    hang = {"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetPowerUsage", "at": 3, "until": 18}
+    server = live_server(
+        {"node": {"count": 8}, "faults": [hang]},
+        poll={"fast_interval": fast_interval, "slow_interval": 10, "call_deadline": 5},
+    )
+    worst, not_ready, saw_stale = 0.0, [], False
+    started = time.monotonic()
+    while time.monotonic() - started < 19:
+        worst = max(worst, oldest_fast_age(server, skip=2))
+        ready = server.get("/readyz")
+        if ready.status_code != 200:
+            not_ready.append(ready.text)
+        saw_stale |= server.get("/api/v1/gpus/2").json()["stale"]
+        time.sleep(0.1)
+    assert not_ready == []
+    assert worst < 2 * fast_interval, worst
+    assert saw_stale  # the hung GPU was flagged while it was stuck
+    series = parse_exposition(server.get("/metrics").text)
+    assert values(series, "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetPowerUsage") == [1]
+    # once the hang clears the GPU is read again
+    deadline = time.monotonic() + 5
+    while server.get("/api/v1/gpus/2").json()["stale"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_poller, caplog):
+    from tests.helpers.common import LiveServer
+
+    caplog.set_level(logging.INFO)
+    deadline_s, interval_s = 1.0, 0.5
+    hang = {"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetUUID", "at": 0, "until": 30}
+    sim({"node": {"count": 8}, "faults": [hang]})
+    poller = make_poller(poll={"fast_interval": interval_s, "slow_interval": 5, "call_deadline": deadline_s})
+    started = time.monotonic()
+    with LiveServer(poller) as server:
+        while server.get("/readyz").status_code != 200:
+            assert time.monotonic() - started < 10, "never ready"
+            time.sleep(0.02)
+        ready_after = time.monotonic() - started
+        gpus = server.get("/api/v1/gpus").json()["gpus"]
+        series = parse_exposition(server.get("/metrics").text)
+    assert sorted(gpu["index"] for gpu in gpus) == [0, 1, 3, 4, 5, 6, 7]
+    assert ready_after <= deadline_s + interval_s + 0.5, ready_after  # 0.5 s for uvicorn and the first render
+    assert values(series, "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetUUID") == [1]
+    skipped = [r.getMessage() for r in caplog.records if "skipped at discovery" in r.getMessage()]
+    assert skipped == ["gpu 2 skipped at discovery: nvmlDeviceGetUUID did not answer within 1.0 s"]
