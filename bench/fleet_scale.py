@@ -30,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from exporter.health.checks import CHECKS  # noqa: E402
-from tests.stack import wait_ready  # noqa: E402
+from tests.helpers.stack import wait_ready  # noqa: E402
 
 GPUS = 8
 LINKS = 18

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sim_daemon import proc_status  # noqa: E402
-from tests.test_podresources import FakeKubelet  # noqa: E402
+from tests.helpers.kubelet import FakeKubelet  # noqa: E402
 
 
 def main() -> int:

@@ -5,53 +5,17 @@ Nothing of gpuwarden is mocked: the only stand-in is the C library beneath pynvm
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
-import yaml
 
-from exporter.config import Settings, load_settings
 from exporter.nvml import library
-from exporter.poller import Poller, family_filter
-from exporter.render import Renderer
-from exporter.server import create_app
+from exporter.poller import Poller
 from exporter.sim import install_simulator
 from exporter.sim.fakelib import FakeNvmlLibrary
 from exporter.sim.scenario import Scenario, load_scenario
-
-
-class ManualClock:
-    """A clock the test moves by hand, for the fake library's notion of time."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def scenario_from(data: dict[str, Any]) -> Scenario:
-    data = {"name": "test", **data}
-    return Scenario.model_validate(data)
-
-
-def settings(**sections: dict[str, Any]) -> Settings:
-    flags = {f"{section}.{key}": value for section, values in sections.items() for key, value in values.items()}
-    flags.setdefault("nvml.backend", "sim")
-    # Tests move the fake's clock by hand between polls: drain the sample buffer on every poll.
-    flags.setdefault("poll.samples_interval", 0)
-    flags.setdefault("poll.nvlink_errors_interval", 0)
-    return load_settings(None, environ={}, flags=flags)
+from tests.helpers.common import LiveServer, scenario_from, settings
 
 
 @pytest.fixture
@@ -90,46 +54,6 @@ def make_poller() -> Iterator[Callable[..., Poller]]:
         poller.stop(timeout=0.5)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LiveServer:
-    """gpuwarden's app on a real uvicorn server on a loopback port, with its poller running."""
-
-    def __init__(self, poller: Poller) -> None:
-        self.poller = poller
-        self.renderer = Renderer(family_filter(poller.settings.metrics.include, poller.settings.metrics.exclude))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(poller, self.renderer, poller.settings.web.telemetry_path)
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> LiveServer:
-        self.poller.start()
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        self.poller.ready_once.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
-        self.poller.stop(timeout=0.5)
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=10, **kwargs)
-
-
 @pytest.fixture
 def live_server(
     sim: Callable[..., FakeNvmlLibrary], make_poller: Callable[..., Poller]
@@ -146,25 +70,3 @@ def live_server(
     yield start
     for server in servers:
         server.__exit__()
-
-
-def write_yaml(path: Path, data: Any) -> Path:
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def parse_exposition(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Exposition text → {(name, labels): value} with prometheus_client's own parser."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    series: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            series[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return series
-
-
-def values(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
-    """Values of every series named `name` whose labels include `labels`."""
-    wanted = set(labels.items())
-    return [value for (n, lbls), value in series.items() if n == name and wanted <= lbls]

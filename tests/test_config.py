@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from exporter.config import ConfigError, load_settings, options
-from tests.conftest import free_port, write_yaml
+from tests.helpers.common import free_port, write_yaml
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess:

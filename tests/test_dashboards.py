@@ -15,9 +15,11 @@ import pytest
 
 from exporter.health import rules
 from exporter.metrics import FAMILIES
-from tests.stack import PROMETHEUS
-from tests.stack import stack as running_stack
-from tests.test_podresources import FakeKubelet
+from tests.helpers.kubelet import FakeKubelet
+from tests.helpers.stack import PROMETHEUS
+from tests.helpers.stack import stack as running_stack
+
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "grafana_dashboards"

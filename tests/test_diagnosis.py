@@ -6,8 +6,8 @@ import pytest
 
 from exporter.health.diagnosis import diagnose
 from exporter.poller import Poller
-from tests.conftest import ManualClock, settings, write_yaml
-from tests.test_health import SHORT
+from tests.helpers.common import ManualClock, settings, write_yaml
+from tests.helpers.thresholds import SHORT
 
 
 @pytest.fixture

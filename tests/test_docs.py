@@ -15,6 +15,28 @@ def test_readme_references_match_the_code():
     assert docs.render(readme) == readme, "run `python -m exporter.docs` to regenerate the README references"
 
 
+def test_nvml_doc_lists_every_operation_the_code_performs():
+    text = (ROOT / "docs" / "nvml.md").read_text(encoding="utf-8")
+    assert docs.render_nvml_doc(text) == text, "run `python -m exporter.docs` to regenerate docs/nvml.md"
+    assert "`nvmlDeviceGetPowerUsage`" in text and "`nvmlInitWithFlags`" in text
+
+
+def test_no_document_or_comment_points_outside_the_repository():
+    """Facts the code relies on live in docs/; a path above the repository root cannot be followed by a reader."""
+    outside = re.compile(r"\.\./shared|\bnvml\.md §|\balerting\.md §|anchors\.md")
+    offenders = []
+    for path in ROOT.rglob("*"):
+        if not path.is_file() or any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+            continue
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".json", ".tpl", ".txt", ".service"}:
+            continue
+        if path.name == "test_docs.py":
+            continue
+        if outside.search(path.read_text(encoding="utf-8", errors="replace")):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders, offenders
+
+
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)

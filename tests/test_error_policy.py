@@ -1,4 +1,4 @@
-"""The NVML error policy (nvml.md §12), each class injected through the fake library's return codes."""
+"""The NVML error policy (docs/nvml.md, Error policy), each class injected through the fake library's return codes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from exporter.render import Renderer
-from tests.conftest import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, parse_exposition, values
 
 
 def series_of(poller):

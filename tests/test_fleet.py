@@ -22,9 +22,11 @@ import uvicorn
 from exporter.fleet.app import create_app
 from exporter.fleet.settings import FleetSettings, parse
 from exporter.health import rules
-from tests.conftest import free_port, write_yaml
-from tests.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
-from tests.test_podresources import FakeKubelet
+from tests.helpers.common import free_port, write_yaml
+from tests.helpers.kubelet import FakeKubelet
+from tests.helpers.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
+
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 SHORT = {
     "utilization_for_s": 8,
@@ -348,7 +350,7 @@ def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> No
 
 
 def test_fleet_service_metrics_count_queries_by_outcome(world: dict[str, Any]) -> None:
-    from tests.conftest import parse_exposition, values
+    from tests.helpers.common import parse_exposition, values
 
     world["fleet"].get("/api/v1/fleet")
     series = parse_exposition(world["fleet"].get("/metrics").text)
@@ -363,7 +365,7 @@ def test_fleet_service_metrics_count_queries_by_outcome(world: dict[str, Any]) -
 
 
 def test_cache_answers_repeats_without_asking_prometheus(world: dict[str, Any]) -> None:
-    from tests.conftest import parse_exposition, values
+    from tests.helpers.common import parse_exposition, values
 
     with FleetServer(fleet_settings(world["stack"].prometheus, cache_ttl=60)) as fleet:
         first = fleet.get("/api/v1/fleet/health").json()

@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "gpuwarden"
 RENDER = ROOT / "deploy" / "helm" / "render.py"

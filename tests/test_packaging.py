@@ -12,9 +12,12 @@ import venv
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.conftest import free_port
-from tests.stack import wait_ready
+from tests.helpers.common import free_port
+from tests.helpers.stack import wait_ready
+
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import free_port, write_yaml
-from tests.stack import wait_ready
+from tests.helpers.common import free_port, write_yaml
+from tests.helpers.stack import wait_ready
+
+pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 
 def wait_for(predicate, timeout: float = 15.0) -> None:
@@ -84,3 +86,33 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
     assert "configuration reloaded" in logs
     assert "reload rejected, keeping the running configuration: config file" in logs
     assert "poll.fast_interval" in logs and "Traceback" not in logs
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_readyz_judges_freshness_by_the_reloaded_fast_interval(tmp_path):
+    """After a reload from a 1 s to a 10 s fast interval the exporter is healthy: /readyz must not judge it by the
+    interval it started with (3 × 1 s), which would say "not ready" for ~7 s of every 10 s cycle."""
+    config = write_yaml(tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim"}, "poll": {"fast_interval": 1}})
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=base,
+    )
+    url = f"http://127.0.0.1:{port}/readyz"
+    try:
+        wait_ready(url)
+        write_yaml(config, {"nvml": {"backend": "sim"}, "poll": {"fast_interval": 10}})
+        proc.send_signal(signal.SIGHUP)
+        started, answers = time.monotonic(), []
+        while time.monotonic() - started < 13:  # more than one whole 10 s cycle
+            answers.append(httpx.get(url, timeout=5).status_code)
+            time.sleep(0.25)
+        assert set(answers) == {200}, answers
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "configuration reloaded" in proc.stderr.read()

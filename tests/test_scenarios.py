@@ -11,7 +11,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from exporter.render import Renderer
 from exporter.sim.scenario import shipped_scenarios
-from tests.conftest import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, parse_exposition, values
 
 SCENARIOS = sorted(shipped_scenarios())
 PROMTOOL = shutil.which("promtool")

@@ -13,8 +13,8 @@ import time
 import httpx
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from tests.conftest import free_port, parse_exposition, values
-from tests.stack import wait_ready
+from tests.helpers.common import free_port, parse_exposition, values
+from tests.helpers.stack import wait_ready
 
 
 def test_metrics_text_openmetrics_and_gzip(live_server):

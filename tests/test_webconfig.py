@@ -15,7 +15,7 @@ import trustme
 
 from exporter.config import ConfigError
 from exporter.webconfig import load_web_config
-from tests.conftest import free_port, write_yaml
+from tests.helpers.common import free_port, write_yaml
 
 
 @pytest.fixture(scope="module")

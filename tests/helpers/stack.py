@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.conftest import free_port
+from tests.helpers.common import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

@@ -1,0 +1,1 @@
+"""Modules the tests (and benchmarks) share; no test lives here."""
