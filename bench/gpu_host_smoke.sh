@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run gpuwarden against the real GPUs of a host and keep what it served, next to nvidia-smi's view.
 # Usage (on the GPU host, from the repository root): bench/gpu_host_smoke.sh OUTDIR
-# Dependencies travel as wheels in .whl/ (../shared/tools/gpu-host-wheels). A 6 s matmul load runs on GPU 0
+# Dependencies travel as wheels in .whl/ (downloaded beforehand on a machine with package access). A 6 s matmul load runs on GPU 0
 # in the middle of the window (PyTorch, if installed) so utilization, power and clocks visibly respond.
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR}
