@@ -10,26 +10,18 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from exporter import __version__
+from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, OneLineParser
 from exporter.config import ConfigError, Settings, load_settings, options
 
 log = logging.getLogger("gpuwarden")
 
-EXIT_CONFIG = 2
-EXIT_FATAL = 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (and exit code 2), not usage plus a message."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_CONFIG, f"gpuwarden: {message}; see gpuwarden --help\n")
-
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
+        hint="; see gpuwarden --help",
         prog="gpuwarden",
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
         "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "

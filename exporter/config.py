@@ -17,11 +17,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-ENV_PREFIX = "GPUWARDEN_"
+from exporter.cliutil import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
 
-
-class ConfigError(Exception):
-    """A configuration problem, already phrased as the one line the operator sees."""
+ENV_PREFIX = EXPORTER_ENV_PREFIX
 
 
 class _Section(BaseModel):
@@ -196,12 +194,10 @@ def _split_list(value: str) -> list[str]:
 def _env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     known = {opt.env: opt for opt in options()}
     layer: dict[str, dict[str, Any]] = {}
-    for var, raw in environ.items():
-        if not var.startswith(ENV_PREFIX) or var.startswith(f"{ENV_PREFIX}FLEET_"):  # the fleet service's own
-            continue
-        opt = known.get(var)
-        if opt is None:
-            raise ConfigError(f"environment: {var} is not a gpuwarden setting; known: {', '.join(sorted(known))}")
+    mine = own_environment(environ, ENV_PREFIX)  # GPUWARDEN_FLEET_* is the fleet service's
+    check_known(mine, known, "gpuwarden")
+    for var, raw in mine.items():
+        opt = known[var]
         layer.setdefault(opt.section, {})[opt.name] = _split_list(raw) if opt.is_list else raw
     return layer
 
@@ -306,3 +302,6 @@ def _source_of(exc: ValidationError, layers: list[tuple[str, dict[str, Any]]]) -
             if loc:
                 return source
     return "configuration"
+
+
+__all__ = ["ConfigError", "Settings", "load_settings", "options"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from exporter.config import ConfigError
+from exporter.cliutil import EXIT_CONFIG, ConfigError
 
-EXIT_CONFIG = 2
 log = logging.getLogger(__name__)
 
 

@@ -3,19 +3,19 @@ over defaults, validated in one place; every problem is one line naming the flag
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from exporter.config import ConfigError, WebSettings
+from exporter.cliutil import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
+from exporter.config import WebSettings
 from exporter.health.thresholds import DEFAULT
 
-ENV_PREFIX = "GPUWARDEN_FLEET_"
+ENV_PREFIX = FLEET_ENV_PREFIX
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MATCHER = r'\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
@@ -109,15 +109,10 @@ def _flag(name: str) -> str:
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"gpuwarden fleet: {message}")
-
-
 def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSettings:
     """Flags over GPUWARDEN_FLEET_* over defaults; ConfigError with one line on any problem."""
     environ = os.environ if environ is None else environ
-    parser = _Parser(prog="gpuwarden fleet", description="Fleet view of every GPU, served from Prometheus.")
+    parser = OneLineParser(prog="gpuwarden fleet", description="Fleet view of every GPU, served from Prometheus.")
     for name, field in FleetSettings.model_fields.items():
         parser.add_argument(
             _flag(name),
@@ -128,14 +123,9 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSet
         )
     args = vars(parser.parse_args(argv))
     known = {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
-    values: dict[str, Any] = {}
-    for var, raw in environ.items():
-        if var.startswith(ENV_PREFIX):
-            if var not in known:
-                raise ConfigError(
-                    f"environment: {var} is not a gpuwarden fleet setting; known: {', '.join(sorted(known))}"
-                )
-            values[known[var]] = raw
+    mine = own_environment(environ, ENV_PREFIX)
+    check_known(mine, known, "gpuwarden fleet")
+    values: dict[str, Any] = {known[var]: raw for var, raw in mine.items()}
     values.update({k: v for k, v in args.items() if v is not None})
     try:
         return FleetSettings(**values)

@@ -30,8 +30,8 @@ ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
 
 
 @dataclass(frozen=True)
-class Fleet:
-    """The queries, for one selector and node label."""
+class FleetQueries:
+    """What every view needs: the Prometheus client, the selector and node label, concurrent evaluation."""
 
     client: PrometheusClient
     settings: FleetSettings
@@ -52,7 +52,9 @@ class Fleet:
     def node(self, series: Series) -> str:
         return series.labels.get(self.node_label, "")
 
-    # -- inventory ----------------------------------------------------------------------------------------------
+
+class InventoryView(FleetQueries):
+    """Nodes, GPUs, models, drivers and exporter versions; which exporters are stale."""
 
     async def inventory(self) -> dict[str, Any]:
         sel, node_label = self.selector, self.node_label
@@ -137,7 +139,9 @@ class Fleet:
             return f"last fast poll {age:.0f} s ago"
         return None
 
-    # -- health ---------------------------------------------------------------------------------------------------
+
+class HealthView(FleetQueries):
+    """Unhealthy GPUs with their checks and since when; nodes whose alerts warrant a cordon."""
 
     async def health(self) -> dict[str, Any]:
         sel = self.selector
@@ -269,7 +273,9 @@ class Fleet:
             "needs the rules loaded there). Review before draining. The commands are printed, never run.",
         }
 
-    # -- utilization ----------------------------------------------------------------------------------------------
+
+class UtilizationView(FleetQueries):
+    """Idle and starved GPUs, GPU-hours seen and wasted by node and namespace; which GPUs fit a plan."""
 
     def _util(self, window: str) -> str:
         sel = self.selector
@@ -418,6 +424,11 @@ class Fleet:
                 }
             )
         return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
+
+
+@dataclass(frozen=True)
+class Fleet(InventoryView, HealthView, UtilizationView):
+    """Every fleet view, for one selector and node label (what the HTTP app calls)."""
 
 
 def _tally(values: Any) -> dict[str, int]:

@@ -1,0 +1,46 @@
+"""Dump, per shipped scenario, the sorted set of series (name + labels) after 12 s of simulated polling.
+
+`python bench/series_sets.py before.json` on one commit and `after.json` on another, then compare the two files:
+a refactor must not change the series set (used for the poller split: 14 scenarios, identical).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from exporter.nvml import library  # noqa: E402
+from exporter.poller import Poller  # noqa: E402
+from exporter.render import Renderer  # noqa: E402
+from exporter.sim import install_simulator  # noqa: E402
+from exporter.sim.scenario import load_scenario, shipped_scenarios  # noqa: E402
+from tests.helpers.common import ManualClock, settings  # noqa: E402
+
+
+def series_names(text: str) -> list[str]:
+    """Each sample's name and labels, without its value."""
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return sorted(line[: line.rindex("}") + 1] if "{" in line else line.split(" ")[0] for line in lines)
+
+
+def main(path: str) -> None:
+    out = {}
+    for name in sorted(shipped_scenarios()):
+        clock = ManualClock()
+        fake = install_simulator(load_scenario(name), clock=clock)
+        poller = Poller(settings())
+        poller.poll_once()
+        for _ in range(12):
+            clock.advance(1.0)
+            poller.poll_once()
+        out[name] = series_names(Renderer(lambda n: True).render(poller.snapshot).decode())
+        poller.stop(0.5)
+        fake.close()
+        library.install(None)
+    Path(path).write_text(json.dumps(out, indent=0))
+    print({name: len(series) for name, series in out.items()})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

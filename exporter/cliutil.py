@@ -1,0 +1,48 @@
+"""What both command lines share (the exporter's and `gpuwarden fleet`'s): exit codes, a parser whose errors are
+one line, and reading one command's own environment variables. Imports nothing of NVML or HTTP."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import NoReturn
+
+EXIT_CONFIG = 2  # bad flag, environment, config or web-config file: one line naming the field and the fix
+EXIT_FATAL = 3  # NVML unusable for good (driver upgraded under the process; no library with on_missing: exit)
+
+# Each command owns the variables under its prefix; a longer prefix belongs to another command.
+EXPORTER_ENV_PREFIX = "GPUWARDEN_"
+FLEET_ENV_PREFIX = "GPUWARDEN_FLEET_"
+_ENV_PREFIXES = (EXPORTER_ENV_PREFIX, FLEET_ENV_PREFIX)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, as one line that names the field and the fix."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line raised as ConfigError (not usage text and exit code 2 from inside)."""
+
+    def __init__(self, *args: object, hint: str = "", **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.hint = hint
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message}{self.hint}")
+
+
+def own_environment(environ: Mapping[str, str], prefix: str) -> dict[str, str]:
+    """The variables under `prefix` that belong to this command (not to one with a longer prefix)."""
+    longer = [other for other in _ENV_PREFIXES if other != prefix and other.startswith(prefix)]
+    return {
+        var: raw
+        for var, raw in environ.items()
+        if var.startswith(prefix) and not any(var.startswith(other) for other in longer)
+    }
+
+
+def check_known(variables: Mapping[str, str], known: set[str] | Mapping[str, object], what: str) -> None:
+    """ConfigError naming the first unknown variable and every known one."""
+    for var in variables:
+        if var not in known:
+            raise ConfigError(f"environment: {var} is not a {what} setting; known: {', '.join(sorted(known))}")

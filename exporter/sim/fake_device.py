@@ -1,0 +1,133 @@
+"""Identity, PCI, MIG, processes, modes and fan: the symbols discovery and the slow tier use."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pynvml
+
+from exporter.sim.fakecommon import _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
+
+
+class DeviceSymbols:
+    """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
+
+    def uuid(self, index: int) -> str:
+        digest = hashlib.blake2b(f"{self.scenario.name}:{index}".encode(), digest_size=16).hexdigest()
+        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    def bus_id(self, index: int) -> str:
+        return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+
+    def _string(self, handle: Any, buf: Any, text: str, symbol: str) -> int:
+        _, code = self._device(handle, symbol)
+        if code == OK:
+            buf.value = text.encode()
+        return code
+
+    def nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
+        return self._string(handle, buf, self.model.name, "nvmlDeviceGetName")
+
+    def nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetUUID")
+        if code == OK:
+            slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1  # MIG handles sit after their parent's
+            buf.value = (self.uuid(index) if slot < 0 else self.mig_uuid(index, slot)).encode()
+        return code
+
+    def nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetSerial")
+        if code == OK:
+            buf.value = str(self.model.serial_base + index).encode()
+        return code
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any, buf: Any, size: Any) -> int:
+        return self._string(handle, buf, self.model.vbios, "nvmlDeviceGetVbiosVersion")
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetPciInfo_v3")
+        if code == OK:
+            info = _out(ref)
+            bus = self.bus_id(index)
+            info.busId = bus.encode()
+            info.busIdLegacy = bus[4:].encode()
+            info.domain, info.bus, info.device = 0, 0x18 + index * 0x10, 0
+            info.pciDeviceId = 0x233010DE
+        return code
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any, major: Any, minor: Any) -> int:
+        _, code = self._device(handle, "nvmlDeviceGetCudaComputeCapability")
+        if code == OK:
+            _out(major).value, _out(minor).value = self.model.compute_capability
+        return code
+
+    def nvmlDeviceGetPersistenceMode(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetPersistenceMode", lambda i: self._value(i, "persistence_mode"))
+
+    def nvmlDeviceGetComputeMode(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetComputeMode", lambda i: 0)
+
+    def nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetMigMode")
+        if code == OK:
+            mode = 1 if index in self.scenario.node.mig_instances else 0
+            _out(current).value, _out(pending).value = mode, mode
+        return code
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, ref: Any) -> int:
+        return self._uint(
+            handle, ref, "nvmlDeviceGetMaxMigDeviceCount", lambda i: 7 if i in self.scenario.node.mig_instances else 0
+        )
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, slot: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if code != OK:
+            return code
+        if _val(slot) >= self.scenario.node.mig_instances.get(index, 0):
+            return pynvml.NVML_ERROR_NOT_FOUND  # an empty slot, as the driver answers
+        _set_pointer(ref, _HANDLE_BASE + index * 0x100 + 1 + _val(slot))
+        return OK
+
+    def mig_uuid(self, index: int, slot: int) -> str:
+        digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
+        return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    def _processes(self, handle: Any, count: Any, infos: Any, symbol: str) -> int:
+        index, code = self._device(handle, symbol)
+        if code != OK:
+            return code
+        n = max(int(round(self._value(index, "processes"))), 0)
+        if infos is None:
+            _out(count).value = n
+            return OK if n == 0 else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        used = self._memory(index)[2]
+        for slot in range(min(n, _out(count).value)):
+            infos[slot].pid = 4000 + index * 100 + slot
+            infos[slot].usedGpuMemory = used // max(n, 1)
+        _out(count).value = n
+        return OK
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, "nvmlDeviceGetComputeRunningProcesses_v3")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, "nvmlDeviceGetComputeRunningProcesses_v2")
+
+    def nvmlDeviceGetFanSpeed(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetFanSpeed", lambda i: self._value(i, "fan_percent"))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetMaxPcieLinkGeneration", lambda i: self.model.pcie_max[0])
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetMaxPcieLinkWidth", lambda i: self.model.pcie_max[1])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetCurrPcieLinkGeneration", lambda i: self._value(i, "pcie_gen"))
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetCurrPcieLinkWidth", lambda i: self._value(i, "pcie_width"))
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetPcieReplayCounter", lambda i: self._events("pcie_replay", i))

@@ -1,0 +1,158 @@
+"""Memory, temperature, power, clocks and utilization: the fast tier's readings, from the scenario's trajectories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from exporter.sim.fakecommon import _EPOCH_US, _UINT, OK, SAMPLE_BUFFER, SAMPLE_PERIOD_S, _out, _val
+
+
+class ReadingSymbols:
+    """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
+
+    def _memory(self, index: int) -> tuple[int, int, int, int]:
+        usable = self.model.memory_total - self.model.memory_reserved
+        ratio = min(max(self._value(index, "memory_used_ratio"), 0.0), 1.0)
+        used = int(usable * ratio)
+        return self.model.memory_total, self.model.memory_reserved, used, usable - used
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetMemoryInfo")
+        if code == OK:
+            total, reserved, used, free = self._memory(index)
+            mem = _out(ref)
+            mem.total, mem.used, mem.free = total, used + reserved, free
+        return code
+
+    def nvmlDeviceGetMemoryInfo_v2(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetMemoryInfo_v2")
+        if code == OK:
+            mem = _out(ref)
+            if mem.version != pynvml.nvmlMemory_v2:
+                return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            mem.total, mem.reserved, mem.used, mem.free = self._memory(index)
+        return code
+
+    def nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetTemperatureV")
+        if code == OK:
+            _out(ref).temperature = round(self._value(index, "temperature"))
+        return code
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetTemperature")
+        if code == OK:
+            _out(ref).value = round(self._value(index, "temperature"))
+        return code
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: Any, ref: Any) -> int:
+        _, code = self._device(handle, "nvmlDeviceGetTemperatureThreshold")
+        if code == OK:
+            names = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
+            name = names.get(_val(threshold))
+            if name is None:
+                return pynvml.NVML_ERROR_NOT_SUPPORTED
+            _out(ref).value = self.model.thresholds[name]
+        return code
+
+    def _uint(self, handle: Any, ref: Any, symbol: str, compute: Callable[[int], float]) -> int:
+        index, code = self._device(handle, symbol)
+        if code == OK:
+            _out(ref).value = int(round(compute(index)))
+        return code
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetPowerUsage", lambda i: self._value(i, "power_watts") * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, ref: Any) -> int:
+        return self._uint(
+            handle, ref, "nvmlDeviceGetEnforcedPowerLimit", lambda i: self._value(i, "power_limit_watts") * 1000
+        )
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any, ref: Any) -> int:
+        return self._uint(
+            handle, ref, "nvmlDeviceGetPowerManagementDefaultLimit", lambda i: self.model.power_default_mw
+        )
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, ref: Any) -> int:
+        self._integrate()
+        return self._uint(handle, ref, "nvmlDeviceGetTotalEnergyConsumption", lambda i: self._energy_mj[i])
+
+    def nvmlDeviceGetPerformanceState(self, handle: Any, ref: Any) -> int:
+        return self._uint(handle, ref, "nvmlDeviceGetPerformanceState", lambda i: self._value(i, "pstate"))
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
+        key = {
+            pynvml.NVML_CLOCK_GRAPHICS: "sm_clock_mhz",
+            pynvml.NVML_CLOCK_SM: "sm_clock_mhz",
+            pynvml.NVML_CLOCK_MEM: "memory_clock_mhz",
+        }.get(_val(clock))
+        if key is None:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        return self._uint(handle, ref, "nvmlDeviceGetClockInfo", lambda i: self._value(i, key))
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: Any, ref: Any) -> int:
+        key = {pynvml.NVML_CLOCK_GRAPHICS: "graphics", pynvml.NVML_CLOCK_SM: "sm", pynvml.NVML_CLOCK_MEM: "memory"}.get(
+            _val(clock)
+        )
+        if key is None:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        return self._uint(handle, ref, "nvmlDeviceGetMaxClockInfo", lambda i: self.model.max_clocks_mhz[key])
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, ref: Any) -> int:
+        return self._uint(
+            handle, ref, "nvmlDeviceGetCurrentClocksEventReasons", lambda i: self._value(i, "clock_event_reasons")
+        )
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, ref: Any) -> int:
+        return self._uint(
+            handle, ref, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda i: self._value(i, "clock_event_reasons")
+        )
+
+    def _window_mean(self, index: int, key: str, end: float) -> float:
+        points = [self.scenario.value(index, key, end - SAMPLE_PERIOD_S * (k + 0.5) / 8) for k in range(8)]
+        return min(max(sum(points) / len(points), 0.0), 100.0)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetUtilizationRates")
+        if code == OK:
+            last = int(self.now() / SAMPLE_PERIOD_S) * SAMPLE_PERIOD_S
+            util = _out(ref)
+            util.gpu = round(self._window_mean(index, "utilization", last))
+            util.memory = round(self._window_mean(index, "memory_utilization", last))
+        return code
+
+    def nvmlDeviceGetSamples(
+        self, handle: Any, sample_type: Any, last_seen: Any, value_type: Any, count: Any, samples: Any
+    ) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetSamples")
+        if code != OK:
+            return code
+        key = {
+            pynvml.NVML_GPU_UTILIZATION_SAMPLES: "utilization",
+            pynvml.NVML_MEMORY_UTILIZATION_SAMPLES: "memory_utilization",
+        }.get(_val(sample_type))
+        if key is None:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        newest = int(self.now() / SAMPLE_PERIOD_S)
+        since_us = _val(last_seen)
+        ks = [
+            k
+            for k in range(max(1, newest - SAMPLE_BUFFER + 1), newest + 1)
+            if _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6) > since_us
+        ]
+        if not ks:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        _out(value_type).value = _UINT
+        if samples is None:
+            _out(count).value = len(ks)
+            return OK
+        ks = ks[: _out(count).value]
+        for slot, k in enumerate(ks):
+            samples[slot].timeStamp = _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6)
+            samples[slot].sampleValue.uiVal = round(self._window_mean(index, key, k * SAMPLE_PERIOD_S))
+        _out(count).value = len(ks)
+        return OK
