@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return fleet(argv[1:])
     try:
         settings = settings_from_argv(argv)
+        from exporter.health.thresholds import load_thresholds
+
+        load_thresholds(settings.health.thresholds_file)  # one line and exit 2 now, not a traceback in the poller
         if settings.web.config_file is not None:
             from exporter.webconfig import load_web_config
 
@@ -176,23 +180,36 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     import uvicorn
 
     from exporter import logs
-    from exporter.metrics import family_filter
+    from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL, family_filter
     from exporter.poller import Poller
     from exporter.render import Renderer
     from exporter.server import create_app, readiness_under
+    from exporter.serving import ConnectionGuard, connection_limit
 
     logs.setup(settings.log.level, settings.log.format)
     from exporter.webconfig import WebConfig, load_web_config
 
     web = load_web_config(settings.web.config_file) if settings.web.config_file else WebConfig()
     poller = Poller(settings)
-    renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude))
+    guard = ConnectionGuard(
+        header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)
+    )
+    reloads: Counter[str] = Counter()
+
+    def own_counters() -> dict[str, list[tuple[list[str], float]]]:
+        return {
+            HTTP_REJECTED_TOTAL.name: [([reason], count) for reason, count in guard.counts().items()],
+            CONFIG_RELOADS_TOTAL.name: [([result], reloads[result]) for result in ("applied", "rejected")],
+        }
+
+    renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude), own_counters)
     app = create_app(
         lambda: poller.snapshot,
         readiness_under(lambda: poller.settings),
         renderer,
         settings.web.telemetry_path,
         web.basic_auth_users,
+        rejected=guard.reject,
     )
     server = _graceful_server(
         uvicorn.Config(
@@ -204,8 +221,9 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
             **web.uvicorn_ssl(),
             timeout_graceful_shutdown=5,
             server_header=False,
-            limit_concurrency=512,
-            h11_max_incomplete_event_size=16384,
+            http=guard.protocol(),  # header deadline and size limit, admission, shedding (exporter/serving.py)
+            limit_concurrency=None,  # the guard sheds instead, never the probes
+            timeout_keep_alive=5,
         )
     )
     exit_code = 0
@@ -230,9 +248,16 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     def watch_reload() -> None:
         nonlocal settings
         while not stopped.is_set():
-            if reload_requested.wait(0.5):
-                reload_requested.clear()
-                settings = reload_settings(argv or [], settings, poller, renderer)
+            if not reload_requested.wait(0.5):
+                continue
+            reload_requested.clear()
+            try:
+                new = reload_settings(argv or [], settings, poller, renderer)
+            except Exception:  # a bug in one reload must not end reloading for the life of the process
+                log.exception("reload failed, keeping the running configuration")
+                new = settings
+            reloads["applied" if new is not settings else "rejected"] += 1
+            settings = new
 
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())

@@ -30,6 +30,16 @@ class WebSettings(_Section):
     listen_address: str = Field(":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).")
     telemetry_path: str = Field("/metrics", description="Path under which metrics are served.")
     config_file: Path | None = Field(None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth).")
+    header_timeout: float = Field(
+        5.0, ge=0.5, le=120, description="Seconds a connection has to send a request's headers before it is closed."
+    )
+    max_connections: int = Field(
+        1000,
+        ge=16,
+        le=100_000,
+        description="Open connections; at the limit the oldest one still sending headers is closed (capped below "
+        "the open-file limit).",
+    )
 
     @field_validator("listen_address")
     @classmethod
@@ -218,6 +228,11 @@ def read_yaml(path: Path, what: str = "config file", flag: str = "--config") -> 
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror}); check the {flag} path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "save it as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

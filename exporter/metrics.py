@@ -110,6 +110,22 @@ NVML_REINIT_TOTAL = _f(
     "Times NVML was re-initialised after a lifecycle error.",
     per_gpu=False,
 )
+HTTP_REJECTED_TOTAL = _f(
+    "gpuwarden_http_rejected_total",
+    "counter",
+    "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout, "
+    "header_too_large, evicted (oldest connection still sending headers, at the connection limit), shed (request "
+    "limit; probes never), auth_failed, auth_shed (password checks already queued).",
+    "reason",
+    per_gpu=False,
+)
+CONFIG_RELOADS_TOTAL = _f(
+    "gpuwarden_config_reloads_total",
+    "counter",
+    "Configuration reloads (SIGHUP) by result: applied, or rejected (the running configuration stays).",
+    "result",
+    per_gpu=False,
+)
 # health (exporter/health): derived from the readings below with the thresholds of the alert rules
 HEALTH = _f(
     "gpuwarden_health",
@@ -348,6 +364,8 @@ _FAMILIES = [
     COLLECT_ERRORS_TOTAL,
     COLLECT_TIMEOUTS_TOTAL,
     NVML_REINIT_TOTAL,
+    HTTP_REJECTED_TOTAL,
+    CONFIG_RELOADS_TOTAL,
     HEALTH,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,

@@ -61,9 +61,10 @@ def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
 class SnapshotCollector:
     """A prometheus_client custom collector over one immutable snapshot (no global gauges to go stale)."""
 
-    def __init__(self, snapshot: Snapshot, wanted: Callable[[str], bool]) -> None:
+    def __init__(self, snapshot: Snapshot, wanted: Callable[[str], bool], own: Rows | None = None) -> None:
         self.snapshot = snapshot
         self.wanted = wanted
+        self.own = own or {}  # the process's own counters (HTTP rejections, reloads), as of this render
 
     def describe(self) -> list[Metric]:
         return []
@@ -74,6 +75,8 @@ class SnapshotCollector:
         _gpu_rows(self.snapshot, rows)
         _health_rows(self.snapshot, rows)
         _xid_rows(self.snapshot, rows)
+        for name, own_rows in self.own.items():
+            rows[name].extend(own_rows)
         for name, spec in FAMILIES.items():
             if name not in rows or not self.wanted(name):
                 continue
@@ -179,8 +182,9 @@ class _Process:
 class Renderer:
     """Caches the exposition of the latest snapshot per (format, gzip)."""
 
-    def __init__(self, wanted: Callable[[str], bool]) -> None:
+    def __init__(self, wanted: Callable[[str], bool], own_counters: Callable[[], Rows] | None = None) -> None:
         self.wanted = wanted
+        self.own_counters = own_counters or dict  # read at each render: they change between snapshots
         self._lock = threading.Lock()
         self._snapshot_id = -1
         self._cache: dict[tuple[bool, bool], bytes] = {}
@@ -209,7 +213,7 @@ class Renderer:
             if cached is None:
                 plain = self._cache.get((openmetrics, False))
                 if plain is None:
-                    collector = _Process(SnapshotCollector(snapshot, self.wanted))
+                    collector = _Process(SnapshotCollector(snapshot, self.wanted, self.own_counters()))
                     generate = generate_openmetrics if openmetrics else generate_latest
                     plain = generate(collector)  # type: ignore[arg-type]
                     self._cache[(openmetrics, False)] = plain

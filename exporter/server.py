@@ -262,12 +262,15 @@ def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: s
     def metrics() -> Response:  # pragma: no cover - never reached
         raise StarletteHTTPException(500, "served by the fast path")
 
-    @router.get("/healthz", summary="Liveness: the process serves HTTP (never touches NVML)")
+    @router.api_route(
+        "/healthz", methods=["GET", "HEAD"], summary="Liveness: the process serves HTTP (never touches NVML)"
+    )
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.get(
+    @router.api_route(
         "/readyz",
+        methods=["GET", "HEAD"],
         summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
         responses={503: {"model": Problem}},
     )
@@ -406,8 +409,10 @@ def create_app(
     renderer: Renderer,
     telemetry_path: str = "/metrics",
     basic_auth_users: dict[str, str] | None = None,
+    rejected: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML."""
+    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML. `rejected` counts
+    refused requests by reason (exporter/serving.py)."""
     app = FastAPI(
         title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
     )
@@ -427,6 +432,6 @@ def create_app(
     app.include_router(_page_routes(snapshots, telemetry_path))
     app.add_middleware(MetricsFastPath, path=telemetry_path, snapshots=snapshots, renderer=renderer)
     if basic_auth_users:
-        app.add_middleware(BasicAuth, users=basic_auth_users)
+        app.add_middleware(BasicAuth, users=basic_auth_users, rejected=rejected)
     app.add_middleware(HeaderLimit)  # added last: runs first
     return app

@@ -21,6 +21,7 @@ import hashlib
 import json
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,14 +101,41 @@ def load_web_config(path: Path) -> WebConfig:
     return config
 
 
-class BasicAuth:
-    """ASGI middleware: HTTP basic auth against bcrypt hashes, probes exempt; verified credentials are cached."""
+# bcrypt costs ~50-100 ms of one core by design. Checks run on their own small pool, never on the event loop or the
+# pool that renders scrapes, and a flood of failing checks is refused once this many are running or queued.
+CHECK_THREADS = 1
+CHECK_BACKLOG = 8
+# A refused request is answered after this delay (it costs the server nothing while it waits): a client retrying
+# wrong passwords in a tight loop then sends one request a second per connection, not thousands.
+REFUSAL_DELAY_S = 1.0
 
-    def __init__(self, app: Any, users: dict[str, str]) -> None:
+
+def _cost(hashed: bytes) -> int:
+    """The work factor of a bcrypt hash ($2y$10$… → 10)."""
+    try:
+        return int(hashed.split(b"$")[2])
+    except (IndexError, ValueError):
+        return 12
+
+
+class BasicAuth:
+    """ASGI middleware: HTTP basic auth against bcrypt hashes, probes exempt; verified credentials are cached.
+
+    An unknown user costs the same as a wrong password (a dummy hash of the users' cost), so timing does not tell
+    which users exist. Password checks have their own pool of CHECK_THREADS; past CHECK_BACKLOG waiting checks a
+    request is answered 503 at once: a wrong-password flood cannot starve cached (authorised) scrapes.
+    """
+
+    def __init__(self, app: Any, users: dict[str, str], rejected: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.users = {user: hashed.encode() for user, hashed in users.items()}
+        cost = max((_cost(hashed) for hashed in self.users.values()), default=10)
+        self._dummy = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=max(4, min(cost, 31))))
         self._verified: set[bytes] = set()
         self._lock = threading.Lock()
+        self._limiter = anyio.CapacityLimiter(CHECK_THREADS)
+        self._checks = 0  # running or waiting (read and written on the event loop only)
+        self._rejected = rejected or (lambda reason: None)
 
     def _check(self, header: bytes) -> bool:
         if not header.startswith(b"Basic "):
@@ -120,7 +148,10 @@ class BasicAuth:
         except (ValueError, UnicodeDecodeError):
             return False
         hashed = self.users.get(user)
-        if hashed is None or not bcrypt.checkpw(password.encode(), hashed):
+        if hashed is None:
+            bcrypt.checkpw(password.encode(), self._dummy)  # the same time as a known user's wrong password
+            return False
+        if not bcrypt.checkpw(password.encode(), hashed):
             return False
         with self._lock:
             if len(self._verified) > 1024:
@@ -128,21 +159,40 @@ class BasicAuth:
             self._verified.add(digest)
         return True
 
+    async def _allowed(self, header: bytes) -> bool | None:
+        """True or False, or None when the check was refused because too many are already waiting."""
+        if hashlib.sha256(header).digest() in self._verified:
+            return True
+        if not header.startswith(b"Basic "):
+            return False
+        if self._checks >= CHECK_THREADS + CHECK_BACKLOG:
+            return None
+        self._checks += 1
+        try:
+            return await anyio.to_thread.run_sync(self._check, header, limiter=self._limiter)
+        finally:
+            self._checks -= 1
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in PROBES:
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"authorization", b"")
-        cached = hashlib.sha256(header).digest() in self._verified
-        # bcrypt takes ~100 ms by design: never on the event loop
-        if cached or await anyio.to_thread.run_sync(self._check, header):
+        allowed = await self._allowed(header)
+        if allowed:
             await self.app(scope, receive, send)
             return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b'Basic realm="gpuwarden"')],
-            }
-        )
-        await send({"type": "http.response.body", "body": json.dumps({"error": "unauthorized"}).encode()})
+        await anyio.sleep(REFUSAL_DELAY_S)
+        if allowed is None:
+            self._rejected("auth_shed")
+            await _answer(send, 503, {"error": "too many password checks in progress; retry"}, [(b"retry-after", b"1")])
+            return
+        self._rejected("auth_failed")
+        await _answer(send, 401, {"error": "unauthorized"}, [(b"www-authenticate", b'Basic realm="gpuwarden"')])
+
+
+async def _answer(send: Any, status: int, body: dict[str, str], headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *headers]}
+    )
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -212,7 +213,10 @@ def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
 
 
 def create_app(
-    settings: FleetSettings, client: PrometheusClient | None = None, basic_auth_users: dict[str, str] | None = None
+    settings: FleetSettings,
+    client: PrometheusClient | None = None,
+    basic_auth_users: dict[str, str] | None = None,
+    rejected: Callable[[str], None] | None = None,
 ) -> FastAPI:
     client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
     fleet = Fleet(client, settings)
@@ -250,6 +254,6 @@ def create_app(
     app.include_router(_plan_routes(fleet))
     app.include_router(_page_routes(fleet, settings))
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
-        app.add_middleware(BasicAuth, users=basic_auth_users)
+        app.add_middleware(BasicAuth, users=basic_auth_users, rejected=rejected)
     app.add_middleware(HeaderLimit)  # added last: runs first
     return app

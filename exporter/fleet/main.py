@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
 
     from exporter import __version__, logs
     from exporter.fleet.app import create_app
+    from exporter.serving import ConnectionGuard, connection_limit
 
     logs.setup("info", "logfmt")
     log.info(
@@ -33,8 +34,11 @@ def main(argv: list[str]) -> int:
         settings.prometheus_url,
         settings.selector,
     )
+    guard = ConnectionGuard(max_connections=connection_limit())
     uvicorn.run(
-        create_app(settings, basic_auth_users=web.basic_auth_users),
+        create_app(settings, basic_auth_users=web.basic_auth_users, rejected=guard.reject),
+        http=guard.protocol(),  # header deadline and size limit, admission, shedding (exporter/serving.py)
+        limit_concurrency=None,
         host=settings.host,
         port=settings.port,
         log_config=None,

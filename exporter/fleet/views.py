@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -44,9 +43,9 @@ class FleetQueries:
     def node_label(self) -> str:
         return self.settings.node_label
 
-    async def many(self, *exprs: str) -> list[list[Series]]:
-        """Evaluate the queries of one answer concurrently, at one instant."""
-        at = self.client.evaluation_time()
+    async def many(self, *exprs: str, at: float | None = None) -> list[list[Series]]:
+        """Evaluate the queries of one answer concurrently, at one instant (default: the current evaluation time)."""
+        at = self.client.evaluation_time() if at is None else at
         return list(await asyncio.gather(*(self.client.query(e, at) for e in exprs)))
 
     def node(self, series: Series) -> str:
@@ -145,14 +144,17 @@ class HealthView(FleetQueries):
 
     async def health(self) -> dict[str, Any]:
         sel = self.selector
+        # Durations are as of the instant the queries describe, not the moment of answering: a cached answer
+        # repeated a second later must say the same (it said 15 s, then 16 s, before).
+        now = self.client.evaluation_time()
         unhealthy, since, down = await self.many(
             f"gpuwarden_health{{{sel}}} > 0",
             f"gpuwarden_health_since_timestamp_seconds{{{sel}}}",
             f"up{{{sel}}} == 0",
+            at=now,
         )
         began = {(self.node(r), r.labels.get("uuid"), r.labels.get("check")): r.value for r in since}
         gpus: dict[tuple[str, str], dict[str, Any]] = {}
-        now = time.time()
         for row in unhealthy:
             node, uuid = self.node(row), row.labels.get("uuid", "")
             gpu = gpus.setdefault(

@@ -12,10 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter.config import ConfigError, describe_error
+from exporter.config import ConfigError, describe_error, read_yaml
 from exporter.sim.models import MODELS
 
 VALUE_KEYS = (
@@ -312,15 +311,7 @@ def load_scenario(name_or_path: str) -> Scenario:
         raise ConfigError(
             f"scenario '{name_or_path}': no such file or shipped scenario; shipped: {', '.join(sorted(shipped))}"
         )
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"scenario {path}: cannot parse it ({type(exc).__name__}: "
-            f"{getattr(exc, 'problem', None) or exc}); fix the YAML"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"scenario {path}: top level must be a mapping with at least 'name'")
+    data = read_yaml(path, "scenario", "--nvml.scenario")
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

@@ -1,0 +1,242 @@
+"""The exporter under hostile clients, each attack bounded in time, against the real server (the CLI process with
+its guarded HTTP protocol) over loopback: idle and slowloris connections, an oversized header, a wrong-password
+flood beside an authorised scraper, undecodable files at start and on reload, quality values in content
+negotiation. The heavier versions (1,500 connections for 60 s, 400 flooders) are bench/hostile_clients.py, with
+their figures in docs/reliability.md."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+
+from exporter.server import negotiate
+from exporter.webconfig import BasicAuth
+from tests.helpers.common import free_port, parse_exposition, values, write_yaml
+from tests.helpers.stack import wait_ready
+
+pytestmark = pytest.mark.slow
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@contextmanager
+def exporter(tmp_path: Path, *flags: str, config: dict | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    args = [sys.executable, "-m", "exporter", "--sim", "--web.listen-address", f"127.0.0.1:{port}", *flags]
+    if config is not None:
+        args += ["--config", str(write_yaml(tmp_path / "gpuwarden.yaml", config))]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/healthz")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_idle_and_slowloris_connections_never_starve_the_probes_or_a_scrape(tmp_path):
+    header_timeout = 1.0
+    with exporter(tmp_path, "--web.header-timeout", str(header_timeout), "--web.max-connections", "200") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(300)]
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
+        stop = threading.Event()
+
+        def trickle() -> None:  # slowloris: a header byte now and then, never the end of the headers
+            for sock in slow:
+                with suppress(OSError):
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            while not stop.wait(0.3):
+                for sock in slow:
+                    with suppress(OSError):
+                        sock.sendall(b"X")
+
+        threading.Thread(target=trickle, daemon=True).start()
+        slowest, failures = 0.0, []
+        started = time.monotonic()
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() - started < 6:
+                for path in ("/healthz", "/metrics"):
+                    t0 = time.monotonic()
+                    try:
+                        answer = client.get(url + path, headers={"connection": "close"})
+                        if answer.status_code != 200:
+                            failures.append((path, answer.status_code))
+                    except httpx.HTTPError as exc:
+                        failures.append((path, repr(exc)))
+                    slowest = max(slowest, time.monotonic() - t0)
+                time.sleep(0.1)
+        stop.set()
+        closed = 0
+        for sock in idle:
+            sock.settimeout(0.1)
+            try:
+                closed += sock.recv(1) == b""
+            except (TimeoutError, OSError):
+                closed += isinstance(sys.exc_info()[1], ConnectionResetError)
+            sock.close()
+        for sock in slow:
+            sock.close()
+        series = parse_exposition(httpx.get(url + "/metrics").text)
+    assert failures == [] and slowest < 1.0, (failures, slowest)
+    assert closed == len(idle)  # every idle connection was closed (evicted at the limit, or by the deadline)
+    rejected = {r: values(series, "gpuwarden_http_rejected_total", reason=r)[0] for r in ("evicted", "header_timeout")}
+    assert rejected["evicted"] + rejected["header_timeout"] >= len(idle), rejected
+
+
+def test_an_oversized_header_is_refused_as_it_arrives(tmp_path):
+    with exporter(tmp_path) as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        httpx.get(url + "/metrics")
+        before = rss_kib(proc.pid)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        chunk, sent, started = b"a" * 65536, 0, time.monotonic()
+        try:
+            while sent < 250 * 1024 * 1024 and time.monotonic() - started < 10:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # the server answered and closed: the rest of the 250 MB is never read
+        sock.settimeout(2)
+        try:
+            answer = sock.recv(200)
+        except OSError:
+            answer = b""
+        elapsed = time.monotonic() - started
+        sock.close()
+        growth_mib = (rss_kib(proc.pid) - before) / 1024
+    assert elapsed < 2 and sent < 16 * 1024 * 1024, (elapsed, sent)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer
+    assert growth_mib < 16, growth_mib
+
+
+def test_a_wrong_password_flood_does_not_starve_an_authorised_scraper(tmp_path):
+    hashed = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=10)).decode()
+    web = write_yaml(tmp_path / "web.yaml", {"basic_auth_users": {"prometheus": hashed}})
+    with exporter(tmp_path, "--web.config.file", str(web)) as (url, proc):
+        httpx.get(url + "/metrics", auth=("prometheus", "right"))  # verified once, then cached
+        before = rss_kib(proc.pid)
+        stop = threading.Event()
+
+        def flood() -> None:
+            with httpx.Client(timeout=10) as client:
+                while not stop.is_set():
+                    with suppress(httpx.HTTPError):
+                        client.get(url + "/metrics", auth=("prometheus", f"wrong-{time.monotonic()}"))
+
+        flooders = [threading.Thread(target=flood, daemon=True) for _ in range(60)]
+        for thread in flooders:
+            thread.start()
+        latencies = []
+        with httpx.Client(timeout=10, auth=("prometheus", "right")) as scraper:
+            started = time.monotonic()
+            while time.monotonic() - started < 8:
+                t0 = time.monotonic()
+                assert scraper.get(url + "/metrics").status_code == 200
+                latencies.append(time.monotonic() - t0)
+                time.sleep(0.05)
+        stop.set()
+        for thread in flooders:
+            thread.join(15)
+        growth_mib = (rss_kib(proc.pid) - before) / 1024
+        series = parse_exposition(httpx.get(url + "/metrics", auth=("prometheus", "right")).text)
+    p99 = statistics.quantiles(latencies, n=100)[98]
+    assert p99 < 0.25, (p99, max(latencies))
+    assert growth_mib < 32, growth_mib
+    assert values(series, "gpuwarden_http_rejected_total", reason="auth_failed")[0] > 0
+
+
+def test_unknown_user_costs_what_a_wrong_password_costs():
+    auth = BasicAuth(None, {"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=10)).decode()})
+
+    def median_check(user: str) -> float:
+        import base64
+
+        header = b"Basic " + base64.b64encode(f"{user}:wrong".encode())
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            assert auth._check(header) is False
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    unknown, known = median_check("nobody"), median_check("prometheus")
+    assert 0.5 < unknown / known < 2.0, (unknown, known)
+
+
+@pytest.mark.parametrize("kind", ["config", "web", "thresholds", "scenario"])
+def test_an_undecodable_file_is_one_line_and_exit_2(tmp_path, kind):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"poll:\n  fast_interval: \xff\xfe1\n")
+    flag = {"config": "--config", "web": "--web.config.file", "thresholds": "--health.thresholds-file"}.get(
+        kind, "--nvml.scenario"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "--sim", flag, str(bad), "--web.listen-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and "not UTF-8" in lines[0] and "Traceback" not in result.stderr, lines
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_a_rejected_reload_never_stops_later_reloads(tmp_path):
+    config = {"nvml": {"backend": "sim"}, "poll": {"fast_interval": 0.5}}
+    with exporter(tmp_path, config=config) as (url, proc):
+        path = tmp_path / "gpuwarden.yaml"
+        path.write_bytes(b"poll: {fast_interval: \xff}\n")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        write_yaml(path, {**config, "metrics": {"exclude": ["gpuwarden_temperature_celsius"]}})
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "gpuwarden_temperature_celsius{" in httpx.get(url + "/metrics").text:
+            assert time.monotonic() < deadline, "the valid reload after a rejected one was not applied"
+            time.sleep(0.2)
+        time.sleep(1.2)  # the counters are rendered with the next snapshot
+        series = parse_exposition(httpx.get(url + "/metrics").text)
+        proc.terminate()
+        logs = proc.communicate(timeout=10)[1]
+    assert values(series, "gpuwarden_config_reloads_total", result="rejected") == [1]
+    assert values(series, "gpuwarden_config_reloads_total", result="applied") == [1]
+    assert "not UTF-8" in logs and "Traceback" not in logs
+
+
+def test_quality_values_are_honoured(tmp_path):
+    assert negotiate("application/openmetrics-text;q=0, text/plain", "") == (False, False)
+    assert negotiate("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5", "") == (True, False)
+    assert negotiate("text/plain;q=0.9, application/openmetrics-text;q=0.5", "gzip;q=0") == (False, False)
+    assert negotiate("", "gzip, deflate") == (False, True)
+    with exporter(tmp_path) as (url, _):
+        answer = httpx.get(
+            url + "/metrics",
+            headers={"accept": "application/openmetrics-text;q=0, text/plain", "accept-encoding": "gzip;q=0"},
+        )
+        head = httpx.head(url + "/healthz")
+        ready = httpx.head(url + "/readyz")
+    assert answer.headers["content-type"].startswith("text/plain") and "content-encoding" not in answer.headers
+    assert head.status_code == 200 and ready.status_code == 200
