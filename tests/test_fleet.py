@@ -17,14 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from exporter.fleet.app import create_app
 from exporter.fleet.settings import FleetSettings, parse
 from exporter.health import rules
 from tests.helpers.common import free_port, write_yaml
+from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.kubelet import FakeKubelet
-from tests.helpers.stack import PROMETHEUS, late_nvlink_down, stack, wait_ready
+from tests.helpers.stack import PROMETHEUS, late_nvlink_down, stack
 
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
@@ -45,34 +44,6 @@ HARDWARE = {
     "gpu-lost": ("GpuwardenGpuLost", "6"),
     "row-remap": ("GpuwardenRowRemapFailure", "5"),
 }
-
-
-class FleetServer:
-    def __init__(self, settings: FleetSettings) -> None:
-        self.port = int(settings.listen_address.rpartition(":")[2])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_config=None, access_log=False)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> FleetServer:
-        self.thread.start()
-        wait_ready(self.url + "/healthz")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
-
-    def get(self, path: str, **params: Any) -> httpx.Response:
-        return httpx.get(self.url + path, params=params, timeout=30)
-
-
-def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:
-    return FleetSettings(
-        **{"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}", "cache_ttl": 0, **extra}
-    )
 
 
 @pytest.fixture(scope="module")

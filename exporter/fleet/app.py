@@ -218,7 +218,9 @@ def create_app(
     basic_auth_users: dict[str, str] | None = None,
     rejected: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    client = client or PrometheusClient(settings.prometheus_url, settings.query_timeout, settings.cache_ttl)
+    client = client or PrometheusClient(
+        settings.prometheus_url, settings.query_timeout, settings.cache_ttl, max_answer_bytes=settings.max_answer_bytes
+    )
     fleet = Fleet(client, settings)
     max_window_s = parse_duration(settings.max_window)
     Info("gpuwarden_fleet_build", "Build of the fleet service.", registry=client.registry).info(
@@ -240,6 +242,10 @@ def create_app(
     @app.exception_handler(PrometheusError)
     async def _prometheus(request: Request, exc: PrometheusError) -> JSONResponse:
         return problem(exc.status, "prometheus", str(exc))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        return problem(500, "internal error", "see the fleet service's log")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

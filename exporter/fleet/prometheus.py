@@ -8,10 +8,12 @@ Failures are typed so the HTTP layer can answer 503 (unreachable, 5xx) or 504 (t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -79,8 +81,10 @@ class PrometheusClient:
         headers: dict[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         registry: CollectorRegistry | None = None,
+        max_answer_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_answer_bytes = max_answer_bytes
         self.timeout = timeout
         self.cache_ttl = cache_ttl
         self._client = httpx.AsyncClient(
@@ -140,35 +144,94 @@ class PrometheusClient:
         if at is not None:
             form["time"] = f"{at:.3f}"
         try:
-            response = await self._client.post("/api/v1/query", data=form)
+            # One deadline for the whole exchange, body included: httpx's timeout applies to each read, so an
+            # upstream trickling a byte every second would otherwise never be cut off.
+            async with asyncio.timeout(self.timeout):
+                status, body = await self._post(form)
+        except TimeoutError:
+            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
         except httpx.TimeoutException:
             raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
         except httpx.HTTPError as exc:
             raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
-        body = _json(response)
+        # Parsed off the event loop: a large answer must not stall the probes and the other requests.
+        parsed = await anyio.to_thread.run_sync(_parse, body)
+        return self._interpret(status, parsed, body)
+
+    async def _post(self, form: dict[str, str]) -> tuple[int, bytes]:
+        """The answer's status and body, refusing a body larger than max_answer_bytes as it arrives."""
+        async with self._client.stream("POST", "/api/v1/query", data=form) as response:
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_answer_bytes:
+                    raise PrometheusQueryError(
+                        f"Prometheus at {self.base_url} answered more than {self.max_answer_bytes} bytes "
+                        "(max_answer_bytes); narrow the selector or raise the limit"
+                    )
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)
+
+    def _interpret(self, status: int, parsed: dict[str, Any] | str, raw: bytes) -> list[Series]:
+        where = f"Prometheus at {self.base_url}"
+        body = parsed if isinstance(parsed, dict) else {}
         if body.get("errorType") == "timeout":
-            raise PrometheusTimeout(f"Prometheus at {self.base_url} timed out evaluating a query: {body.get('error')}")
-        if response.status_code >= 500:
-            raise PrometheusUnavailable(
-                f"Prometheus at {self.base_url} answered {response.status_code}: "
-                f"{body.get('error') or response.text[:200]}"
-            )
-        if response.status_code >= 400 or body.get("status") != "success":
+            raise PrometheusTimeout(f"{where} timed out evaluating a query: {body.get('error')}")
+        if status >= 500:
+            detail = body.get("error") or raw[:200].decode("utf-8", "replace")
+            raise PrometheusUnavailable(f"{where} answered {status}: {detail}")
+        if status >= 400 or body.get("status") != "success":
+            if isinstance(parsed, str):
+                raise PrometheusQueryError(f"{where} answered {status} with a malformed body: {parsed}")
             raise PrometheusQueryError(
-                f"Prometheus at {self.base_url} refused the query ({response.status_code}, "
-                f"{body.get('errorType')}): {body.get('error')}"
+                f"{where} refused the query ({status}, {body.get('errorType')}): {body.get('error')}"
             )
-        data = body["data"]
-        if data["resultType"] == "scalar":
-            return [Series({}, float(data["result"][1]))]
-        if data["resultType"] != "vector":
-            raise PrometheusQueryError(f"expected an instant vector, got {data['resultType']}")
-        return [Series(item["metric"], float(item["value"][1])) for item in data["result"]]
+        try:
+            return _series(body)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise PrometheusQueryError(f"{where} answered a malformed result: {exc}") from None
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _parse(raw: bytes) -> dict[str, Any] | str:
+    """The JSON answer, or a one-line reason it is not one."""
     try:
-        body = response.json()
+        body = json.loads(raw)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    return body if isinstance(body, dict) else f"JSON {type(body).__name__}, not an object"
+
+
+def _series(body: dict[str, Any]) -> list[Series]:
+    """The instant vector or scalar of a successful answer, its shape checked field by field."""
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise ValueError("'data' is not an object")
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        return [Series({}, _sample_value(result, "data.result"))]
+    if kind != "vector":
+        raise ValueError(f"expected an instant vector, got resultType {kind!r}")
+    if not isinstance(result, list):
+        raise ValueError("'data.result' is not a list")
+    series = []
+    for position, item in enumerate(result):
+        metric = item.get("metric") if isinstance(item, dict) else None
+        if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
+            raise ValueError(f"data.result[{position}].metric is not an object of strings")
+        series.append(Series(metric, _sample_value(item.get("value"), f"data.result[{position}].value")))
+    return series
+
+
+def _sample_value(pair: Any, where: str) -> float:
+    if not isinstance(pair, list) or len(pair) != 2 or not isinstance(pair[1], str):
+        raise ValueError(f'{where} is not a [timestamp, "value"] pair')
+    try:
+        return float(pair[1])
     except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        raise ValueError(f"{where} has a non-numeric value {pair[1][:40]!r}") from None
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal holding `value` exactly (quotes, backslashes, newlines escaped):
+    label values read from Prometheus never change the matchers of a query they are put into."""
+    return json.dumps(value, ensure_ascii=False)

@@ -16,7 +16,7 @@ from exporter.config import WebSettings
 from exporter.health.thresholds import DEFAULT
 
 ENV_PREFIX = FLEET_ENV_PREFIX
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
+_DURATION = re.compile(r"([0-9]+)(s|m|h|d)")  # ASCII digits only, nothing around them
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _MATCHER = r'\s*[a-zA-Z_]\w*\s*(=|!=|=~|!~)\s*"[^"\\]*"\s*'
 _SELECTOR = re.compile(f"{_MATCHER}(,{_MATCHER})*")
@@ -24,7 +24,7 @@ _SELECTOR = re.compile(f"{_MATCHER}(,{_MATCHER})*")
 
 def parse_duration(value: str) -> int:
     """'90s', '15m', '6h', '7d' → seconds; ValueError otherwise."""
-    match = _DURATION.match(value.strip())
+    match = _DURATION.fullmatch(value)
     if not match or int(match.group(1)) == 0:
         raise ValueError(f"{value!r} is not a duration like 30m, 6h or 7d")
     return int(match.group(1)) * _UNIT_S[match.group(2)]
@@ -44,6 +44,12 @@ class FleetSettings(BaseModel):
     )
     query_timeout: float = Field(5.0, gt=0, le=60, description="Seconds a Prometheus query may take.")
     cache_ttl: float = Field(15.0, ge=0, le=600, description="Seconds an answer from Prometheus is reused.")
+    max_answer_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=65536,
+        le=1024**3,
+        description="Largest Prometheus answer accepted (bytes); a larger one is refused as it arrives (502).",
+    )
     stale_after: float = Field(
         60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."
     )

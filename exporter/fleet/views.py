@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.fleet.planner import USABLE_MEMORY_RATIO, Plan
-from exporter.fleet.prometheus import PrometheusClient, Series
+from exporter.fleet.prometheus import PrometheusClient, Series, promql_string
 from exporter.fleet.settings import FleetSettings
 from exporter.health.rules import RUNBOOK_BASE, anchor, build
 
@@ -213,8 +214,8 @@ class HealthView(FleetQueries):
             elif len(instances) > MAX_NARROWED_INSTANCES:
                 exprs.append(rule.expr)
             else:
-                regex = "|".join(re.escape(i) for i in instances).replace("\\", "\\\\")
-                narrow = f'{self.selector},instance=~"{regex}"'
+                regex = "|".join(re.escape(i) for i in instances)
+                narrow = f"{self.selector},instance=~{promql_string(regex)}"
                 exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
         names = "|".join(r.alert for r in rules)
         *answers, firing = await self.many(
@@ -259,7 +260,7 @@ class HealthView(FleetQueries):
         out = []
         for node, entry in nodes.items():
             entry["findings"].sort(key=lambda f: (ACTION_ORDER.get(f["action"], 9), f["alert"]))
-            name = _node_name(node)
+            name = shlex.quote(_node_name(node))
             entry["commands"] = [
                 f"kubectl cordon {name}",
                 f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m",

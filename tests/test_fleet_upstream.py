@@ -1,0 +1,210 @@
+"""The fleet service against a Prometheus that misbehaves: answers of the wrong shape, a body trickled a byte at a
+time, a 50 MB answer, and label values crafted to change a query. A fake Prometheus (a real HTTP server on
+loopback, standing in for a broken or hostile upstream that a real Prometheus cannot be made to be) answers; the
+fleet service is the real CLI process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import pytest
+
+from exporter.fleet.settings import parse_duration
+from exporter.fleet.views import _node_name
+from tests.helpers.common import free_port
+from tests.helpers.stack import wait_ready
+
+pytestmark = pytest.mark.slow
+QUERY_TIMEOUT = 2.0
+ENDPOINTS = [
+    "/api/v1/fleet",
+    "/api/v1/fleet/health",
+    "/api/v1/fleet/cordon-candidates",
+    "/api/v1/fleet/utilization",
+    "/readyz",
+]
+
+Answer = Callable[[str, BaseHTTPRequestHandler], None]
+
+
+class FakePrometheus:
+    """/api/v1/query answered by `answer(query, handler)`; every query received is recorded."""
+
+    def __init__(self) -> None:
+        self.answer: Answer = lambda query, handler: reply(handler, vector([]))
+        self.queries: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
+                query = form.get("query", [""])[0]
+                fake.queries.append(query)
+                with suppress(BrokenPipeError, ConnectionResetError):
+                    fake.answer(query, self)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def reply(handler: BaseHTTPRequestHandler, body: Any, status: int = 200) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def vector(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "vector", "result": items}}
+
+
+@contextmanager
+def fleet(prometheus: FakePrometheus) -> Iterator[tuple[str, subprocess.Popen]]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    args = [sys.executable, "-m", "exporter", "fleet", "--prometheus-url", prometheus.url]
+    args += ["--query-timeout", str(QUERY_TIMEOUT), "--cache-ttl", "0", "--web.listen-address", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/healthz")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def prometheus() -> Iterator[FakePrometheus]:
+    fake = FakePrometheus()
+    yield fake
+    fake.close()
+
+
+MALFORMED = {
+    "no data": {"status": "success"},
+    "data null": {"status": "success", "data": None},
+    "non-numeric value": vector([{"metric": {"instance": "a"}, "value": [1.0, "lots"]}]),
+    "short pair": vector([{"metric": {"instance": "a"}, "value": [1.0]}]),
+    "no metric": vector([{"value": [1.0, "1"]}]),
+    "result not a list": {"status": "success", "data": {"resultType": "vector", "result": {"a": 1}}},
+    "not JSON": b"<html>proxy error</html>",
+    "JSON list": [1, 2, 3],
+}
+
+
+def test_malformed_answers_are_502_json_on_every_endpoint(prometheus):
+    with fleet(prometheus) as (url, proc):
+        for name, body in MALFORMED.items():
+            prometheus.answer = lambda query, handler, body=body: reply(handler, body)
+            for path in ENDPOINTS:
+                answer = httpx.get(url + path, timeout=10)
+                assert answer.status_code == 502, (name, path, answer.status_code, answer.text[:200])
+                assert answer.json()["error"] == "prometheus", (name, path)
+        plan = httpx.get(url + "/api/v1/plan", params={"parameters": 7e9}, timeout=10)
+        proc.terminate()
+        logs = proc.communicate(timeout=10)[1]
+    assert plan.status_code == 200 and plan.json()["fleet"] is None and "malformed" in plan.json()["fleet_error"]
+    assert "Traceback" not in logs
+
+
+def test_a_trickling_answer_is_cut_off_at_the_query_timeout(prometheus):
+    def trickle(query: str, handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", "1000000")
+        handler.end_headers()
+        for _ in range(60):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.5)
+
+    prometheus.answer = trickle
+    with fleet(prometheus) as (url, _):
+        started = time.monotonic()
+        answer = httpx.get(url + "/api/v1/fleet/health", timeout=30)
+        elapsed = time.monotonic() - started
+        healthz = httpx.get(url + "/healthz", timeout=2)
+    assert answer.status_code == 504 and answer.json()["error"] == "prometheus", answer.text[:200]
+    assert elapsed < QUERY_TIMEOUT + 1, elapsed
+    assert healthz.status_code == 200
+
+
+def test_a_50_mb_answer_is_refused_without_the_memory(prometheus):
+    item = {"metric": {"instance": "node-0000", "uuid": "GPU-" + "0" * 36, "check": "ecc"}, "value": [1.0, "2"]}
+    huge = json.dumps(vector([item] * 500_000)).encode()  # ~50 MB
+    assert len(huge) > 45_000_000
+    prometheus.answer = lambda query, handler: reply(handler, huge)
+    with fleet(prometheus) as (url, proc):
+        httpx.get(url + "/healthz")
+        before = rss_mib(proc.pid)
+        started = time.monotonic()
+        answer = httpx.get(url + "/api/v1/fleet/health", timeout=30)
+        elapsed = time.monotonic() - started
+        growth = rss_mib(proc.pid) - before
+    assert answer.status_code == 502 and "max_answer_bytes" in answer.json()["detail"], answer.text[:300]
+    assert elapsed < QUERY_TIMEOUT + 1, elapsed
+    assert growth < 64, growth
+
+
+def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometheus):
+    evil = 'x",job!="; rm -rf /'
+    row = {"metric": {"instance": evil, "uuid": "GPU-1", "gpu": "0", "link": "3"}, "value": [1, "0"]}
+
+    def answer(query: str, handler: BaseHTTPRequestHandler) -> None:
+        # the narrowing query, then the narrowed NvlinkDown expression: one node with a link down
+        wanted = query.startswith("gpuwarden_nvlink_up") or "instance=~" in query
+        reply(handler, vector([row] if wanted else []))
+
+    prometheus.answer = answer
+    with fleet(prometheus) as (url, _):
+        body = httpx.get(url + "/api/v1/fleet/cordon-candidates", timeout=10).json()
+    narrowed = [q for q in prometheus.queries if "instance=~" in q]
+    assert narrowed, prometheus.queries
+    for query in narrowed:
+        start = query.index("instance=~") + len("instance=~")
+        regex, end = json.JSONDecoder().raw_decode(query[start:])
+        assert re.fullmatch(regex, evil)  # the whole value stayed inside one string literal
+        assert query[start + end] in ",}"  # and the selector goes on right after it
+    commands = body["candidates"][0]["commands"]
+    assert [shlex.split(command)[:3] for command in commands] == [
+        ["kubectl", "cordon", _node_name(evil)],
+        ["kubectl", "drain", _node_name(evil)],
+    ]
+
+
+@pytest.mark.parametrize("window", ["1h ", "\u20031h", "1h\u00a0", "\u0661h", "1H", "1h30m", ""])
+def test_windows_are_ascii_and_exact(window):
+    with pytest.raises(ValueError):
+        parse_duration(window)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
