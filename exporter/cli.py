@@ -184,7 +184,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter.poller import Poller
     from exporter.render import Renderer
     from exporter.server import create_app, readiness_under
-    from exporter.serving import ConnectionGuard, connection_limit
+    from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
 
     logs.setup(settings.log.level, settings.log.format)
     from exporter.webconfig import WebConfig, load_web_config
@@ -194,6 +194,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     guard = ConnectionGuard(
         header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)
     )
+    bound_tls_costs(settings.web.header_timeout)
     reloads: Counter[str] = Counter()
 
     def own_counters() -> dict[str, list[tuple[list[str], float]]]:
@@ -209,7 +210,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         renderer,
         settings.web.telemetry_path,
         web.basic_auth_users,
-        rejected=guard.reject,
+        guard=guard,
     )
     server = _graceful_server(
         uvicorn.Config(

@@ -22,6 +22,7 @@ from exporter.config import Settings
 from exporter.health.diagnosis import as_json, diagnose
 from exporter.metrics import FAMILIES
 from exporter.render import Renderer, content_type
+from exporter.serving import ConnectionGuard
 from exporter.snapshot import GpuSnapshot, Snapshot, Verdict
 from exporter.webconfig import BasicAuth
 
@@ -409,10 +410,10 @@ def create_app(
     renderer: Renderer,
     telemetry_path: str = "/metrics",
     basic_auth_users: dict[str, str] | None = None,
-    rejected: Callable[[str], None] | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> FastAPI:
-    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML. `rejected` counts
-    refused requests by reason (exporter/serving.py)."""
+    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML. `guard` counts refused
+    requests by reason (exporter/serving.py)."""
     app = FastAPI(
         title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
     )
@@ -432,6 +433,6 @@ def create_app(
     app.include_router(_page_routes(snapshots, telemetry_path))
     app.add_middleware(MetricsFastPath, path=telemetry_path, snapshots=snapshots, renderer=renderer)
     if basic_auth_users:
-        app.add_middleware(BasicAuth, users=basic_auth_users, rejected=rejected)
+        app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
     app.add_middleware(HeaderLimit)  # added last: runs first
     return app

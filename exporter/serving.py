@@ -14,6 +14,8 @@ slowloris connection is held forever and a 100 MB header is buffered whole befor
 from __future__ import annotations
 
 import asyncio
+import asyncio.constants
+import asyncio.sslproto
 import json
 import logging
 import resource
@@ -41,6 +43,7 @@ class ConnectionGuard:
     max_connections: int = 1000
     max_requests: int = 256
     rejected: Counter[str] = field(default_factory=Counter)
+    parked: int = 0  # requests waiting out a refusal delay: they cost nothing and must not cause shedding
     waiting: dict[GuardedHttpProtocol, float] = field(default_factory=dict)  # awaiting headers → since (ordered)
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
     _logged_at: float = 0.0
@@ -68,6 +71,14 @@ class ConnectionGuard:
         """The protocol class to give uvicorn (`Config(http=...)`), bound to this guard."""
         return type("BoundGuardedHttpProtocol", (GuardedHttpProtocol,), {"guard": self})
 
+    async def refuse_later(self, seconds: float) -> None:
+        """Wait out a refusal delay without counting as load (see `parked`)."""
+        self.parked += 1
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.parked -= 1
+
 
 def connection_limit(wanted: int = 1000, reserve: int = 64) -> int:
     """Raise the soft open-file limit to the hard one, and keep connections below it (listening sockets, NVML's
@@ -82,6 +93,19 @@ def connection_limit(wanted: int = 1000, reserve: int = 64) -> int:
     if soft == resource.RLIM_INFINITY:
         return wanted
     return max(16, min(wanted, soft - reserve))
+
+
+def bound_tls_costs(handshake_timeout_s: float, buffer_bytes: int = 16 * 1024) -> None:
+    """Bound what a TLS connection costs before it sends a byte of HTTP (asyncio's TLS layer, beneath uvicorn).
+
+    CPython's asyncio gives every TLS connection a 256 KiB receive buffer at accept (`SSLProtocol.max_size`) and
+    waits 60 s for a handshake (`constants.SSL_HANDSHAKE_TIMEOUT`), and uvicorn exposes neither: 1,500 idle TLS
+    connections took RSS up by 473 MiB (bench/hostile_clients.py --tls). A TLS record is at most 16 KiB, so a 16 KiB
+    buffer loses nothing; the handshake gets the header deadline. Both are process-wide asyncio settings, set once
+    at start (the exporter serves one listener); tests/test_hostile_clients.py fails if a Python release drops them.
+    """
+    asyncio.sslproto.SSLProtocol.max_size = buffer_bytes
+    asyncio.constants.SSL_HANDSHAKE_TIMEOUT = handshake_timeout_s
 
 
 def _problem_bytes(status: int, reason: str, message: str) -> bytes:
@@ -178,7 +202,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._headers_done()
         path = self.url.split(b"?", 1)[0].decode("latin-1")
-        if len(self.tasks) >= self.guard.max_requests and path not in PROBES:
+        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and path not in PROBES:
             self.guard.reject("shed")
             app, self.app = self.app, service_unavailable
             try:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import ssl
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ import bcrypt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.config import ConfigError, describe_error, read_yaml
+from exporter.serving import ConnectionGuard
 
 PROBES = ("/healthz", "/readyz")
 _CLIENT_AUTH = {
@@ -126,7 +126,7 @@ class BasicAuth:
     request is answered 503 at once: a wrong-password flood cannot starve cached (authorised) scrapes.
     """
 
-    def __init__(self, app: Any, users: dict[str, str], rejected: Callable[[str], None] | None = None) -> None:
+    def __init__(self, app: Any, users: dict[str, str], guard: ConnectionGuard | None = None) -> None:
         self.app = app
         self.users = {user: hashed.encode() for user, hashed in users.items()}
         cost = max((_cost(hashed) for hashed in self.users.values()), default=10)
@@ -135,7 +135,7 @@ class BasicAuth:
         self._lock = threading.Lock()
         self._limiter = anyio.CapacityLimiter(CHECK_THREADS)
         self._checks = 0  # running or waiting (read and written on the event loop only)
-        self._rejected = rejected or (lambda reason: None)
+        self._guard = guard or ConnectionGuard()
 
     def _check(self, header: bytes) -> bool:
         if not header.startswith(b"Basic "):
@@ -182,17 +182,17 @@ class BasicAuth:
         if allowed:
             await self.app(scope, receive, send)
             return
-        await anyio.sleep(REFUSAL_DELAY_S)
+        await self._guard.refuse_later(REFUSAL_DELAY_S)
         if allowed is None:
-            self._rejected("auth_shed")
+            self._guard.reject("auth_shed")
             await _answer(send, 503, {"error": "too many password checks in progress; retry"}, [(b"retry-after", b"1")])
             return
-        self._rejected("auth_failed")
+        self._guard.reject("auth_failed")
         await _answer(send, 401, {"error": "unauthorized"}, [(b"www-authenticate", b'Basic realm="gpuwarden"')])
 
 
 async def _answer(send: Any, status: int, body: dict[str, str], headers: list[tuple[bytes, bytes]]) -> None:
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json"), *headers]}
-    )
-    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+    data = json.dumps(body).encode()
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": data})

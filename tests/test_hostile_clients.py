@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -240,3 +241,22 @@ def test_quality_values_are_honoured(tmp_path):
         ready = httpx.head(url + "/readyz")
     assert answer.headers["content-type"].startswith("text/plain") and "content-encoding" not in answer.headers
     assert head.status_code == 200 and ready.status_code == 200
+
+
+def test_tls_costs_are_bounded_through_asyncio_settings_that_still_exist():
+    """bound_tls_costs relies on two process-wide asyncio settings; a Python release that drops them fails here."""
+    import asyncio.constants
+    import asyncio.sslproto
+
+    from exporter.serving import bound_tls_costs
+
+    saved = asyncio.sslproto.SSLProtocol.max_size, asyncio.constants.SSL_HANDSHAKE_TIMEOUT
+    try:
+        bound_tls_costs(3.0)
+        protocol = asyncio.sslproto.SSLProtocol(
+            asyncio.new_event_loop(), asyncio.Protocol(), ssl.create_default_context(), None, server_side=False
+        )
+        assert len(protocol._ssl_buffer) == 16 * 1024
+        assert protocol._ssl_handshake_timeout == 3.0
+    finally:
+        asyncio.sslproto.SSLProtocol.max_size, asyncio.constants.SSL_HANDSHAKE_TIMEOUT = saved

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +25,7 @@ from exporter.fleet import planner
 from exporter.fleet.prometheus import PrometheusClient, PrometheusError
 from exporter.fleet.settings import FleetSettings, parse_duration
 from exporter.fleet.views import Fleet
+from exporter.serving import ConnectionGuard
 from exporter.webconfig import BasicAuth
 
 TEMPLATES = Environment(
@@ -216,7 +216,7 @@ def create_app(
     settings: FleetSettings,
     client: PrometheusClient | None = None,
     basic_auth_users: dict[str, str] | None = None,
-    rejected: Callable[[str], None] | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> FastAPI:
     client = client or PrometheusClient(
         settings.prometheus_url, settings.query_timeout, settings.cache_ttl, max_answer_bytes=settings.max_answer_bytes
@@ -260,6 +260,6 @@ def create_app(
     app.include_router(_plan_routes(fleet))
     app.include_router(_page_routes(fleet, settings))
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
-        app.add_middleware(BasicAuth, users=basic_auth_users, rejected=rejected)
+        app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
     app.add_middleware(HeaderLimit)  # added last: runs first
     return app

@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
 
     from exporter import __version__, logs
     from exporter.fleet.app import create_app
-    from exporter.serving import ConnectionGuard, connection_limit
+    from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
 
     logs.setup("info", "logfmt")
     log.info(
@@ -35,8 +35,9 @@ def main(argv: list[str]) -> int:
         settings.selector,
     )
     guard = ConnectionGuard(max_connections=connection_limit())
+    bound_tls_costs(guard.header_timeout_s)
     uvicorn.run(
-        create_app(settings, basic_auth_users=web.basic_auth_users, rejected=guard.reject),
+        create_app(settings, basic_auth_users=web.basic_auth_users, guard=guard),
         http=guard.protocol(),  # header deadline and size limit, admission, shedding (exporter/serving.py)
         limit_concurrency=None,
         host=settings.host,
