@@ -100,6 +100,11 @@ class NvmlSettings(_Section):
         "stay_up", description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`."
     )
     xid_events: bool = Field(True, description="Watch NVML XID critical-error events.")
+    gpm: bool = Field(
+        True,
+        description="Read profiling-class activity (SM, tensor, DRAM, NVLink, PCIe) from NVML GPM on GPUs that "
+        "have it (Hopper and newer); off: no gpuwarden_gpm_* series, PCIe bytes from the driver's counters.",
+    )
     version_mismatch_grace: float = Field(
         10.0,
         ge=0,

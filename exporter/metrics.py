@@ -126,6 +126,61 @@ CONFIG_RELOADS_TOTAL = _f(
     "result",
     per_gpu=False,
 )
+# profiling-class activity from NVML GPM (Hopper and newer): seconds of activity accumulated window by window,
+# so rate(x_seconds_total) / rate(gpuwarden_gpm_window_seconds_total) is the true mean over any range
+GPM_WINDOW_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_window_seconds_total",
+    "counter",
+    "Seconds covered by GPM sample windows: the denominator of every gpuwarden_gpm_*_seconds_total ratio.",
+    unit="seconds",
+)
+GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_graphics_active_seconds_total",
+    "counter",
+    "Seconds the graphics/compute engine was active (GPM GRAPHICS_UTIL x window; DCGM's GR_ENGINE_ACTIVE).",
+    unit="seconds",
+)
+GPM_SM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_sm_active_seconds_total",
+    "counter",
+    "SM-seconds active averaged over the SMs (GPM SM_UTIL x window; DCGM's SM_ACTIVE): unlike GPU utilization, "
+    "one busy SM of 132 counts 1/132.",
+    unit="seconds",
+)
+GPM_SM_OCCUPANCY_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_sm_occupancy_seconds_total",
+    "counter",
+    "Resident warps as a share of the maximum, times seconds (GPM SM_OCCUPANCY x window; DCGM's SM_OCCUPANCY).",
+    unit="seconds",
+)
+GPM_PIPE_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_pipe_active_seconds_total",
+    "counter",
+    "Seconds each math pipe was active: tensor (any tensor core), fp64, fp32, fp16 (GPM *_UTIL x window; DCGM's "
+    "PIPE_*_ACTIVE).",
+    "pipe",
+    unit="seconds",
+)
+GPM_DRAM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_gpm_dram_active_seconds_total",
+    "counter",
+    "Seconds of device-memory bandwidth use as a share of the peak (GPM DRAM_BW_UTIL x window; DCGM's DRAM_ACTIVE).",
+    unit="seconds",
+)
+NVLINK_BYTES_TOTAL = _f(
+    "gpuwarden_nvlink_bytes_total",
+    "counter",
+    "Bytes over all of the GPU's NVLinks, by direction (GPM NVLINK_TOTAL_RX/TX_PER_SEC x window).",
+    "direction",
+    unit="bytes",
+)
+GPM_UNAVAILABLE_INFO = _f(
+    "gpuwarden_gpm_unavailable_info",
+    "gauge",
+    "Present (1) when the GPU supports GPM but profiling cannot be read, with the reason (e.g. no_permission: the "
+    "driver restricts profiling to admins, RmProfilingAdminOnly=1). A GPU without GPM has no profiling series.",
+    "reason",
+)
 # health (exporter/health): derived from the readings below with the thresholds of the alert rules
 HEALTH = _f(
     "gpuwarden_health",
@@ -146,6 +201,13 @@ HEALTH_STATUS = _f(
     "gpuwarden_health_status",
     "gauge",
     "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical.",
+)
+BOTTLENECK_INFO = _f(
+    "gpuwarden_bottleneck_info",
+    "gauge",
+    "What the GPU's time went to over the bottleneck window (GPM): idle, tensor_bound, memory_bound, "
+    "compute_without_tensor, communication_bound, host_transfer_bound, data_starved or mixed; always 1.",
+    "class",
 )
 # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background
 POD_ATTRIBUTION_UP = _f(
@@ -366,9 +428,18 @@ _FAMILIES = [
     NVML_REINIT_TOTAL,
     HTTP_REJECTED_TOTAL,
     CONFIG_RELOADS_TOTAL,
+    GPM_WINDOW_SECONDS_TOTAL,
+    GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
+    GPM_SM_ACTIVE_SECONDS_TOTAL,
+    GPM_SM_OCCUPANCY_SECONDS_TOTAL,
+    GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+    GPM_DRAM_ACTIVE_SECONDS_TOTAL,
+    NVLINK_BYTES_TOTAL,
+    GPM_UNAVAILABLE_INFO,
     HEALTH,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,
+    BOTTLENECK_INFO,
     POD_ATTRIBUTION_UP,
     POD_ATTRIBUTION_UNMATCHED_DEVICES,
     GPU_ALLOCATION,

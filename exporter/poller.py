@@ -42,6 +42,8 @@ def select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
     wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
     readers: dict[Tier, list[Reader]] = {tier: [] for tier in Tier}
     for reader in all_readers():
+        if reader.name == "gpm" and not settings.nvml.gpm:
+            continue
         if not reader.families or any(wanted(family.name) for family in reader.families):
             readers[reader.tier].append(reader)
     return readers

@@ -20,6 +20,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from exporter import __version__
 from exporter.buildinfo import nvml_binding_version
 from exporter.metrics import (
+    BOTTLENECK_INFO,
     BUILD_INFO,
     COLLECT_DURATION_SECONDS,
     COLLECT_ERRORS_TOTAL,
@@ -155,6 +156,9 @@ def _health_rows(snap: Snapshot, rows: Rows) -> None:
                 rows[HEALTH_SINCE_TIMESTAMP_SECONDS.name].append((ids + [verdict.check], verdict.since))
         if verdicts:
             rows[HEALTH_STATUS.name].append((ids, max(v.level for v in verdicts)))
+        for verdict in verdicts:
+            if verdict.check == "bottleneck" and verdict.detail:
+                rows[BOTTLENECK_INFO.name].append((ids + [verdict.detail], 1))
 
 
 def _xid_rows(snap: Snapshot, rows: Rows) -> None:

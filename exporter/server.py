@@ -131,6 +131,7 @@ def gpu_dict(
                 "severity": v.severity,
                 "observed": v.observed,
                 "threshold": v.threshold,
+                **({"class": v.detail} if v.detail else {}),
                 **({"since": v.since} if v.level else {}),
             }
             for v in verdicts

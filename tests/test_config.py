@@ -106,7 +106,7 @@ def test_bad_scenario_file_exits_2_with_one_line(tmp_path):
         "traj.yaml": "name: x\nvalues: {utilization: {square: {low: 0, high: 1, period: 0, duty: 0.5}}}\n",
     }
     expected = {
-        "syntax.yaml": "cannot parse it",
+        "syntax.yaml": "at line 3, column 1; fix the YAML syntax",  # where, as config files say it
         "value.yaml": "unknown value 'temprature'",
         "fault.yaml": "faults.0.kind: Input should be",
         "gpu.yaml": "faults.0.gpu: the node has GPUs 0-1",

@@ -17,10 +17,16 @@ from exporter.metrics import (
     BUSY_SECONDS_TOTAL,
     CLOCK_EVENT_ACTIVE,
     ECC_ERRORS_TOTAL,
+    GPM_DRAM_ACTIVE_SECONDS_TOTAL,
+    GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+    GPM_SM_ACTIVE_SECONDS_TOTAL,
+    GPM_WINDOW_SECONDS_TOTAL,
     MEMORY_TOTAL_BYTES,
     MEMORY_USED_BYTES,
+    NVLINK_BYTES_TOTAL,
     NVLINK_ERRORS_TOTAL,
     NVLINK_UP,
+    PCIE_BYTES_TOTAL,
     PCIE_REPLAY_ERRORS_TOTAL,
     PERFORMANCE_STATE,
     PERSISTENCE_MODE_ENABLED,
@@ -53,6 +59,7 @@ CHECKS = (
     "utilization",
     "persistence_mode",
     "pcie",
+    "bottleneck",
 )
 
 
@@ -66,6 +73,15 @@ _HISTORY_KEYS = {
     (BUSY_SECONDS_TOTAL.name, ()),
     (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()),
     (PCIE_REPLAY_ERRORS_TOTAL.name, ()),
+    (GPM_WINDOW_SECONDS_TOTAL.name, ()),
+    (GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()),
+    (GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)),
+    (PCIE_BYTES_TOTAL.name, ("rx",)),
+    (PCIE_BYTES_TOTAL.name, ("tx",)),
+    (NVLINK_BYTES_TOTAL.name, ("rx",)),
+    (NVLINK_BYTES_TOTAL.name, ("tx",)),
 } | {
     (THROTTLE_SECONDS_TOTAL.name, (reason,))
     for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
@@ -164,10 +180,10 @@ class CheckContext:
     evaluator: HealthEvaluator
 
     def verdict(
-        self, level: int, observed: object = "", threshold: object = "", severity: str | None = None
+        self, level: int, observed: object = "", threshold: object = "", severity: str | None = None, detail: str = ""
     ) -> Verdict:
         label = severity or ("ok", "warning", "critical")[level]
-        return Verdict(self.name, level, label, str(observed), str(threshold))
+        return Verdict(self.name, level, label, str(observed), str(threshold), detail=detail)
 
     def sustained(self, key: str, condition: bool, duration: float) -> bool:
         """True once `condition` has held continuously for `duration` seconds."""
@@ -337,6 +353,51 @@ def check_pcie(c: CheckContext) -> Verdict:
     return c.verdict(OK, "", "")
 
 
+WINDOW = (GPM_WINDOW_SECONDS_TOTAL.name, ())
+
+
+def bottleneck_class(
+    limits: Thresholds, running: bool, sm: float, tensor: float, dram: float, nvlink_bps: float, pcie_rx_bps: float
+) -> str:
+    """What a GPU's time goes to over the window, from its GPM activity shares and traffic."""
+    if not running:
+        return "idle"
+    if tensor >= limits.bottleneck_tensor_ratio:
+        return "tensor_bound"
+    if dram >= limits.bottleneck_dram_ratio:
+        return "memory_bound"
+    if sm >= limits.bottleneck_sm_busy_ratio:
+        return "compute_without_tensor"
+    if sm < limits.bottleneck_sm_idle_ratio:
+        if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
+            return "communication_bound"
+        if pcie_rx_bps >= limits.bottleneck_pcie_bytes_per_second:
+            return "host_transfer_bound"
+        return "data_starved"
+    return "mixed"
+
+
+def check_bottleneck(c: CheckContext) -> Verdict:
+    """Information, never paged: the class and the numbers behind it (GPM; "n/a" on GPUs without it)."""
+    limits, history, now = c.thresholds, c.history, c.now
+    window = limits.bottleneck_window_s
+    sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
+    if sm is None:
+        return c.verdict(OK, "n/a", "")
+    tensor = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)), WINDOW, now, window) or 0.0
+    dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
+    fp32 = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)), WINDOW, now, window) or 0.0
+    nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
+    pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
+    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    kind = bottleneck_class(limits, running, sm, tensor, dram, nvlink, pcie_rx)
+    observed = (
+        f"{kind}: SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "
+        f"NVLink {nvlink / 1e9:.1f} GB/s, PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
+    )
+    return c.verdict(OK, observed, "", severity="info", detail=kind)
+
+
 # Every check, in the order verdicts are reported; a check is one function of its context.
 CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
     "gpu_lost": check_gpu_lost,
@@ -352,6 +413,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
     "utilization": check_utilization,
     "persistence_mode": check_persistence_mode,
     "pcie": check_pcie,
+    "bottleneck": check_bottleneck,
 }
 assert tuple(CHECK_FUNCTIONS) == CHECKS
 
@@ -375,6 +437,7 @@ class HealthEvaluator:
             limits.pstate_for_s,
             limits.nvlink_crc_for_s,
             limits.pcie_replays_for_s,
+            limits.bottleneck_window_s,
             900,
         )
         spacing = min(max(min(windows) / 10, 0.5), 15.0)

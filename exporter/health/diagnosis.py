@@ -75,6 +75,50 @@ ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
+# bottleneck class → (what the numbers mean, what to do); information for the job's owners, never paged
+BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
+    "idle": (
+        "No process holds the GPU: it is allocated or provisioned but does no work.",
+        "Release it or schedule work.",
+    ),
+    "tensor_bound": (
+        "The tensor cores are busy: the job does what these GPUs are built for.",
+        "Nothing to fix here; larger batches or fused kernels may still raise throughput.",
+    ),
+    "memory_bound": (
+        "Device-memory bandwidth is near its peak while the tensor cores wait: element-wise or memory-bound kernels "
+        "(optimizer steps, normalisation, attention without fusion) dominate.",
+        "Fuse kernels (torch.compile, FlashAttention), use bf16 to halve the bytes moved, larger batches.",
+    ),
+    "compute_without_tensor": (
+        "The SMs are busy but the tensor cores are not: the math runs on the FP32 pipes (FP32 training, TF32 "
+        "disabled, or non-matmul work).",
+        "Use bf16 mixed precision (torch.autocast) or allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True).",
+    ),
+    "communication_bound": (
+        "The SMs wait while NVLink carries heavy traffic: gradient synchronisation dominates (too many GPUs for the "
+        "model, no overlap of communication with compute, or NCCL on the wrong interface).",
+        "Overlap all-reduce with backward (DDP buckets, FSDP prefetch), larger per-GPU batches, check NCCL_* "
+        "interface settings and `nvidia-smi topo -m`.",
+    ),
+    "host_transfer_bound": (
+        "The SMs wait on host→device copies over PCIe.",
+        "Pinned memory (pin_memory=True), non_blocking copies overlapped with compute, more DataLoader workers, "
+        "keep data on the GPU between steps.",
+    ),
+    "data_starved": (
+        "A process holds the GPU but the SMs are mostly idle and little data moves: the job waits for input "
+        "(DataLoader, CPU preprocessing, storage) or for checkpoints.",
+        "DataLoader num_workers 4-8 per GPU, pin_memory, a local NVMe cache of the data set, asynchronous "
+        "checkpoints; profile the input pipeline.",
+    ),
+    "mixed": (
+        "Moderate SM activity without one dominant limit.",
+        "Profile a step (PyTorch profiler, Nsight Systems) to see where the time goes.",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class Finding:
     gpu: int | None
@@ -112,7 +156,9 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
         for verdict in snapshot.health.get(gpu.uuid, ()):
             if verdict.severity == "ok":
                 continue
-            cause, action = ADVICE[verdict.check]
+            cause, action = (
+                BOTTLENECK_ADVICE[verdict.detail] if verdict.check == "bottleneck" else ADVICE[verdict.check]
+            )
             findings.append(
                 Finding(
                     gpu.index,

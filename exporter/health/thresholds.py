@@ -87,6 +87,14 @@ class Thresholds(BaseModel):
     persistence_off_for_s: int = Field(900, ge=0)
     gpu_lost_for_s: int = Field(60, ge=0)
     retired_pages_limit: int = Field(63, ge=1)
+    # bottleneck classes from GPM activity (information, never paged), judged over this window
+    bottleneck_window_s: int = Field(300, ge=1)
+    bottleneck_tensor_ratio: float = Field(0.3, gt=0, le=1)  # tensor cores active at least this share: healthy
+    bottleneck_dram_ratio: float = Field(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
+    bottleneck_sm_busy_ratio: float = Field(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
+    bottleneck_sm_idle_ratio: float = Field(0.3, gt=0, le=1)  # SMs below this: waiting on something
+    bottleneck_nvlink_bytes_per_second: float = Field(10e9, gt=0)  # NVLink traffic that means communication
+    bottleneck_pcie_bytes_per_second: float = Field(5e9, gt=0)  # host→device traffic that means transfers
     # the exporter itself
     exporter_down_for_s: int = Field(300, ge=0)
     exporter_absent_for_s: int = Field(900, ge=0)

@@ -118,6 +118,19 @@ nvmlDeviceGetMigDeviceHandleByIndex = _op(
     pynvml.nvmlDeviceGetMigDeviceHandleByIndex, "slow", READ + "; not_found is an empty MIG slot"
 )
 
+# -- GPM, profiling-class activity (exporter.nvml.gpm, fast tier; Hopper and newer) ------------------------------
+GPM = (
+    "unsupported or no_permission: no profiling series for that GPU (a gauge says why); not retried until re-discovery"
+)
+nvmlGpmQueryDeviceSupport = _op(pynvml.nvmlGpmQueryDeviceSupport, "fast", GPM)
+nvmlGpmSampleAlloc = _op(pynvml.nvmlGpmSampleAlloc, "fast", GPM)
+nvmlGpmSampleFree = _op(pynvml.nvmlGpmSampleFree, "fast", "errors ignored (the buffer is being dropped)")
+nvmlGpmSampleGet = _op(pynvml.nvmlGpmSampleGet, "fast", GPM + "; a failed sample restarts the window")
+nvmlGpmMigSampleGet = _op(pynvml.nvmlGpmMigSampleGet, "fast", GPM + "; per GPU instance")
+nvmlGpmMetricsGet = _op(
+    pynvml.nvmlGpmMetricsGet, "fast", "per metric: its own return code; a metric that fails is dropped for the GPU"
+)
+
 # -- XID events (exporter.nvml.events) ----------------------------------------------------------------------------
 nvmlEventSetCreate = _op(pynvml.nvmlEventSetCreate, "events", EVENTS)
 nvmlDeviceGetSupportedEventTypes = _op(pynvml.nvmlDeviceGetSupportedEventTypes, "events", EVENTS)
@@ -183,5 +196,17 @@ NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY
 NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY
 NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0 = pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L0
 NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11 = pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_L11
+NVML_GPM_METRIC_GRAPHICS_UTIL = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+NVML_GPM_METRIC_SM_UTIL = pynvml.NVML_GPM_METRIC_SM_UTIL
+NVML_GPM_METRIC_SM_OCCUPANCY = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+NVML_GPM_METRIC_ANY_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+NVML_GPM_METRIC_FP64_UTIL = pynvml.NVML_GPM_METRIC_FP64_UTIL
+NVML_GPM_METRIC_FP32_UTIL = pynvml.NVML_GPM_METRIC_FP32_UTIL
+NVML_GPM_METRIC_FP16_UTIL = pynvml.NVML_GPM_METRIC_FP16_UTIL
+NVML_GPM_METRIC_DRAM_BW_UTIL = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+NVML_GPM_METRIC_PCIE_RX_PER_SEC = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
+NVML_GPM_METRIC_PCIE_TX_PER_SEC = pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
+NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
 nvmlMemory_v2 = pynvml.nvmlMemory_v2
 nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError

@@ -7,13 +7,25 @@ reset the init refcount. Nothing above this module knows which library answers.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
 
+_monotonic: Callable[[], float] = time.monotonic
 
-def install(library: Any) -> None:
-    """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1)."""
+
+def monotonic() -> float:
+    """Seconds on the installed library's clock: the real one's is the host's, the simulator's is its scenario
+    time (tests move it by hand). Windows between two driver samples (GPM) are measured on it."""
+    return _monotonic()
+
+
+def install(library: Any, clock: Callable[[], float] | None = None) -> None:
+    """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock."""
+    global _monotonic
+    _monotonic = clock or time.monotonic
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library
         pynvml._nvmlGetFunctionPointer_cache.clear()

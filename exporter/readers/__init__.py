@@ -29,6 +29,7 @@ def all_readers() -> list[Reader]:
     from exporter.readers import (
         clocks,
         ecc,
+        gpm,
         identity,
         memory,
         mig,
@@ -57,6 +58,7 @@ def all_readers() -> list[Reader]:
         clocks.FAST,
         ecc.FAST,
         modes.FAST,
+        gpm.FAST,
         clocks.SLOW,
         power.SLOW,
         ecc.SLOW,

@@ -9,6 +9,7 @@ from exporter.metrics import PCIE_BYTES_TOTAL, PCIE_LINK_GENERATION, PCIE_LINK_W
 from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
+from exporter.readers.gpm import serves_pcie_bytes
 from exporter.snapshot import SampleWriter, Tier
 
 _BYTES = {nvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: "tx", nvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: "rx"}
@@ -23,6 +24,8 @@ def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
     out.add(PCIE_LINK_GENERATION, dev.call(nvml.nvmlDeviceGetCurrPcieLinkGeneration), "current")
     out.add(PCIE_LINK_WIDTH, dev.call(nvml.nvmlDeviceGetCurrPcieLinkWidth), "current")
     out.add(PCIE_REPLAY_ERRORS_TOTAL, dev.call(nvml.nvmlDeviceGetPcieReplayCounter))
+    if serves_pcie_bytes(dev):
+        return  # GPM counts PCIe bytes on this GPU (readers/gpm.py says why)
     values = dev.fields(_BYTES)
     for field_id, direction in _BYTES.items():
         out.add(PCIE_BYTES_TOTAL, values.get((field_id, 0)), direction)

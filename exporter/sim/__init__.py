@@ -18,5 +18,5 @@ def install_simulator(
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario or DEFAULT_SCENARIO)
     fake = FakeNvmlLibrary(scenario, clock=clock)
-    library.install(fake.library)
+    library.install(fake.library, clock=fake.now)
     return fake

@@ -18,6 +18,7 @@ import pynvml
 
 from exporter.sim.fake_device import DeviceSymbols
 from exporter.sim.fake_events import EventSymbols
+from exporter.sim.fake_gpm import GpmSymbols
 from exporter.sim.fake_health import HealthSymbols
 from exporter.sim.fake_readings import ReadingSymbols
 from exporter.sim.fakecommon import (
@@ -46,7 +47,7 @@ class _SymbolTable:
         raise AttributeError(name)
 
 
-class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols):
+class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols, GpmSymbols):
     """A simulated GPU node; `.library` stands in for the CDLL object pynvml loads (see the module docstring)."""
 
     def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:

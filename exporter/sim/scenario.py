@@ -37,6 +37,17 @@ VALUE_KEYS = (
     "pcie_rx_bytes_per_second",
     "fan_percent",
     "recovery_action",
+    # GPM (percent over the window, or bytes/s); when a scenario leaves them out they follow `utilization`
+    "graphics_active",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "fp64_active",
+    "fp32_active",
+    "fp16_active",
+    "dram_active",
+    "nvlink_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_second",
 )
 
 ERROR_CODES = {
@@ -286,6 +297,11 @@ class Scenario(_Strict):
                     f"faults.{number}.link: {self.node.model} has {MODELS[self.node.model].nvlinks} NVLinks"
                 )
         return self
+
+    def explicit(self, gpu: int, key: str, t: float) -> float | None:
+        """The scenario's own value for `key`, or None when it sets none (the caller derives one)."""
+        trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)
+        return None if trajectory is None else trajectory.at(t, f"{self.name}:{gpu}:{key}")
 
     def value(self, gpu: int, key: str, t: float) -> float:
         trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)

@@ -1,0 +1,148 @@
+"""GPM (GPU Performance Monitoring): profiling-class activity over a window between two samples, without DCGM.
+
+A sample buffer is an opaque driver object; a public exporter that sampled inside scrapes, with buffers shared by
+concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` therefore belongs to one
+GPU (or one MIG GPU instance) and is used only by that GPU's fast-tier worker thread; nothing else touches it.
+Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from two samples 1.2-3.6 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from exporter.nvml import calls, library
+from exporter.nvml.errors import (
+    ErrorKind,
+    GpuLostError,
+    NvmlDownError,
+    NvmlFatalError,
+    classify,
+    error_code,
+    error_name,
+)
+
+MIN_WINDOW_S = 0.1  # NVIDIA asks for at least 100 ms between two samples
+NOT_SUPPORTED_REASON = "not_supported"
+
+
+class GpmUnavailable(Exception):
+    """GPM cannot be used on this GPU: `reason` is not_supported, no_permission or another NVML error name."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Window:
+    seconds: float
+    values: dict[int, float]  # metric id → value over the window (percent, or MiB/s)
+    failed: dict[int, str]  # metric id → error name, for metrics that did not answer
+
+
+def check_support(handle: Any) -> None:
+    """Raise GpmUnavailable unless this GPU supports GPM (Hopper and newer, not every SKU)."""
+    try:
+        support = calls.nvmlGpmQueryDeviceSupport(handle)
+    except pynvml.NVMLError as exc:
+        raise GpmUnavailable(_reason(exc)) from None
+    if not support.isSupportedDevice:
+        raise GpmUnavailable(NOT_SUPPORTED_REASON)
+
+
+class GpmWindow:
+    """Two sample buffers of one GPU (or GPU instance); `advance()` samples and returns the window since the last.
+
+    Not thread-safe by design: one owner thread (see the module docstring).
+    """
+
+    def __init__(self, handle: Any, gpu_instance: int | None = None, max_window_s: float = 60.0) -> None:
+        self.handle = handle
+        self.gpu_instance = gpu_instance
+        self.max_window_s = max_window_s
+        try:
+            self._samples = [calls.nvmlGpmSampleAlloc(), calls.nvmlGpmSampleAlloc()]
+        except pynvml.NVMLError as exc:
+            raise GpmUnavailable(_reason(exc)) from None
+        self._last: int | None = None  # index of the buffer holding the previous sample
+        self._last_at = 0.0
+
+    def reset(self) -> None:
+        """Forget the previous sample (after a GPU reset or a failed read): the next advance() reseeds."""
+        self._last = None
+
+    def advance(self, metric_ids: list[int]) -> Window | None:
+        """Sample now; the metrics over the window since the previous sample, or None while there is no window
+        (first sample, too short: the previous sample is kept, too long: reseeded)."""
+        now = library.monotonic()
+        if self._last is not None and now - self._last_at < MIN_WINDOW_S:
+            return None
+        target = 0 if self._last is None else 1 - self._last
+        try:
+            self._get(self._samples[target])
+        except pynvml.NVMLError as exc:
+            self._last = None
+            _raise_for(exc)
+            return None  # a transient failure: the window restarts at the next sample
+        previous, previous_at = self._last, self._last_at
+        self._last, self._last_at = target, now
+        if previous is None or now - previous_at > self.max_window_s:
+            return None
+        return self._metrics(self._samples[previous], self._samples[target], metric_ids, now - previous_at)
+
+    def free(self) -> None:
+        for sample in self._samples:
+            with contextlib.suppress(pynvml.NVMLError):
+                calls.nvmlGpmSampleFree(sample)
+        self._samples = []
+
+    def _get(self, sample: Any) -> None:
+        if self.gpu_instance is None:
+            calls.nvmlGpmSampleGet(self.handle, sample)
+        else:
+            calls.nvmlGpmMigSampleGet(self.handle, self.gpu_instance, sample)
+
+    @staticmethod
+    def _metrics(first: Any, second: Any, metric_ids: list[int], seconds: float) -> Window | None:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metric_ids)
+        request.sample1, request.sample2 = first, second
+        for position, metric in enumerate(metric_ids):
+            request.metrics[position].metricId = metric
+        try:
+            calls.nvmlGpmMetricsGet(request)
+        except pynvml.NVMLError as exc:
+            _raise_for(exc)
+            return None  # transient: this window is lost, the next one counts
+        values: dict[int, float] = {}
+        failed: dict[int, str] = {}
+        for position, metric in enumerate(metric_ids):
+            entry = request.metrics[position]
+            if entry.nvmlReturn == pynvml.NVML_SUCCESS:
+                values[metric] = float(entry.value)
+            else:
+                failed[metric] = error_name(int(entry.nvmlReturn))
+        return Window(seconds, values, failed)
+
+
+def _raise_for(exc: BaseException) -> None:
+    """The error policy for GPM calls: unsupported → GpmUnavailable; lost, down, fatal → the exporter's states;
+    anything else returns (transient)."""
+    kind = classify(exc)
+    if kind is ErrorKind.UNSUPPORTED:
+        raise GpmUnavailable(_reason(exc)) from None
+    if kind is ErrorKind.GPU_LOST:
+        raise GpuLostError(_reason(exc)) from None
+    if kind is ErrorKind.LIBRARY_DOWN:
+        raise NvmlDownError(_reason(exc)) from None
+    if kind is ErrorKind.FATAL:
+        raise NvmlFatalError(_reason(exc)) from None
+
+
+def _reason(exc: BaseException) -> str:
+    return error_name(error_code(exc))

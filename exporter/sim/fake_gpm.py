@@ -1,0 +1,125 @@
+"""GPM in the fake library: support by compute capability (Hopper, 9.0, and newer), opaque sample buffers, and
+the metrics struct filled with the scenario's values averaged over the window between two samples.
+
+A scenario sets `sm_active`, `tensor_active`, `dram_active`, … directly; where it does not they follow its
+`utilization` (graphics = utilization, SM = 0.9 × utilization, occupancy = 0.5 ×, FP32 = 0.3 ×, tensor and FP64 0,
+DRAM = `memory_utilization`), so every shipped scenario stays consistent. Faults use the usual `error` and
+`not_supported` kinds with the GPM symbols as `call` (NO_PERMISSION, a failing sample, no GPM).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pynvml
+
+from exporter.sim.fakecommon import OK, _out, _pointer_value, _set_pointer
+
+_GPM_SAMPLE_BASE = 0x7F0000A00000
+_MIB = 1024 * 1024
+_KEYS = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics_active",
+    pynvml.NVML_GPM_METRIC_SM_UTIL: "sm_active",
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy",
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: "fp64_active",
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: "fp32_active",
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: "fp16_active",
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_active",
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx_bytes_per_second",
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx_bytes_per_second",
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "nvlink_rx_bytes_per_second",
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "nvlink_tx_bytes_per_second",
+}
+_FROM_UTILIZATION = {"graphics_active": 1.0, "sm_active": 0.9, "sm_occupancy": 0.5, "fp32_active": 0.3}
+
+
+class GpmSymbols:
+    """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
+
+    _gpm_lock = threading.Lock()
+
+    def _gpm_samples(self) -> dict[int, tuple[int, float] | None]:
+        samples = self.__dict__.get("_gpm_sample_table")
+        if samples is None:
+            samples = self.__dict__["_gpm_sample_table"] = {}
+        return samples
+
+    def _gpm_supported(self) -> bool:
+        return tuple(self.model.compute_capability) >= (9, 0)
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any, ref: Any) -> int:
+        _, code = self._device(handle, "nvmlGpmQueryDeviceSupport")
+        if code == OK:
+            _out(ref).isSupportedDevice = 1 if self._gpm_supported() else 0
+        return code
+
+    def nvmlGpmSampleAlloc(self, ref: Any) -> int:
+        with self._gpm_lock:
+            samples = self._gpm_samples()
+            sample_id = len(samples) + 1
+            samples[sample_id] = None
+        _set_pointer(ref, _GPM_SAMPLE_BASE + sample_id * 0x10)
+        return OK
+
+    def nvmlGpmSampleFree(self, sample: Any) -> int:
+        self._gpm_samples()[self._sample_id(sample)] = None
+        return OK
+
+    def _sample_id(self, sample: Any) -> int:
+        return (_pointer_value(sample) - _GPM_SAMPLE_BASE) // 0x10
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        return self._gpm_take(handle, sample, "nvmlGpmSampleGet")
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance: Any, sample: Any) -> int:
+        return self._gpm_take(handle, sample, "nvmlGpmMigSampleGet")
+
+    def _gpm_take(self, handle: Any, sample: Any, symbol: str) -> int:
+        index, code = self._device(handle, symbol)
+        if code != OK:
+            return code
+        if not self._gpm_supported():
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        sample_id = self._sample_id(sample)
+        if sample_id not in self._gpm_samples():
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        self._gpm_samples()[sample_id] = (index, self.now())
+        return OK
+
+    def nvmlGpmMetricsGet(self, ref: Any) -> int:
+        request = _out(ref)
+        samples = self._gpm_samples()
+        first = samples.get(self._sample_id(request.sample1))
+        second = samples.get(self._sample_id(request.sample2))
+        if first is None or second is None or first[0] != second[0]:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        index, start, end = first[0], min(first[1], second[1]), max(first[1], second[1])
+        for position in range(request.numMetrics):
+            entry = request.metrics[position]
+            key = _KEYS.get(entry.metricId)
+            if key is None:
+                entry.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT  # as the cumulative IDs answer on 580
+                continue
+            entry.value = self._gpm_mean(index, key, start, end)
+            entry.nvmlReturn = OK
+        return OK
+
+    def _gpm_mean(self, index: int, key: str, start: float, end: float) -> float:
+        points = [start + (end - start) * (k + 0.5) / 16 for k in range(16)] if end > start else [end]
+        values = [self._gpm_value(index, key, t) for t in points]
+        mean = sum(values) / len(values)
+        return mean / _MIB if key.endswith("bytes_per_second") else min(max(mean, 0.0), 100.0)
+
+    def _gpm_value(self, index: int, key: str, t: float) -> float:
+        explicit = self.scenario.explicit(index, key, t)
+        if explicit is not None:
+            return explicit
+        if key in _FROM_UTILIZATION:
+            return _FROM_UTILIZATION[key] * self.scenario.value(index, "utilization", t)
+        if key == "dram_active":
+            return self.scenario.value(index, "memory_utilization", t)
+        if key in self.model.idle:
+            return self.scenario.value(index, key, t)
+        return 0.0

@@ -1,0 +1,144 @@
+"""Profiling-class activity from GPM, through the real pynvml over the simulator's GPM: counters whose rates are the
+scenario's activity, GPUs without GPM, NO_PERMISSION, a failing sample, a GPU reset, the bottleneck classes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from exporter.health.checks import bottleneck_class
+from exporter.health.diagnosis import diagnose
+from exporter.health.thresholds import DEFAULT
+from exporter.poller import Poller
+from exporter.render import Renderer
+from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
+
+
+def run(sim, scenario, seconds: int = 12, tmp_path=None, **sections):
+    clock = ManualClock()
+    sim(scenario, clock=clock)
+    if tmp_path is not None:
+        sections["health"] = {"thresholds_file": str(write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 6}))}
+    poller = Poller(settings(**sections), wall_clock=clock)
+    series = []
+    for _ in range(seconds):
+        poller.poll_once()
+        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
+        clock.advance(1.0)
+    poller.stop(0.5)
+    return poller, series
+
+
+def share(series, name: str, gpu: str = "0", **labels: str) -> float:
+    """Mean activity over the run from the counters, as rate(x) / rate(window) would give it."""
+    first, last = series[1], series[-1]
+    window = (
+        values(last, "gpuwarden_gpm_window_seconds_total", gpu=gpu)[0]
+        - values(first, "gpuwarden_gpm_window_seconds_total", gpu=gpu)[0]
+    )
+    return (values(last, name, gpu=gpu, **labels)[0] - values(first, name, gpu=gpu, **labels)[0]) / window
+
+
+def test_counters_average_to_the_scenarios_activity(sim):
+    _, series = run(sim, "training")
+    # training: utilization 100/35 at 92 % duty (≈ 94.8 %), tensor 72/5 at 92 % (≈ 66.6 %), SM = 0.9 × utilization
+    assert share(series, "gpuwarden_gpm_pipe_active_seconds_total", pipe="tensor") == pytest.approx(0.666, abs=0.03)
+    assert share(series, "gpuwarden_gpm_sm_active_seconds_total") == pytest.approx(0.9 * 0.948, abs=0.03)
+    assert share(series, "gpuwarden_gpm_graphics_active_seconds_total") == pytest.approx(0.948, abs=0.03)
+    nvlink = share(series, "gpuwarden_nvlink_bytes_total", direction="tx")
+    assert nvlink == pytest.approx(4.0e10, rel=0.1)  # bytes per second of window
+    pcie = share(series, "gpuwarden_pcie_bytes_total", direction="rx")  # from GPM on a GPU that has it
+    assert pcie == pytest.approx(3.5e9, rel=0.15)
+    # every counter only grows
+    for name in ("gpuwarden_gpm_window_seconds_total", "gpuwarden_gpm_sm_active_seconds_total"):
+        readings = [values(s, name, gpu="3")[0] for s in series[1:]]
+        assert readings == sorted(readings)
+
+
+def test_a_gpu_without_gpm_has_no_profiling_series_and_the_others_keep_theirs(sim):
+    poller, series = run(
+        sim,
+        {
+            "node": {"count": 2},
+            "faults": [{"kind": "not_supported", "gpu": 1, "call": "nvmlGpmQueryDeviceSupport", "at": 0}],
+        },
+        seconds=4,
+    )
+    last = series[-1]
+    assert values(last, "gpuwarden_gpm_window_seconds_total", gpu="0")
+    assert values(last, "gpuwarden_gpm_window_seconds_total", gpu="1") == []
+    assert values(last, "gpuwarden_gpm_unavailable_info", gpu="1") == []  # no GPM is not a fault
+    errors = {k: v for k, v in poller.snapshot.collect_errors.items() if k[0] == "nvmlGpmQueryDeviceSupport"}
+    assert errors == {("nvmlGpmQueryDeviceSupport", "not_supported"): 1}
+
+
+def test_pre_hopper_gpus_have_no_profiling_series(sim):
+    _, series = run(sim, "legacy-pcie", seconds=3)
+    assert not [key for key in series[-1] if key[0].startswith("gpuwarden_gpm_")]
+
+
+def test_no_permission_is_one_line_and_a_gauge(sim, caplog):
+    caplog.set_level(logging.WARNING)
+    fault = {"kind": "error", "gpu": 0, "call": "nvmlGpmQueryDeviceSupport", "code": "no_permission", "at": 0}
+    _, series = run(sim, {"node": {"count": 2}, "faults": [fault]}, seconds=4)
+    assert values(series[-1], "gpuwarden_gpm_unavailable_info", gpu="0", reason="no_permission") == [1]
+    assert values(series[-1], "gpuwarden_gpm_window_seconds_total", gpu="0") == []
+    assert values(series[-1], "gpuwarden_gpm_window_seconds_total", gpu="1")
+    lines = [r.getMessage() for r in caplog.records if "no_permission" in r.getMessage()]
+    assert len(lines) == 1 and "RmProfilingAdminOnly" in lines[0] and "NVreg_RestrictProfilingToAdminUsers" in lines[0]
+
+
+def test_a_failing_sample_loses_one_window_not_the_counters(sim):
+    fault = {"kind": "error", "gpu": 0, "call": "nvmlGpmSampleGet", "code": "unknown", "at": 4, "until": 6}
+    poller, series = run(sim, {"node": {"count": 1}, "faults": [fault]}, seconds=12)
+    windows = [values(s, "gpuwarden_gpm_window_seconds_total", gpu="0")[0] for s in series[1:]]
+    assert windows == sorted(windows) and windows[-1] > windows[4]
+    assert windows[-1] < 11  # the failed seconds are not counted as activity windows
+    assert values(series[-1], "gpuwarden_gpu_up", gpu="0") == [1]
+
+
+def test_a_gpu_reset_reseeds_the_window(sim):
+    fault = {"kind": "gpu_lost", "gpu": 0, "at": 4, "until": 6}
+    _, series = run(sim, {"node": {"count": 2}, "faults": [fault]}, seconds=16)
+    windows = [values(s, "gpuwarden_gpm_window_seconds_total", gpu="0") for s in series[1:]]
+    seen = [w[0] for w in windows if w]
+    assert seen == sorted(seen)  # the counter never goes back
+    steps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    assert max(steps) <= 1.01  # no window spans the reset: it was reseeded when the GPU came back
+
+
+@pytest.mark.parametrize(
+    ("running", "sm", "tensor", "dram", "nvlink", "pcie", "expected"),
+    [
+        (False, 0.0, 0.0, 0.0, 0.0, 0.0, "idle"),
+        (True, 0.96, 0.94, 0.24, 0.0, 0.0, "tensor_bound"),
+        (True, 0.99, 0.0, 0.90, 0.0, 0.0, "memory_bound"),
+        (True, 0.97, 0.0, 0.07, 0.0, 0.0, "compute_without_tensor"),
+        (True, 0.10, 0.0, 0.05, 50e9, 0.0, "communication_bound"),
+        (True, 0.0, 0.0, 0.01, 0.0, 52e9, "host_transfer_bound"),
+        (True, 0.02, 0.0, 0.01, 0.0, 0.1e9, "data_starved"),
+        (True, 0.40, 0.1, 0.2, 0.0, 0.0, "mixed"),
+    ],
+)
+def test_bottleneck_classes(running, sm, tensor, dram, nvlink, pcie, expected):
+    assert bottleneck_class(DEFAULT, running, sm, tensor, dram, nvlink, pcie) == expected
+
+
+@pytest.mark.parametrize(
+    ("scenario", "expected"), [("training", "tensor_bound"), ("data-starvation", "data_starved"), ("healthy", "idle")]
+)
+def test_scenarios_get_their_class_in_metrics_and_diagnosis(sim, tmp_path, scenario, expected):
+    poller, series = run(sim, scenario, seconds=10, tmp_path=tmp_path)
+    assert values(series[-1], "gpuwarden_bottleneck_info", gpu="0") == [1]
+    classes = {dict(labels)["class"] for name, labels in series[-1] if name == "gpuwarden_bottleneck_info"}
+    assert classes == {expected}
+    findings = [f for f in diagnose(poller.snapshot) if f.check == "bottleneck" and f.gpu == 0]
+    assert len(findings) == 1 and findings[0].observed.startswith(expected) and findings[0].severity == "info"
+    assert findings[0].recommended_action
+
+
+def test_profiling_can_be_turned_off(sim):
+    _, series = run(sim, "training", seconds=3, nvml={"gpm": False})
+    assert not [key for key in series[-1] if key[0].startswith("gpuwarden_gpm_")]
+    assert values(series[-1], "gpuwarden_pcie_bytes_total", gpu="0", direction="rx")  # from the driver's counters
