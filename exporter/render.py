@@ -97,6 +97,10 @@ def _node_rows(snap: Snapshot, rows: Rows) -> None:
         rows[family.name].append((list(labels), value))
 
     node(BUILD_INFO, 1, __version__, _BINDING_VERSION)
+    if snap.id == 0:
+        # Nothing collected yet (the first cycle is running): NVML is not known to be down, so say nothing of it.
+        # Exporting nvml_up 0 here made GpuwardenNvmlDown fire on healthy nodes that started slowly.
+        return
     node(NVML_UP, 1 if snap.nvml_up else 0)
     if not snap.nvml_up and snap.nvml_error:
         node(NVML_ERROR_INFO, 1, snap.nvml_error)

@@ -185,10 +185,10 @@ def busy(window: str = RATE_INTERVAL, sel: str = GPU_SELECTOR) -> str:
 
 
 def node_dashboard() -> dict[str, Any]:
-    L = Layout()
+    layout = Layout()
     gpu_legend = "{{instance}} gpu {{gpu}}"
-    L.row("Health at a glance")
-    L.add(
+    layout.row("Health at a glance")
+    layout.add(
         "stat",
         "Health status per GPU",
         "Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, 1 warning, 2 critical.",
@@ -198,7 +198,7 @@ def node_dashboard() -> dict[str, Any]:
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
-    L.add(
+    layout.add(
         "table",
         "Failing checks",
         "Checks that are not ok, per GPU.",
@@ -208,7 +208,7 @@ def node_dashboard() -> dict[str, Any]:
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
-    L.add(
+    layout.add(
         "table",
         "Firing alerts",
         "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
@@ -216,7 +216,7 @@ def node_dashboard() -> dict[str, Any]:
         "none",
         w=8,
     )
-    L.add(
+    layout.add(
         "table",
         "Pods on these GPUs",
         "Containers the kubelet allocated each GPU to (pod attribution: the "
@@ -233,8 +233,8 @@ def node_dashboard() -> dict[str, Any]:
         w=24,
         h=6,
     )
-    L.row("Utilization")
-    L.add(
+    layout.row("Utilization")
+    layout.add(
         "timeseries",
         "GPU busy (time average)",
         "Share of time a kernel ran, from the driver's sample buffer: "
@@ -245,7 +245,7 @@ def node_dashboard() -> dict[str, Any]:
         custom=threshold_lines(),
         minmax=(0, 1),
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Memory bandwidth busy",
         "Share of the last sample period in which device memory was read or written (not occupancy).",
@@ -253,8 +253,9 @@ def node_dashboard() -> dict[str, Any]:
         "percentunit",
         minmax=(0, 1),
     )
-    L.row("Memory")
-    L.add(
+    profiling_row(layout, gpu_legend)
+    layout.row("Memory")
+    layout.add(
         "timeseries",
         "Memory used / total",
         f"Device memory occupancy; 70-95 % is healthy for training, above {LIMITS.memory_warning_ratio:.0%} risks OOM.",
@@ -274,7 +275,7 @@ def node_dashboard() -> dict[str, Any]:
         custom=threshold_lines(),
         minmax=(0, 1),
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Memory used, reserved",
         "Bytes used by processes and reserved by the driver (v2).",
@@ -284,8 +285,8 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "bytes",
     )
-    L.row("Thermals")
-    L.add(
+    layout.row("Thermals")
+    layout.add(
         "timeseries",
         "GPU temperature",
         f"Die temperature with the {LIMITS.temperature_warning_celsius:g} °C warning "
@@ -299,7 +300,7 @@ def node_dashboard() -> dict[str, Any]:
         ),
         custom=threshold_lines(),
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Memory temperature and slowdown threshold",
         "HBM temperature, and each GPU's own slowdown threshold from NVML.",
@@ -312,8 +313,8 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "celsius",
     )
-    L.row("Power")
-    L.add(
+    layout.row("Power")
+    layout.add(
         "timeseries",
         "Power draw / limit",
         "Draw as a share of the enforced limit: below 30 % is idle, 60-90 % "
@@ -329,7 +330,7 @@ def node_dashboard() -> dict[str, Any]:
         custom=threshold_lines(),
         minmax=(0, 1.1),
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Power draw and limit (W), average from energy",
         "Instant draw, enforced limit, and the true average from the energy counter.",
@@ -340,7 +341,7 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "watt",
     )
-    L.add(
+    layout.add(
         "stat",
         "Energy over the range",
         "Energy used by the selected GPUs over the dashboard's time range.",
@@ -349,8 +350,8 @@ def node_dashboard() -> dict[str, Any]:
         w=6,
         thresholds=_steps((None, "blue")),
     )
-    L.row("Clocks and throttling")
-    L.add(
+    layout.row("Clocks and throttling")
+    layout.add(
         "state-timeline",
         "Clock-event reasons",
         "Why the clocks are held down, per GPU and reason (1 = active). "
@@ -361,7 +362,7 @@ def node_dashboard() -> dict[str, Any]:
         thresholds=_steps((None, "transparent"), (1, "orange")),
         mappings=[{"type": "value", "options": {"1": {"text": "active", "color": "orange"}}}],
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Throttle time share",
         "Share of time the driver held the clocks down, per reason (cumulative counters, not point samples).",
@@ -370,7 +371,7 @@ def node_dashboard() -> dict[str, Any]:
         thresholds=_steps((None, "green"), (LIMITS.thermal_slowdown_ratio, "orange")),
         custom=threshold_lines(),
     )
-    L.add(
+    layout.add(
         "timeseries",
         "SM clock / max",
         "SM clock against the GPU's maximum.",
@@ -384,7 +385,7 @@ def node_dashboard() -> dict[str, Any]:
         "percentunit",
         minmax=(0, 1),
     )
-    L.add(
+    layout.add(
         "state-timeline",
         "P-state",
         "Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
@@ -392,8 +393,8 @@ def node_dashboard() -> dict[str, Any]:
         "none",
         thresholds=_steps((None, "green"), (LIMITS.pstate_degraded_min, "orange")),
     )
-    L.row("Errors")
-    L.add(
+    layout.row("Errors")
+    layout.add(
         "timeseries",
         "ECC errors",
         "New ECC errors per interval (volatile counters); any uncorrected error pages (GpuwardenEccUncorrectable).",
@@ -401,7 +402,7 @@ def node_dashboard() -> dict[str, Any]:
         "none",
         thresholds=_steps((None, "green"), (1, "red")),
     )
-    L.add(
+    layout.add(
         "table",
         "Remapped rows",
         "Remapped rows by cause, and pending / failed flags (failed = RMA).",
@@ -416,14 +417,14 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "none",
     )
-    L.add(
+    layout.add(
         "timeseries",
         "XID events",
         "XID events per GPU and code over the rate interval (counts since gpuwarden started).",
         [target(f"increase(gpuwarden_xid_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} XID {{xid}}")],
         "none",
     )
-    L.add(
+    layout.add(
         "timeseries",
         "PCIe replays and NVLink errors",
         "PCIe replays per second, and NVLink errors per second by link and type.",
@@ -437,8 +438,8 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "ops",
     )
-    L.row("Topology and NVLink")
-    L.add(
+    layout.row("Topology and NVLink")
+    layout.add(
         "stat",
         "Active NVLinks per GPU",
         "Links up per GPU (18 on H100/H200 SXM).",
@@ -446,22 +447,22 @@ def node_dashboard() -> dict[str, Any]:
         "none",
         thresholds=_steps((None, "red"), (1, "green")),
     )
-    L.add(
+    layout.add(
         "table",
         "Topology (nvidia-smi topo -m)",
         "Connection from each GPU to each peer.",
         [target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
         "none",
     )
-    L.row("Exporter")
-    L.add(
+    layout.row("Exporter")
+    layout.add(
         "timeseries",
         "Poll duration",
         "Wall time of each tier's last poll.",
         [target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{instance}} {{tier}}")],
         "s",
     )
-    L.add(
+    layout.add(
         "timeseries",
         "Data age and errors",
         "Seconds since each tier's last poll, and NVML errors per second.",
@@ -487,15 +488,82 @@ def node_dashboard() -> dict[str, Any]:
         "gpuwarden / GPU node",
         "Every GPU of the selected nodes: health, "
         "utilization, memory, thermals, power, throttling, errors, NVLink and the exporter.",
-        L,
+        layout,
         variables,
     )
 
 
+def gpm_ratio(counter: str, labels: str = "", sel: str = GPU_SELECTOR, window: str = RATE_INTERVAL) -> str:
+    """Mean activity over the window from a GPM counter: rate(activity seconds) / rate(window seconds)."""
+    inner = f"{sel},{labels}" if labels else sel
+    match = "ignoring (pipe) group_left " if "pipe" in counter else ""
+    return f"rate({counter}{{{inner}}}[{window}]) / {match}rate(gpuwarden_gpm_window_seconds_total{{{sel}}}[{window}])"
+
+
+def profiling_row(layout: Layout, gpu_legend: str) -> None:
+    """The node dashboard's GPM panels (Hopper and newer; empty on GPUs without GPM or with nvml.gpm off)."""
+    layout.row("Profiling (GPM): what the GPU's time goes to")
+    layout.add(
+        "timeseries",
+        "SM activity and occupancy",
+        "SMs busy (averaged over the SMs, unlike GPU busy) and resident warps as a share of the maximum, from "
+        "NVML GPM: rate(activity seconds) / rate(window seconds). DCGM's SM_ACTIVE and SM_OCCUPANCY.",
+        [
+            target(gpm_ratio("gpuwarden_gpm_sm_active_seconds_total"), gpu_legend + " SM active"),
+            target(gpm_ratio("gpuwarden_gpm_sm_occupancy_seconds_total"), gpu_legend + " occupancy", ref="B"),
+        ],
+        "percentunit",
+        minmax=(0, 1),
+    )
+    layout.add(
+        "timeseries",
+        "Tensor cores and FP pipes",
+        "Share of time each math pipe was active (GPM). Tensor high is healthy for training; FP32 high with "
+        "tensor near 0 means FP32 math: bf16 mixed precision or TF32 would use the tensor cores.",
+        [target(gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe=~"tensor|fp32|fp16|fp64"'),
+                gpu_legend + " {{pipe}}")],
+        "percentunit",
+        minmax=(0, 1),
+    )  # fmt: skip
+    layout.add(
+        "timeseries",
+        "Device-memory bandwidth (DRAM active)",
+        "Share of peak device-memory bandwidth in use (GPM DRAM_BW_UTIL); above "
+        f"{LIMITS.bottleneck_dram_ratio:.0%} with the tensor cores idle the job is memory-bound.",
+        [target(gpm_ratio("gpuwarden_gpm_dram_active_seconds_total"), gpu_legend)],
+        "percentunit",
+        minmax=(0, 1),
+    )
+    layout.add(
+        "timeseries",
+        "PCIe and NVLink traffic",
+        "Bytes per second over PCIe (GPM where the GPU has it: link traffic) and over all NVLinks (GPM).",
+        [
+            target(f"rate(gpuwarden_pcie_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                   gpu_legend + " PCIe {{direction}}"),
+            target(f"rate(gpuwarden_nvlink_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                   gpu_legend + " NVLink {{direction}}", ref="B"),
+        ],
+        "Bps",
+    )  # fmt: skip
+    layout.add(
+        "table",
+        "Bottleneck class",
+        "What each GPU's time went to over the bottleneck window (gpuwarden_bottleneck_info): idle, tensor_bound, "
+        "memory_bound, compute_without_tensor, communication_bound, host_transfer_bound, data_starved, mixed. "
+        "/api/v1/diagnosis gives the numbers and what to do.",
+        [target(f"max by (instance, gpu, class) (gpuwarden_bottleneck_info{{{GPU_SELECTOR}}})", fmt="table",
+                instant=True)],
+        "none",
+        w=24,
+        h=6,
+    )  # fmt: skip
+
+
 def fleet_dashboard() -> dict[str, Any]:
-    L = Layout()
-    L.row("Fleet health")
-    L.add(
+    layout = Layout()
+    layout.row("Fleet health")
+    layout.add(
         "stat",
         "GPUs by health status",
         "How many GPUs are ok (0), warning (1) or critical (2).",
@@ -508,7 +576,7 @@ def fleet_dashboard() -> dict[str, Any]:
         w=8,
         thresholds=_steps((None, "green")),
     )
-    L.add(
+    layout.add(
         "table",
         "Unhealthy GPUs",
         "GPUs whose health is not ok, with the model and the failing checks.",
@@ -531,8 +599,8 @@ def fleet_dashboard() -> dict[str, Any]:
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
-    L.row("Idle and starved GPUs")
-    L.add(
+    layout.row("Idle and starved GPUs")
+    layout.add(
         "table",
         "Least busy GPUs over the range",
         "GPU busy share over the dashboard's range; below "
@@ -541,7 +609,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "percentunit",
         thresholds=_steps((None, "red"), (LIMITS.utilization_low_ratio, "green")),
     )
-    L.add(
+    layout.add(
         "stat",
         "Idle GPU-hours and their cost",
         "GPU-hours not spent running kernels over the range, and their cost at $price per GPU-hour.",
@@ -568,7 +636,7 @@ def fleet_dashboard() -> dict[str, Any]:
         f"clamp_min(increase(gpuwarden_utilization_sampled_seconds_total{{{NODE_SELECTOR}}}[$__range]) - "
         f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range]), 0)"
     )
-    L.add(
+    layout.add(
         "table",
         "Idle GPU-hours by namespace",
         "GPU-hours in which no kernel ran over the range, charged to the "
@@ -590,8 +658,43 @@ def fleet_dashboard() -> dict[str, Any]:
         w=24,
         h=6,
     )
-    L.row("Hot, failing and disconnected")
-    L.add(
+    layout.row("Profiling (GPM): useful work")
+    tensor = gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe="tensor"', NODE_SELECTOR, "$__range")
+    allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{NODE_SELECTOR}}})"
+    layout.add(
+        "table",
+        "Tensor-core use by namespace",
+        "Mean share of time the tensor cores were active over the dashboard's range, per namespace holding the "
+        "GPUs (pod attribution), and how many GPUs: low tensor use on GPUs a team holds is the cheapest "
+        "throughput to win (bf16 mixed precision, TF32).",
+        [
+            target(f"avg by (namespace) (({tensor}) * on (instance, uuid) group_left (namespace) {allocation})",
+                   fmt="table", instant=True),
+            target(f"count by (namespace) ({allocation})", fmt="table", instant=True, ref="B"),
+        ],
+        "percentunit",
+        w=12,
+    )  # fmt: skip
+    layout.add(
+        "table",
+        "Bottleneck classes by node",
+        "How many GPUs of each node are in each bottleneck class now (gpuwarden_bottleneck_info): tensor_bound is "
+        "healthy; data_starved, host_transfer_bound and communication_bound GPUs wait; idle GPUs have no process.",
+        [target(f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table",
+                instant=True)],
+        "none",
+        w=12,
+    )  # fmt: skip
+    layout.add(
+        "timeseries",
+        "GPUs per bottleneck class",
+        "GPUs of the selected nodes in each class over time.",
+        [target(f"count by (class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", "{{class}}")],
+        "none",
+        w=24,
+    )
+    layout.row("Hot, failing and disconnected")
+    layout.add(
         "table",
         "Hottest GPUs",
         "The ten hottest GPUs now.",
@@ -604,7 +707,7 @@ def fleet_dashboard() -> dict[str, Any]:
             (LIMITS.temperature_critical_celsius, "red"),
         ),
     )
-    L.add(
+    layout.add(
         "table",
         "ECC and XID offenders",
         "GPUs with uncorrected ECC errors or critical XIDs in the window.",
@@ -615,7 +718,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "none",
         w=8,
     )
-    L.add(
+    layout.add(
         "table",
         "NVLink problems",
         "Links that are down, or GPUs reaching peers over fewer links than usual.",
@@ -631,8 +734,8 @@ def fleet_dashboard() -> dict[str, Any]:
         "none",
         w=8,
     )
-    L.row("Versions")
-    L.add(
+    layout.row("Versions")
+    layout.add(
         "table",
         "Driver versions in the fleet",
         "Nodes per driver and CUDA driver version.",
@@ -646,7 +749,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "none",
         w=12,
     )
-    L.add(
+    layout.add(
         "table",
         "GPU models",
         "GPUs per model.",
@@ -663,7 +766,7 @@ def fleet_dashboard() -> dict[str, Any]:
         "gpuwarden-fleet",
         "gpuwarden / GPU fleet",
         "Every GPU in the fleet: health, idle and starved GPUs, heat, hardware errors, NVLink and versions.",
-        L,
+        layout,
         variables,
     )
 

@@ -15,6 +15,7 @@ import pytest
 
 from exporter.health import rules
 from exporter.metrics import FAMILIES
+from tests.helpers.common import write_yaml
 from tests.helpers.kubelet import FakeKubelet
 from tests.helpers.stack import PROMETHEUS
 from tests.helpers.stack import stack as running_stack
@@ -26,7 +27,7 @@ FOLDER = ROOT / "grafana_dashboards"
 SPEC = importlib.util.spec_from_file_location("dashboards_build", FOLDER / "build.py")
 build = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(build)
-UNITS = {"percentunit", "bytes", "celsius", "watt", "hertz", "joule", "s", "ops", "none"}
+UNITS = {"percentunit", "bytes", "Bps", "celsius", "watt", "hertz", "joule", "s", "ops", "none"}
 SCENARIOS = ["healthy", "thermal-throttling", "ecc-uncorrectable", "nvlink-down", "gpu-lost"]
 # what a query may reference beyond the exporter's families
 EXTERNAL = {"ALERTS", "up"}
@@ -117,13 +118,15 @@ def prometheus(tmp_path_factory):
         running_stack(tmp_path_factory.mktemp("dashboards")) as parts,
     ):
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()  # pod attribution on the thermal node
+        # a bottleneck window the test can watch (300 s by default), so the class panels have data
+        thresholds = write_yaml(Path(short) / "thresholds.yaml", {"bottleneck_window_s": 5})
         for scenario in SCENARIOS:
             flags = (
                 ["--pods.resources-socket", str(kubelet.socket_path), "--pods.refresh-interval", "1"]
                 if scenario == "thermal-throttling"
                 else []
             )
-            parts.exporter(scenario, *flags)
+            parts.exporter(scenario, "--health.thresholds-file", str(thresholds), *flags)
         parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
         thermal = parts.instance_of("thermal-throttling")
         uuids = [g["uuid"] for g in httpx.get(f"http://{thermal}/api/v1/gpus", timeout=5).json()["gpus"]]

@@ -36,6 +36,7 @@ SHORT = {
     "power_cap_for_s": 8,
     "nvlink_down_for_s": 2,
     "persistence_off_for_s": 3,
+    "bottleneck_window_s": 5,
 }
 SCENARIOS = ["healthy", "training", "data-starvation", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "row-remap"]
 HARDWARE = {
@@ -162,6 +163,12 @@ def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) ->
     assert instance(world, "healthy") in idle_nodes
     assert len([g for g in body["idle_gpus"] if g["node"] == instance(world, "healthy")]) == 8
     assert starved_nodes == {instance(world, "data-starvation")}
+    classes = body["bottlenecks"]  # from GPM: what each GPU's time goes to
+    by_node = {entry["node"]: entry["classes"] for entry in classes["by_node"]}
+    assert by_node[instance(world, "data-starvation")] == {"data_starved": 8}
+    assert by_node[instance(world, "healthy")] == {"idle": 8}
+    assert classes["gpus_by_class"]["data_starved"] >= 8 and classes["wasted_gpu_hours_by_class"]["data_starved"] > 0
+    assert any("data_starved" in entry["classes"] for entry in classes["by_namespace"])
     assert instance(world, "training") not in idle_nodes | starved_nodes
     nodes = {n["node"]: n for n in body["by_node"]}
     healthy, training = nodes[instance(world, "healthy")], nodes[instance(world, "training")]

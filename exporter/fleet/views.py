@@ -371,7 +371,9 @@ class UtilizationView(FleetQueries):
             entry["wasted_cost"] = round(row.value / 3600 * price, 2)
         wasted = sum(r.value for r in wasted_s) / 3600
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
+        bottlenecks = await self.bottlenecks(window, idle_s)
         return {
+            "bottlenecks": bottlenecks,
             "window": window,
             "idle_ratio": idle_ratio,
             "price_per_gpu_hour": price,
@@ -399,6 +401,34 @@ class UtilizationView(FleetQueries):
                 "by_namespace": "from gpuwarden_gpu_allocation (pod attribution): a GPU's hours go to the namespaces "
                 "that held it during the window; a GPU shared by n containers counts 1/n to each",
             },
+        }
+
+    async def bottlenecks(self, window: str, idle_s: str) -> dict[str, Any]:
+        """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
+        kernel ran, by the class the GPU is in now."""
+        sel, node_label = self.selector, self.node_label
+        info = f"gpuwarden_bottleneck_info{{{sel}}}"
+        allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{sel}}})"
+        totals, by_node, by_namespace, wasted = await self.many(
+            f"count by (class) ({info})",
+            f"count by ({node_label}, class) ({info})",
+            f"count by (namespace, class) ({info} * on (instance, uuid) group_left (namespace) {allocation})",
+            f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})",
+        )
+        per_node: dict[str, dict[str, int]] = defaultdict(dict)
+        for row in by_node:
+            per_node[self.node(row)][row.labels.get("class", "")] = int(row.value)
+        per_namespace: dict[str, dict[str, int]] = defaultdict(dict)
+        for row in by_namespace:
+            per_namespace[row.labels.get("namespace", "")][row.labels.get("class", "")] = int(row.value)
+        return {
+            "gpus_by_class": {row.labels.get("class", ""): int(row.value) for row in totals},
+            "wasted_gpu_hours_by_class": {row.labels.get("class", ""): round(row.value / 3600, 4) for row in wasted},
+            "by_node": [{"node": node, "classes": classes} for node, classes in sorted(per_node.items())],
+            "by_namespace": [{"namespace": ns, "classes": classes} for ns, classes in sorted(per_namespace.items())],
+            "definition": "gpuwarden_bottleneck_info (GPM, Hopper and newer): what each GPU's time went to over the "
+            "exporter's bottleneck window; wasted hours are the window's hours with no kernel running, by the GPU's "
+            "class now",
         }
 
     # -- planner's fleet side ---------------------------------------------------------------------------------------

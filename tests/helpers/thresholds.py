@@ -13,4 +13,5 @@ SHORT = {
     "persistence_off_for_s": 5,
     "nvlink_crc_for_s": 10,
     "pcie_replays_for_s": 10,
+    "bottleneck_window_s": 5,
 }
