@@ -6,15 +6,13 @@ fleet service is the real CLI process."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,7 @@ import pytest
 
 from exporter.fleet.settings import parse_duration
 from exporter.fleet.views import _node_name
-from tests.helpers.common import free_port
-from tests.helpers.stack import wait_ready
+from tests.helpers.stack import running_cli
 
 pytestmark = pytest.mark.slow
 QUERY_TIMEOUT = 2.0
@@ -82,20 +79,10 @@ def vector(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": "vector", "result": items}}
 
 
-@contextmanager
-def fleet(prometheus: FakePrometheus) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    args = [sys.executable, "-m", "exporter", "fleet", "--prometheus-url", prometheus.url]
-    args += ["--query-timeout", str(QUERY_TIMEOUT), "--cache-ttl", "0", "--web.listen-address", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/healthz")
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def fleet(prometheus: FakePrometheus) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    return running_cli(
+        "fleet", "--prometheus-url", prometheus.url, "--query-timeout", str(QUERY_TIMEOUT), "--cache-ttl", "0"
+    )
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ their figures in docs/reliability.md."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import ssl
@@ -15,8 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 
 import bcrypt
@@ -26,7 +24,7 @@ import pytest
 from exporter.server import negotiate
 from exporter.webconfig import BasicAuth
 from tests.helpers.common import free_port, parse_exposition, values, write_yaml
-from tests.helpers.stack import wait_ready
+from tests.helpers.stack import running_cli
 
 pytestmark = pytest.mark.slow
 
@@ -38,21 +36,12 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@contextmanager
-def exporter(tmp_path: Path, *flags: str, config: dict | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    port = free_port()
-    args = [sys.executable, "-m", "exporter", "--sim", "--web.listen-address", f"127.0.0.1:{port}", *flags]
+def exporter(
+    tmp_path: Path, *flags: str, config: dict | None = None
+) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
     if config is not None:
-        args += ["--config", str(write_yaml(tmp_path / "gpuwarden.yaml", config))]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/healthz")
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        flags = (*flags, "--config", str(write_yaml(tmp_path / "gpuwarden.yaml", config)))
+    return running_cli("--sim", *flags)
 
 
 def test_idle_and_slowloris_connections_never_starve_the_probes_or_a_scrape(tmp_path):

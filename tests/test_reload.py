@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.helpers.common import free_port, write_yaml
-from tests.helpers.stack import wait_ready
+from tests.helpers.stack import running_cli, wait_ready
 
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
@@ -93,17 +93,8 @@ def test_readyz_judges_freshness_by_the_reloaded_fast_interval(tmp_path):
     """After a reload from a 1 s to a 10 s fast interval the exporter is healthy: /readyz must not judge it by the
     interval it started with (3 × 1 s), which would say "not ready" for ~7 s of every 10 s cycle."""
     config = write_yaml(tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim"}, "poll": {"fast_interval": 1}})
-    port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=base,
-    )
-    url = f"http://127.0.0.1:{port}/readyz"
-    try:
+    with running_cli("--config", str(config)) as (base_url, proc):
+        url = base_url + "/readyz"
         wait_ready(url)
         write_yaml(config, {"nvml": {"backend": "sim"}, "poll": {"fast_interval": 10}})
         proc.send_signal(signal.SIGHUP)
@@ -112,7 +103,6 @@ def test_readyz_judges_freshness_by_the_reloaded_fast_interval(tmp_path):
             answers.append(httpx.get(url, timeout=5).status_code)
             time.sleep(0.25)
         assert set(answers) == {200}, answers
-    finally:
         proc.terminate()
-        proc.wait(timeout=10)
-    assert "configuration reloaded" in proc.stderr.read()
+        logs = proc.communicate(timeout=10)[1]
+    assert "configuration reloaded" in logs

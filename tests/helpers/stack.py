@@ -3,10 +3,12 @@ pynvml's library is process-wide), Debian's Prometheus and Alertmanager binaries
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -175,3 +177,25 @@ def stack(tmp: Path):
         yield running
     finally:
         running.stop()
+
+
+@contextmanager
+def running_cli(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`gpuwarden ARGS --web.listen-address 127.0.0.1:PORT` as its own process, with no GPUWARDEN_* from the
+    environment: yields its base URL (once /healthz answers) and the process (stderr piped, for its log)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/healthz")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
