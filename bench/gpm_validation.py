@@ -183,8 +183,7 @@ def run_load(name: str, body: str | None, gpm: IndependentGpm) -> dict:
     time.sleep(WINDOW_S)
     independent = gpm.stop()
     after = scrape()
-    diagnosis = get_json("/api/v1/diagnosis/0")
-    klass = next((f["observed"] for f in diagnosis["findings"] if f["check"] == "bottleneck"), "none")
+    klass = get_json("/api/v1/gpus/0")["health"]["bottleneck"]["observed"]
     copy = {}
     if proc is not None:
         output = proc.stdout.read() if proc.stdout else ""
