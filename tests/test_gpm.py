@@ -126,7 +126,16 @@ def test_bottleneck_classes(running, sm, tensor, dram, nvlink, pcie, expected):
 
 
 @pytest.mark.parametrize(
-    ("scenario", "expected"), [("training", "tensor_bound"), ("data-starvation", "data_starved"), ("healthy", "idle")]
+    ("scenario", "expected"),
+    [
+        ("training", "tensor_bound"),
+        ("data-starvation", "data_starved"),
+        ("healthy", "idle"),
+        ("memory-bound", "memory_bound"),
+        ("fp32-training", "compute_without_tensor"),
+        ("communication-bound", "communication_bound"),
+        ("host-transfer-bound", "host_transfer_bound"),
+    ],
 )
 def test_scenarios_get_their_class_in_metrics_and_diagnosis(sim, tmp_path, scenario, expected):
     poller, series = run(sim, scenario, seconds=10, tmp_path=tmp_path)
