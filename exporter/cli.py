@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections import Counter
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, OneLineParser
+from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser
 from exporter.config import ConfigError, Settings, load_settings, options
 
 log = logging.getLogger("gpuwarden")
@@ -176,6 +177,27 @@ def _graceful_server(config: Any) -> Any:
     return Server(config)
 
 
+def bind_listener(host: str, port: int) -> socket.socket | None:
+    """Bind the listen address before anything starts, so that a port in use is one line and its own exit code
+    (not "listening on …" followed by uvicorn's error and the NVML exit code)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        print(
+            f"gpuwarden: cannot listen on {where}: {exc.strerror.lower() if exc.strerror else exc}; "
+            "choose another --web.listen-address or stop what holds it",
+            file=sys.stderr,
+        )
+        return None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: Settings, argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -190,6 +212,9 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter.webconfig import WebConfig, load_web_config
 
     web = load_web_config(settings.web.config_file) if settings.web.config_file else WebConfig()
+    listener = bind_listener(settings.web.host, settings.web.port)
+    if listener is None:
+        return EXIT_LISTEN
     poller = Poller(settings)
     guard = ConnectionGuard(
         header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)
@@ -269,7 +294,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
     )
     try:
-        server.run()
+        server.run(sockets=[listener])
     finally:
         stopped.set()
         poller.stop()

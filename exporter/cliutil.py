@@ -9,6 +9,7 @@ from typing import NoReturn
 
 EXIT_CONFIG = 2  # bad flag, environment, config or web-config file: one line naming the field and the fix
 EXIT_FATAL = 3  # NVML unusable for good (driver upgraded under the process; no library with on_missing: exit)
+EXIT_LISTEN = 4  # the listen address cannot be bound (in use, not this host's, no permission)
 
 # Each command owns the variables under its prefix; a longer prefix belongs to another command.
 EXPORTER_ENV_PREFIX = "GPUWARDEN_"

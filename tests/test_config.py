@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -167,3 +168,17 @@ def test_library_missing_exits_when_configured(tmp_path):
     )
     assert result.returncode == 3
     assert "library_not_found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_port_in_use_is_one_line_and_its_own_exit_code():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_cli("--sim", "--web.listen-address", f"127.0.0.1:{port}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 4, result.stderr  # not 3, which means NVML is unusable
+    assert lines == [
+        f"gpuwarden: cannot listen on 127.0.0.1:{port}: address already in use; "
+        "choose another --web.listen-address or stop what holds it"
+    ]
