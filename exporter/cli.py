@@ -12,7 +12,7 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from exporter import __version__
 from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser
@@ -34,10 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
     parser.add_argument("--sim", action="store_true", help="Shorthand for --nvml.backend=sim.")
+    add_setting_flags(parser)
+    return parser
+
+
+def _help_text(opt: Any) -> str:
+    """Description, the allowed values of a choice, the default (or that there is none), the environment name."""
+    default = opt.field.default
+    shown = ",".join(default) if isinstance(default, tuple) else default
+    choices = get_args(opt.field.annotation) if get_origin(opt.field.annotation) is Literal else ()
+    allowed = f" One of: {', '.join(map(str, choices))}." if choices else ""
+    default_text = "none" if shown in (None, "", ()) else str(shown)
+    return f"{opt.field.description}{allowed} Default: {default_text}. Env: {opt.env}."
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, named and documented from the settings model."""
     for opt in options():
-        default = opt.field.default
-        shown = ",".join(default) if isinstance(default, tuple) else default
-        help_text = f"{opt.field.description} Default: {shown!s}. Env: {opt.env}."
+        help_text = _help_text(opt)
         if opt.field.annotation is bool:
             parser.add_argument(
                 opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, default=None, help=help_text
@@ -53,7 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
             )
         else:
             parser.add_argument(opt.flag, dest=opt.key, default=None, metavar=opt.name.upper(), help=help_text)
-    return parser
 
 
 def check_config(args: list[str]) -> int:

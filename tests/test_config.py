@@ -182,3 +182,12 @@ def test_a_port_in_use_is_one_line_and_its_own_exit_code():
         f"gpuwarden: cannot listen on 127.0.0.1:{port}: address already in use; "
         "choose another --web.listen-address or stop what holds it"
     ]
+
+
+def test_help_names_choices_and_never_prints_an_empty_default():
+    result = run_cli("--help")
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    assert result.returncode == 0
+    assert "Default: ." not in text and "Default: None" not in text
+    assert "Log level. One of: debug, info, warn, error. Default: info." in text
+    assert "One of: logfmt, json." in text and "Default: none." in text
