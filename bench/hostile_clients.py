@@ -34,16 +34,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers.common import free_port  # noqa: E402
+from tests.helpers.common import free_port, rss_mib  # noqa: E402
 
 USER, PASSWORD = "prometheus", "right-password"
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Exporter:

@@ -28,6 +28,8 @@ from typing import Any
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from exporter.asgi import MAX_HEADER_BYTES
+
 log = logging.getLogger(__name__)
 
 PROBES = frozenset({"/healthz", "/readyz"})
@@ -39,7 +41,7 @@ class ConnectionGuard:
     """Limits and counters shared by every connection of one server (the protocol reads them on the event loop)."""
 
     header_timeout_s: float = 5.0
-    max_header_bytes: int = 16 * 1024
+    max_header_bytes: int = MAX_HEADER_BYTES  # the same limit as the ASGI check of apps served without this guard
     max_connections: int = 1000
     max_requests: int = 256
     rejected: Counter[str] = field(default_factory=Counter)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -23,6 +22,7 @@ import pytest
 
 from exporter.fleet.settings import parse_duration
 from exporter.fleet.views import _node_name
+from tests.helpers.common import rss_mib
 from tests.helpers.stack import running_cli
 
 pytestmark = pytest.mark.slow
@@ -188,10 +188,3 @@ def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometh
 def test_windows_are_ascii_and_exact(window):
     with pytest.raises(ValueError):
         parse_duration(window)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")

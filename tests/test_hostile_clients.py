@@ -23,17 +23,10 @@ import pytest
 
 from exporter.server import negotiate
 from exporter.webconfig import BasicAuth
-from tests.helpers.common import free_port, parse_exposition, values, write_yaml
+from tests.helpers.common import free_port, parse_exposition, rss_mib, values, write_yaml
 from tests.helpers.stack import running_cli
 
 pytestmark = pytest.mark.slow
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def exporter(
@@ -98,7 +91,7 @@ def test_an_oversized_header_is_refused_as_it_arrives(tmp_path):
     with exporter(tmp_path) as (url, proc):
         port = int(url.rsplit(":", 1)[1])
         httpx.get(url + "/metrics")
-        before = rss_kib(proc.pid)
+        before = rss_mib(proc.pid)
         sock = socket.create_connection(("127.0.0.1", port))
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: ")
         chunk, sent, started = b"a" * 65536, 0, time.monotonic()
@@ -115,7 +108,7 @@ def test_an_oversized_header_is_refused_as_it_arrives(tmp_path):
             answer = b""
         elapsed = time.monotonic() - started
         sock.close()
-        growth_mib = (rss_kib(proc.pid) - before) / 1024
+        growth_mib = rss_mib(proc.pid) - before
     assert elapsed < 2 and sent < 16 * 1024 * 1024, (elapsed, sent)
     assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer
     assert growth_mib < 16, growth_mib
@@ -126,7 +119,7 @@ def test_a_wrong_password_flood_does_not_starve_an_authorised_scraper(tmp_path):
     web = write_yaml(tmp_path / "web.yaml", {"basic_auth_users": {"prometheus": hashed}})
     with exporter(tmp_path, "--web.config.file", str(web)) as (url, proc):
         httpx.get(url + "/metrics", auth=("prometheus", "right"))  # verified once, then cached
-        before = rss_kib(proc.pid)
+        before = rss_mib(proc.pid)
         stop = threading.Event()
 
         def flood() -> None:
@@ -149,7 +142,7 @@ def test_a_wrong_password_flood_does_not_starve_an_authorised_scraper(tmp_path):
         stop.set()
         for thread in flooders:
             thread.join(15)
-        growth_mib = (rss_kib(proc.pid) - before) / 1024
+        growth_mib = rss_mib(proc.pid) - before
         series = parse_exposition(httpx.get(url + "/metrics", auth=("prometheus", "right")).text)
     p99 = statistics.quantiles(latencies, n=100)[98]
     assert p99 < 0.25, (p99, max(latencies))

@@ -126,7 +126,6 @@ nvmlGpmQueryDeviceSupport = _op(pynvml.nvmlGpmQueryDeviceSupport, "fast", GPM)
 nvmlGpmSampleAlloc = _op(pynvml.nvmlGpmSampleAlloc, "fast", GPM)
 nvmlGpmSampleFree = _op(pynvml.nvmlGpmSampleFree, "fast", "errors ignored (the buffer is being dropped)")
 nvmlGpmSampleGet = _op(pynvml.nvmlGpmSampleGet, "fast", GPM + "; a failed sample restarts the window")
-nvmlGpmMigSampleGet = _op(pynvml.nvmlGpmMigSampleGet, "fast", GPM + "; per GPU instance")
 nvmlGpmMetricsGet = _op(
     pynvml.nvmlGpmMetricsGet, "fast", "per metric: its own return code; a metric that fails is dropped for the GPU"
 )

@@ -2,7 +2,7 @@
 
 A sample buffer is an opaque driver object; a public exporter that sampled inside scrapes, with buffers shared by
 concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` therefore belongs to one
-GPU (or one MIG GPU instance) and is used only by that GPU's fast-tier worker thread; nothing else touches it.
+GPU and is used only by that GPU's fast-tier worker thread; nothing else touches it.
 Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from two samples 1.2-3.6 ms.
 """
 
@@ -55,14 +55,13 @@ def check_support(handle: Any) -> None:
 
 
 class GpmWindow:
-    """Two sample buffers of one GPU (or GPU instance); `advance()` samples and returns the window since the last.
+    """Two sample buffers of one GPU; `advance()` samples and returns the window since the last.
 
     Not thread-safe by design: one owner thread (see the module docstring).
     """
 
-    def __init__(self, handle: Any, gpu_instance: int | None = None, max_window_s: float = 60.0) -> None:
+    def __init__(self, handle: Any, max_window_s: float = 60.0) -> None:
         self.handle = handle
-        self.gpu_instance = gpu_instance
         self.max_window_s = max_window_s
         try:
             self._samples = [calls.nvmlGpmSampleAlloc(), calls.nvmlGpmSampleAlloc()]
@@ -70,10 +69,6 @@ class GpmWindow:
             raise GpmUnavailable(_reason(exc)) from None
         self._last: int | None = None  # index of the buffer holding the previous sample
         self._last_at = 0.0
-
-    def reset(self) -> None:
-        """Forget the previous sample (after a GPU reset or a failed read): the next advance() reseeds."""
-        self._last = None
 
     def advance(self, metric_ids: list[int]) -> Window | None:
         """Sample now; the metrics over the window since the previous sample, or None while there is no window
@@ -101,10 +96,7 @@ class GpmWindow:
         self._samples = []
 
     def _get(self, sample: Any) -> None:
-        if self.gpu_instance is None:
-            calls.nvmlGpmSampleGet(self.handle, sample)
-        else:
-            calls.nvmlGpmMigSampleGet(self.handle, self.gpu_instance, sample)
+        calls.nvmlGpmSampleGet(self.handle, sample)
 
     @staticmethod
     def _metrics(first: Any, second: Any, metric_ids: list[int], seconds: float) -> Window | None:

@@ -26,7 +26,7 @@ from exporter.metrics import (
 )
 from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
-from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, GpmWindow, check_support
+from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, GpmWindow, Window, check_support
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
@@ -120,15 +120,15 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     _write(state.totals, out)
 
 
-def _accumulate(dev: GpuDevice, state: GpmState, window: object) -> None:
-    seconds: float = window.seconds  # type: ignore[attr-defined]
-    for metric, error in window.failed.items():  # type: ignore[attr-defined]
+def _accumulate(dev: GpuDevice, state: GpmState, window: Window) -> None:
+    seconds = window.seconds
+    for metric, error in window.failed.items():
         if metric in state.metric_ids:  # a metric this driver does not serve: dropped for this GPU, counted once
             state.metric_ids.remove(metric)
             dev.ledger.error(f"gpm_metric_{metric}", error)
     totals = state.totals
     totals["window"] = totals.get("window", 0.0) + seconds
-    for metric, value in window.values.items():  # type: ignore[attr-defined]
+    for metric, value in window.values.items():
         key, scale = METRICS[metric]
         totals[key] = totals.get(key, 0.0) + max(value, 0.0) * scale * seconds
 

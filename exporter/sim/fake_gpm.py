@@ -9,7 +9,6 @@ DRAM = `memory_utilization`), so every shipped scenario stays consistent. Faults
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pynvml
@@ -38,13 +37,10 @@ _FROM_UTILIZATION = {"graphics_active": 1.0, "sm_active": 0.9, "sm_occupancy": 0
 class GpmSymbols:
     """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
 
-    _gpm_lock = threading.Lock()
+    _gpm_sample_table: dict[int, tuple[int, float] | None]  # sample id → (GPU, time taken); set by the library
 
     def _gpm_samples(self) -> dict[int, tuple[int, float] | None]:
-        samples = self.__dict__.get("_gpm_sample_table")
-        if samples is None:
-            samples = self.__dict__["_gpm_sample_table"] = {}
-        return samples
+        return self._gpm_sample_table
 
     def _gpm_supported(self) -> bool:
         return tuple(self.model.compute_capability) >= (9, 0)
@@ -56,7 +52,7 @@ class GpmSymbols:
         return code
 
     def nvmlGpmSampleAlloc(self, ref: Any) -> int:
-        with self._gpm_lock:
+        with self._lock:
             samples = self._gpm_samples()
             sample_id = len(samples) + 1
             samples[sample_id] = None

@@ -113,3 +113,11 @@ def values(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     """Values of every series named `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return [value for (n, lbls), value in series.items() if n == name and wanted <= lbls]
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process, MiB (from /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
