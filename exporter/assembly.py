@@ -51,6 +51,7 @@ class Draft:
     pods_state: str = "disabled"
     pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
     pods_unmatched: int = 0
+    mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
 
 
 class EnrichmentStep(Protocol):
@@ -131,9 +132,9 @@ class PodsStep:
         attribution = self._attribution()
         view = attribution.view if attribution is not None else podresources.DISABLED
         draft.pods_state = view.state
-        draft.pods, draft.pods_unmatched = podresources.assign(
-            view, ((g.index, g.uuid, g.info.mig_uuids or ()) for g in draft.gpus if g.up)
-        )
+        gpus = [(g.index, g.uuid, g.info.mig_uuids or ()) for g in draft.gpus if g.up]
+        draft.pods, draft.pods_unmatched = podresources.assign(view, gpus)
+        draft.mig_pods = podresources.assign_mig(view, gpus)
 
 
 class SnapshotAssembler:

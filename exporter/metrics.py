@@ -174,6 +174,48 @@ NVLINK_BYTES_TOTAL = _f(
     "direction",
     unit="bytes",
 )
+# per MIG GPU instance (nvmlGpmMigSampleGet): the same activity for each slice of a MIG-enabled GPU
+MIG_GPM_WINDOW_SECONDS_TOTAL = _f(
+    "gpuwarden_mig_gpm_window_seconds_total",
+    "counter",
+    "Seconds covered by the MIG GPU instance's GPM sample windows: the denominator of its activity ratios.",
+    "gpu_instance",
+    "mig_uuid",
+    unit="seconds",
+)
+MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_mig_gpm_graphics_active_seconds_total",
+    "counter",
+    "Seconds the MIG GPU instance's graphics/compute engine was active (GPM GRAPHICS_UTIL x window).",
+    "gpu_instance",
+    "mig_uuid",
+    unit="seconds",
+)
+MIG_GPM_SM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_mig_gpm_sm_active_seconds_total",
+    "counter",
+    "SM-seconds active averaged over the MIG GPU instance's SMs (GPM SM_UTIL x window).",
+    "gpu_instance",
+    "mig_uuid",
+    unit="seconds",
+)
+MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_mig_gpm_pipe_active_seconds_total",
+    "counter",
+    "Seconds each math pipe of the MIG GPU instance was active: tensor, fp64, fp32, fp16.",
+    "gpu_instance",
+    "mig_uuid",
+    "pipe",
+    unit="seconds",
+)
+MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_mig_gpm_dram_active_seconds_total",
+    "counter",
+    "Seconds of the MIG GPU instance's memory-bandwidth use as a share of its peak (GPM DRAM_BW_UTIL x window).",
+    "gpu_instance",
+    "mig_uuid",
+    unit="seconds",
+)
 GPM_UNAVAILABLE_INFO = _f(
     "gpuwarden_gpm_unavailable_info",
     "gauge",
@@ -233,6 +275,16 @@ GPU_ALLOCATION = _f(
     "container",
 )
 # per-GPU identity and state
+MIG_ALLOCATION = _f(
+    "gpuwarden_mig_allocation",
+    "gauge",
+    "1 for each container the kubelet allocated a MIG slice of the GPU to; join the slice's gpuwarden_mig_gpm_* "
+    "series with `* on(mig_uuid) group_left(namespace, pod, container)`.",
+    "mig_uuid",
+    "namespace",
+    "pod",
+    "container",
+)
 GPU_INFO = _f(
     "gpuwarden_gpu_info",
     "gauge",
@@ -435,6 +487,11 @@ _FAMILIES = [
     GPM_PIPE_ACTIVE_SECONDS_TOTAL,
     GPM_DRAM_ACTIVE_SECONDS_TOTAL,
     NVLINK_BYTES_TOTAL,
+    MIG_GPM_WINDOW_SECONDS_TOTAL,
+    MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_SM_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL,
     GPM_UNAVAILABLE_INFO,
     HEALTH,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
@@ -443,6 +500,7 @@ _FAMILIES = [
     POD_ATTRIBUTION_UP,
     POD_ATTRIBUTION_UNMATCHED_DEVICES,
     GPU_ALLOCATION,
+    MIG_ALLOCATION,
     GPU_INFO,
     GPU_UP,
     GPU_STALE,

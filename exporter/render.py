@@ -36,6 +36,7 @@ from exporter.metrics import (
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,
     LAST_COLLECT_TIMESTAMP_SECONDS,
+    MIG_ALLOCATION,
     NVLINK_PEER_LINKS,
     NVML_ERROR_INFO,
     NVML_REINIT_TOTAL,
@@ -144,6 +145,9 @@ def _gpu_rows(snap: Snapshot, rows: Rows) -> None:
             rows[GPU_HARDWARE_ERROR_INFO.name].append((ids + [gpu.hardware_error], 1))
         for allocation in snap.pods.get(gpu.uuid, ()):
             rows[GPU_ALLOCATION.name].append((ids + [allocation.namespace, allocation.pod, allocation.container], 1))
+        for allocation in snap.mig_pods.get(gpu.uuid, ()):
+            labels = [allocation.device_id, allocation.namespace, allocation.pod, allocation.container]
+            rows[MIG_ALLOCATION.name].append((ids + labels, 1))
         for peer in snap.topology.get(gpu.uuid, ()):
             rows[TOPOLOGY_INFO.name].append((ids + [str(peer.peer_index), peer.level], 1))
             if peer.nvlinks >= 0:

@@ -167,6 +167,7 @@ class Snapshot:
     pods_state: str = "disabled"  # pod attribution: disabled | starting | ok | no_socket | error
     pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers holding it
     pods_unmatched: int = 0
+    mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers per MIG slice
 
     def gpu(self, key: str) -> GpuSnapshot | None:
         """Find a GPU by index ("0") or UUID."""

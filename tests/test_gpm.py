@@ -155,3 +155,60 @@ def test_profiling_can_be_turned_off(sim):
     _, series = run(sim, "training", seconds=3, nvml={"gpm": False})
     assert not [key for key in series[-1] if key[0].startswith("gpuwarden_gpm_")]
     assert values(series[-1], "gpuwarden_pcie_bytes_total", gpu="0", direction="rx")  # from the driver's counters
+
+
+def test_each_mig_slice_is_sampled_on_its_own_window(sim):
+    scenario = {
+        "name": "mig-gpm",
+        "node": {"count": 2, "mig_instances": {1: 3}, "mig_activity": {1: [1.0, 0.5, 0.0]}},
+        "values": {"utilization": 80},
+    }
+    _, series = run(sim, scenario)
+    last = series[-1]
+    slices = values(last, "gpuwarden_mig_gpm_window_seconds_total", gpu="1")
+    assert len(slices) == 3 and not values(last, "gpuwarden_mig_gpm_window_seconds_total", gpu="0")
+
+    def slice_share(gpu_instance: str) -> float:
+        first, final = series[2], series[-1]
+        window = [
+            values(s, "gpuwarden_mig_gpm_window_seconds_total", gpu="1", gpu_instance=gpu_instance)[0]
+            for s in (first, final)
+        ]
+        active = [
+            values(s, "gpuwarden_mig_gpm_sm_active_seconds_total", gpu="1", gpu_instance=gpu_instance)[0]
+            for s in (first, final)
+        ]
+        return (active[1] - active[0]) / (window[1] - window[0])
+
+    # GPU instance IDs 7, 8, 9 (as an H100 numbers them); SM = 0.9 × utilization × the slice's share
+    assert slice_share("7") == pytest.approx(0.72, abs=0.02)
+    assert slice_share("8") == pytest.approx(0.36, abs=0.02)
+    assert slice_share("9") == pytest.approx(0.0, abs=0.001)
+    mig_uuids = {labels["mig_uuid"] for labels, _ in _labelled(last, "gpuwarden_mig_gpm_window_seconds_total")}
+    assert len(mig_uuids) == 3 and all(u.startswith("MIG-") for u in mig_uuids)
+    # the whole GPU keeps its own series beside its slices'
+    assert values(last, "gpuwarden_gpm_sm_active_seconds_total", gpu="1")
+
+
+def test_a_slice_that_cannot_be_sampled_loses_only_its_own_series(sim):
+    scenario = {
+        "name": "mig-gpm-fault",
+        "node": {"count": 1, "mig_instances": {0: 2}},
+        "faults": [
+            {"kind": "error", "code": "unknown", "call": "nvmlGpmMigSampleGet", "gpu": 0, "at": 3, "until": 5},
+            {"kind": "not_supported", "call": "nvmlGpmMigSampleGet", "gpu": 0, "at": 8},
+        ],
+    }
+    poller, series = run(sim, scenario)
+    # a transient error (t 3-5) restarts the slices' windows; the counters stay and never go back
+    readings = [sum(values(s, "gpuwarden_mig_gpm_window_seconds_total", gpu="0")) for s in series[2:8]]
+    assert readings == sorted(readings) and readings[-1] > readings[0]
+    assert len(values(series[7], "gpuwarden_mig_gpm_window_seconds_total", gpu="0")) == 2
+    # a slice that answers not_supported: its series go, the whole GPU keeps its own, counted as a collect error
+    assert not values(series[-1], "gpuwarden_mig_gpm_window_seconds_total", gpu="0")
+    assert values(series[-1], "gpuwarden_gpm_window_seconds_total", gpu="0")
+    assert values(series[-1], "gpuwarden_collect_errors_total")
+
+
+def _labelled(series, name: str):
+    return [(dict(labels), value) for (n, labels), value in series.items() if n == name]

@@ -116,6 +116,21 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
     assert values(series, "gpuwarden_mig_mode_enabled", gpu="1") == [1]
     assert values(series, "gpuwarden_mig_mode_enabled", gpu="0") == [0]
     assert values(series, "gpuwarden_pod_attribution_unmatched_devices") == [0]
+    # each slice's holder, by mig_uuid: the label its GPM activity (gpuwarden_mig_gpm_*) carries, so the two join
+    held = {
+        dict(labels)["mig_uuid"]: dict(labels)["pod"]
+        for (name, labels), _ in series.items()
+        if name == "gpuwarden_mig_allocation"
+    }
+    assert held == {u: f"svc-{i}" for i, u in enumerate(mig)}
+    wait_for(
+        lambda: (
+            len(values(parse_exposition(server.get("/metrics").text), "gpuwarden_mig_gpm_window_seconds_total")) == 3
+        )  # type: ignore[attr-defined]
+    )
+    series = parse_exposition(server.get("/metrics").text)  # type: ignore[attr-defined]
+    sampled = {dict(labels)["mig_uuid"] for (name, labels), _ in series.items() if name.startswith("gpuwarden_mig_gpm")}
+    assert sampled == set(mig)
 
 
 def test_over_http_pods_come_and_go_and_the_socket_disappears(

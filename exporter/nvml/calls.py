@@ -117,6 +117,9 @@ nvmlDeviceGetMaxMigDeviceCount = _op(pynvml.nvmlDeviceGetMaxMigDeviceCount, "slo
 nvmlDeviceGetMigDeviceHandleByIndex = _op(
     pynvml.nvmlDeviceGetMigDeviceHandleByIndex, "slow", READ + "; not_found is an empty MIG slot"
 )
+nvmlDeviceGetGpuInstanceId = _op(
+    pynvml.nvmlDeviceGetGpuInstanceId, "slow", READ + "; on a MIG handle: the instance GPM samples per slice"
+)
 
 # -- GPM, profiling-class activity (exporter.nvml.gpm, fast tier; Hopper and newer) ------------------------------
 GPM = (
@@ -126,6 +129,9 @@ nvmlGpmQueryDeviceSupport = _op(pynvml.nvmlGpmQueryDeviceSupport, "fast", GPM)
 nvmlGpmSampleAlloc = _op(pynvml.nvmlGpmSampleAlloc, "fast", GPM)
 nvmlGpmSampleFree = _op(pynvml.nvmlGpmSampleFree, "fast", "errors ignored (the buffer is being dropped)")
 nvmlGpmSampleGet = _op(pynvml.nvmlGpmSampleGet, "fast", GPM + "; a failed sample restarts the window")
+nvmlGpmMigSampleGet = _op(
+    pynvml.nvmlGpmMigSampleGet, "fast", GPM + "; per MIG GPU instance; a failed sample restarts that instance's window"
+)
 nvmlGpmMetricsGet = _op(
     pynvml.nvmlGpmMetricsGet, "fast", "per metric: its own return code; a metric that fails is dropped for the GPU"
 )

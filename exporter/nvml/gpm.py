@@ -60,8 +60,9 @@ class GpmWindow:
     Not thread-safe by design: one owner thread (see the module docstring).
     """
 
-    def __init__(self, handle: Any, max_window_s: float = 60.0) -> None:
+    def __init__(self, handle: Any, max_window_s: float = 60.0, gpu_instance: int | None = None) -> None:
         self.handle = handle
+        self.gpu_instance = gpu_instance  # a MIG GPU instance of the GPU: samples that slice only
         self.max_window_s = max_window_s
         try:
             self._samples = [calls.nvmlGpmSampleAlloc(), calls.nvmlGpmSampleAlloc()]
@@ -96,7 +97,10 @@ class GpmWindow:
         self._samples = []
 
     def _get(self, sample: Any) -> None:
-        calls.nvmlGpmSampleGet(self.handle, sample)
+        if self.gpu_instance is None:
+            calls.nvmlGpmSampleGet(self.handle, sample)
+        else:
+            calls.nvmlGpmMigSampleGet(self.handle, self.gpu_instance, sample)
 
     @staticmethod
     def _metrics(first: Any, second: Any, metric_ids: list[int], seconds: float) -> Window | None:

@@ -88,6 +88,20 @@ def assign(
     return {uuid: tuple(holders.values()) for uuid, holders in assigned.items()}, len(unmatched)
 
 
+def assign_mig(
+    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
+) -> dict[str, tuple[Allocation, ...]]:
+    """The allocations of MIG slices, by parent GPU UUID, one per container and slice: what joins a slice's
+    activity (gpuwarden_mig_gpm_*) to the pod that holds it."""
+    parent = {mig_uuid: uuid for _, uuid, mig_uuids in gpus for mig_uuid in mig_uuids}
+    found: dict[str, list[Allocation]] = {}
+    for allocation in view.allocations:
+        uuid = parent.get(allocation.device_id)
+        if uuid is not None:
+            found.setdefault(uuid, []).append(allocation)
+    return {uuid: tuple(allocations) for uuid, allocations in found.items()}
+
+
 class PodResourcesClient:
     """One gRPC channel to the kubelet socket; the grpc import is deferred so nodes without the socket never
     pay for it."""

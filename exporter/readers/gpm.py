@@ -5,7 +5,9 @@ sample buffers (exporter/nvml/gpm.py says why); the metrics over the window betw
 activity × seconds, so `rate()` of each counter over any range divided by the rate of
 `gpuwarden_gpm_window_seconds_total` is the true mean. A GPU without GPM (pre-Hopper) has no profiling series and
 one `collect_errors` entry, and is not asked again until re-discovery; NO_PERMISSION logs one line naming the cause
-and fix, and `gpuwarden_gpm_unavailable_info{reason}` says so. Measured cost on H200: ~2.4 millicores per GPU at 1 s.
+and fix, and `gpuwarden_gpm_unavailable_info{reason}` says so. On a MIG-enabled GPU each GPU instance the slow tier
+found is sampled too (nvmlGpmMigSampleGet, its own window), as gpuwarden_mig_gpm_* with the slice's `mig_uuid`.
+Measured cost on H200: ~2.4 millicores per GPU at 1 s.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from exporter.metrics import (
     GPM_SM_OCCUPANCY_SECONDS_TOTAL,
     GPM_UNAVAILABLE_INFO,
     GPM_WINDOW_SECONDS_TOTAL,
+    MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_SM_ACTIVE_SECONDS_TOTAL,
+    MIG_GPM_WINDOW_SECONDS_TOTAL,
     NVLINK_BYTES_TOTAL,
     PCIE_BYTES_TOTAL,
 )
@@ -50,29 +57,53 @@ METRICS: dict[int, tuple[str, float]] = {
 }
 
 
+# What a MIG GPU instance answers for its own slice; PCIe and NVLink traffic belong to the whole GPU.
+INSTANCE_METRICS = [metric for metric, (key, _) in METRICS.items() if not key.startswith(("pcie", "nvlink"))]
+INSTANCE_METRICS.remove(nvml.NVML_GPM_METRIC_SM_OCCUPANCY)
+PIPES = ("tensor", "fp64", "fp32", "fp16")
+
+
+@dataclass
+class InstanceGpm:
+    """One MIG GPU instance's window and totals (nvmlGpmMigSampleGet), owned by the GPU's fast-tier thread."""
+
+    mig_uuid: str
+    window: GpmWindow | None
+    metric_ids: list[int] = field(default_factory=lambda: list(INSTANCE_METRICS))
+    totals: dict[str, float] = field(default_factory=dict)
+
+
 @dataclass
 class GpmState:
     """One GPU's GPM: its window (sample buffers), the metrics that answer, and the accumulated totals."""
 
     window: GpmWindow | None = None
     unavailable: str | None = None
+    supported: bool = False  # the GPU answered the support query: its MIG instances may be sampled too
     metric_ids: list[int] = field(default_factory=lambda: list(METRICS))
     totals: dict[str, float] = field(default_factory=dict)
+    instances: dict[int, InstanceGpm] = field(default_factory=dict)  # MIG GPU instance ID → its GPM
+    handle: object = None  # the device handle the state was opened on (None: not yet asked)
 
 
 def _state(dev: GpuDevice) -> GpmState:
     state: GpmState | None = dev.state.get("gpm")
     if state is None:
         state = dev.state["gpm"] = GpmState()
-    if state.window is not None and state.window.handle is not dev.handle:
-        state.window.free()  # re-discovered (a reset, a driver re-init): new handle, new buffers, a new window
-        state.window, state.unavailable = None, None
+    if state.handle is not None and state.handle is not dev.handle:
+        # Re-discovered (a reset, a driver re-init): new handle, new buffers, new windows, support asked again.
+        _close_instances(state, set())
+        if state.window is not None:
+            state.window.free()
+        state.window, state.unavailable, state.supported, state.handle = None, None, False, None
     return state
 
 
 def _open(dev: GpuDevice, state: GpmState) -> None:
+    state.handle = dev.handle
     try:
         check_support(dev.handle)
+        state.supported = True
         state.window = GpmWindow(dev.handle)
     except GpmUnavailable as exc:
         _unavailable(dev, state, exc.reason)
@@ -82,6 +113,9 @@ def _unavailable(dev: GpuDevice, state: GpmState, reason: str) -> None:
     if state.window is not None:
         state.window.free()
     state.window, state.unavailable = None, reason
+    if reason in (NOT_SUPPORTED_REASON, "no_permission"):
+        state.supported = False  # the slices of a GPU without GPM, or without permission, answer the same
+        _close_instances(state, set())
     dev.ledger.error("nvmlGpmQueryDeviceSupport", reason)
     if reason == "no_permission":
         log.warning(
@@ -104,29 +138,66 @@ def serves_pcie_bytes(dev: GpuDevice) -> bool:
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     state = _state(dev)
-    if state.window is None and state.unavailable is None:
+    if state.handle is None:
         _open(dev, state)
-    if state.window is None:
-        if state.unavailable not in (None, NOT_SUPPORTED_REASON):
-            out.add(GPM_UNAVAILABLE_INFO, 1, state.unavailable)
-        return
-    try:
-        window = state.window.advance(state.metric_ids)
-    except GpmUnavailable as exc:
-        _unavailable(dev, state, exc.reason)
-        return
-    if window is not None:
-        _accumulate(dev, state, window)
-    _write(state.totals, out)
+    if state.window is not None:
+        try:
+            window = state.window.advance(state.metric_ids)
+        except GpmUnavailable as exc:
+            _unavailable(dev, state, exc.reason)
+        else:
+            if window is not None:
+                _accumulate(dev, state.metric_ids, state.totals, window)
+            _write(state.totals, out)
+    if state.unavailable not in (None, NOT_SUPPORTED_REASON):
+        out.add(GPM_UNAVAILABLE_INFO, 1, state.unavailable)
+    if state.supported:
+        _read_instances(dev, state, out)
 
 
-def _accumulate(dev: GpuDevice, state: GpmState, window: Window) -> None:
+def _read_instances(dev: GpuDevice, state: GpmState, out: SampleWriter) -> None:
+    """Each MIG GPU instance the slow tier found, sampled on its own window; instances destroyed since are
+    dropped with their series, new ones start a window."""
+    current: tuple[tuple[int, str], ...] = dev.state.get("mig_instances", ())
+    _close_instances(state, {gpu_instance for gpu_instance, _ in current})
+    for gpu_instance, mig_uuid in current:
+        instance = state.instances.get(gpu_instance)
+        if instance is None or instance.mig_uuid != mig_uuid:
+            if instance is not None and instance.window is not None:
+                instance.window.free()
+            try:
+                window: GpmWindow | None = GpmWindow(dev.handle, gpu_instance=gpu_instance)
+            except GpmUnavailable as exc:
+                window = None
+                dev.ledger.error(f"nvmlGpmMigSampleGet_{gpu_instance}", exc.reason)
+            instance = state.instances[gpu_instance] = InstanceGpm(mig_uuid, window)
+        if instance.window is None:
+            continue
+        try:
+            window_read = instance.window.advance(instance.metric_ids)
+        except GpmUnavailable as exc:  # this slice cannot be sampled: counted once, not asked again
+            instance.window.free()
+            instance.window = None
+            dev.ledger.error(f"nvmlGpmMigSampleGet_{gpu_instance}", exc.reason)
+            continue
+        if window_read is not None:
+            _accumulate(dev, instance.metric_ids, instance.totals, window_read)
+        _write_instance(str(gpu_instance), mig_uuid, instance.totals, out)
+
+
+def _close_instances(state: GpmState, keep: set[int]) -> None:
+    for gpu_instance in [g for g in state.instances if g not in keep]:
+        window = state.instances.pop(gpu_instance).window
+        if window is not None:
+            window.free()
+
+
+def _accumulate(dev: GpuDevice, metric_ids: list[int], totals: dict[str, float], window: Window) -> None:
     seconds = window.seconds
     for metric, error in window.failed.items():
-        if metric in state.metric_ids:  # a metric this driver does not serve: dropped for this GPU, counted once
-            state.metric_ids.remove(metric)
+        if metric in metric_ids:  # a metric this driver does not serve: dropped for this GPU, counted once
+            metric_ids.remove(metric)
             dev.ledger.error(f"gpm_metric_{metric}", error)
-    totals = state.totals
     totals["window"] = totals.get("window", 0.0) + seconds
     for metric, value in window.values.items():
         key, scale = METRICS[metric]
@@ -140,13 +211,24 @@ def _write(totals: dict[str, float], out: SampleWriter) -> None:
     out.add(GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL, totals.get("graphics"))
     out.add(GPM_SM_ACTIVE_SECONDS_TOTAL, totals.get("sm"))
     out.add(GPM_SM_OCCUPANCY_SECONDS_TOTAL, totals.get("occupancy"))
-    for pipe in ("tensor", "fp64", "fp32", "fp16"):
+    for pipe in PIPES:
         out.add(GPM_PIPE_ACTIVE_SECONDS_TOTAL, totals.get(pipe), pipe)
     out.add(GPM_DRAM_ACTIVE_SECONDS_TOTAL, totals.get("dram"))
     out.add(PCIE_BYTES_TOTAL, totals.get("pcie_rx"), "rx")
     out.add(PCIE_BYTES_TOTAL, totals.get("pcie_tx"), "tx")
     out.add(NVLINK_BYTES_TOTAL, totals.get("nvlink_rx"), "rx")
     out.add(NVLINK_BYTES_TOTAL, totals.get("nvlink_tx"), "tx")
+
+
+def _write_instance(gpu_instance: str, mig_uuid: str, totals: dict[str, float], out: SampleWriter) -> None:
+    if "window" not in totals:
+        return
+    out.add(MIG_GPM_WINDOW_SECONDS_TOTAL, totals["window"], gpu_instance, mig_uuid)
+    out.add(MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL, totals.get("graphics"), gpu_instance, mig_uuid)
+    out.add(MIG_GPM_SM_ACTIVE_SECONDS_TOTAL, totals.get("sm"), gpu_instance, mig_uuid)
+    for pipe in PIPES:
+        out.add(MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL, totals.get(pipe), gpu_instance, mig_uuid, pipe)
+    out.add(MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL, totals.get("dram"), gpu_instance, mig_uuid)
 
 
 FAST = Reader(
@@ -162,6 +244,11 @@ FAST = Reader(
         NVLINK_BYTES_TOTAL,
         PCIE_BYTES_TOTAL,
         GPM_UNAVAILABLE_INFO,
+        MIG_GPM_WINDOW_SECONDS_TOTAL,
+        MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
+        MIG_GPM_SM_ACTIVE_SECONDS_TOTAL,
+        MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+        MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL,
     ),
     read_fast,
 )

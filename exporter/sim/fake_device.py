@@ -89,6 +89,16 @@ class DeviceSymbols:
         _set_pointer(ref, _HANDLE_BASE + index * 0x100 + 1 + _val(slot))
         return OK
 
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetGpuInstanceId")
+        if code != OK:
+            return code
+        slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1
+        if slot < 0:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT  # a whole GPU is not a GPU instance
+        _out(ref).value = mig_gpu_instance_id(slot)
+        return OK
+
     def mig_uuid(self, index: int, slot: int) -> str:
         digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
         return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
@@ -131,3 +141,8 @@ class DeviceSymbols:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, ref: Any) -> int:
         return self._uint(handle, ref, "nvmlDeviceGetPcieReplayCounter", lambda i: self._events("pcie_replay", i))
+
+
+def mig_gpu_instance_id(slot: int) -> int:
+    """GPU instance IDs as an H100 with seven 1g slices numbers them (7-13): not the slot index."""
+    return 7 + slot

@@ -13,7 +13,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fakecommon import OK, _out, _pointer_value, _set_pointer
+from exporter.sim.fake_device import mig_gpu_instance_id
+from exporter.sim.fakecommon import OK, _out, _pointer_value, _set_pointer, _val
 
 _GPM_SAMPLE_BASE = 0x7F0000A00000
 _MIB = 1024 * 1024
@@ -37,9 +38,10 @@ _FROM_UTILIZATION = {"graphics_active": 1.0, "sm_active": 0.9, "sm_occupancy": 0
 class GpmSymbols:
     """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
 
-    _gpm_sample_table: dict[int, tuple[int, float] | None]  # sample id → (GPU, time taken); set by the library
+    # sample id → (GPU, MIG GPU instance or None for the whole GPU, time taken); set by the library
+    _gpm_sample_table: dict[int, tuple[int, int | None, float] | None]
 
-    def _gpm_samples(self) -> dict[int, tuple[int, float] | None]:
+    def _gpm_samples(self) -> dict[int, tuple[int, int | None, float] | None]:
         return self._gpm_sample_table
 
     def _gpm_supported(self) -> bool:
@@ -67,40 +69,53 @@ class GpmSymbols:
         return (_pointer_value(sample) - _GPM_SAMPLE_BASE) // 0x10
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
-        return self._gpm_take(handle, sample, "nvmlGpmSampleGet")
+        return self._gpm_take(handle, None, sample, "nvmlGpmSampleGet")
 
     def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance: Any, sample: Any) -> int:
-        return self._gpm_take(handle, sample, "nvmlGpmMigSampleGet")
+        return self._gpm_take(handle, _val(gpu_instance), sample, "nvmlGpmMigSampleGet")
 
-    def _gpm_take(self, handle: Any, sample: Any, symbol: str) -> int:
+    def _gpm_take(self, handle: Any, gpu_instance: int | None, sample: Any, symbol: str) -> int:
         index, code = self._device(handle, symbol)
         if code != OK:
             return code
         if not self._gpm_supported():
             return pynvml.NVML_ERROR_NOT_SUPPORTED
+        if gpu_instance is not None and self._mig_slot(index, gpu_instance) is None:
+            return pynvml.NVML_ERROR_NOT_FOUND  # no such GPU instance (destroyed, or MIG off)
         sample_id = self._sample_id(sample)
         if sample_id not in self._gpm_samples():
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        self._gpm_samples()[sample_id] = (index, self.now())
+        self._gpm_samples()[sample_id] = (index, gpu_instance, self.now())
         return OK
+
+    def _mig_slot(self, index: int, gpu_instance: int) -> int | None:
+        slots = self.scenario.node.mig_instances.get(index, 0)
+        return next((slot for slot in range(slots) if mig_gpu_instance_id(slot) == gpu_instance), None)
 
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
         request = _out(ref)
         samples = self._gpm_samples()
         first = samples.get(self._sample_id(request.sample1))
         second = samples.get(self._sample_id(request.sample2))
-        if first is None or second is None or first[0] != second[0]:
+        if first is None or second is None or first[:2] != second[:2]:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        index, start, end = first[0], min(first[1], second[1]), max(first[1], second[1])
+        index, gpu_instance = first[0], first[1]
+        start, end = min(first[2], second[2]), max(first[2], second[2])
+        share = 1.0 if gpu_instance is None else self._mig_share(index, gpu_instance)
         for position in range(request.numMetrics):
             entry = request.metrics[position]
             key = _KEYS.get(entry.metricId)
             if key is None:
                 entry.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT  # as the cumulative IDs answer on 580
                 continue
-            entry.value = self._gpm_mean(index, key, start, end)
+            entry.value = self._gpm_mean(index, key, start, end) * share
             entry.nvmlReturn = OK
         return OK
+
+    def _mig_share(self, index: int, gpu_instance: int) -> float:
+        slot = self._mig_slot(index, gpu_instance)
+        shares = self.scenario.node.mig_activity.get(index, [])
+        return shares[slot] if slot is not None and slot < len(shares) else 1.0
 
     def _gpm_mean(self, index: int, key: str, start: float, end: float) -> float:
         points = [start + (end - start) * (k + 0.5) / 16 for k in range(16)] if end > start else [end]

@@ -66,7 +66,7 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
         self._throttle_ns = [dict.fromkeys(_THROTTLE_FIELD_BITS, 0.0) for _ in range(self.count)]
         self._pcie_bytes = [[1.7e9, 1.6e9] for _ in range(self.count)]
         self._event_sets: dict[int, dict[str, Any]] = {}
-        self._gpm_sample_table: dict[int, tuple[int, float] | None] = {}
+        self._gpm_sample_table: dict[int, tuple[int, int | None, float] | None] = {}
         self._next_event_set = 0
         self.missing_lookups: Counter[str] = Counter()  # symbols pynvml asked for that this driver lacks
         self.library = _SymbolTable(

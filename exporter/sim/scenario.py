@@ -178,12 +178,26 @@ class Node(_Strict):
         default_factory=dict, description="GPU index → MIG instances on it (MIG mode on for those GPUs), 1-7"
     )
 
+    mig_activity: dict[int, list[float]] = Field(
+        default_factory=dict,
+        description="GPU index → each MIG instance's GPM activity as a share of the GPU's scenario values, 0-1 "
+        "(default 1 for every instance)",
+    )
+
     @field_validator("mig_instances")
     @classmethod
     def _mig(cls, value: dict[int, int]) -> dict[int, int]:
         for gpu, instances in value.items():
             if gpu < 0 or not 1 <= instances <= 7:
                 raise ValueError("maps a GPU index to 1-7 MIG instances, e.g. {0: 7}")
+        return value
+
+    @field_validator("mig_activity")
+    @classmethod
+    def _mig_activity(cls, value: dict[int, list[float]]) -> dict[int, list[float]]:
+        for shares in value.values():
+            if len(shares) > 7 or any(not 0.0 <= share <= 1.0 for share in shares):
+                raise ValueError("maps a GPU index to up to 7 shares between 0 and 1, e.g. {0: [1.0, 0.2]}")
         return value
 
     @field_validator("model")
