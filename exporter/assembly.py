@@ -14,7 +14,20 @@ from typing import Any, Protocol
 from exporter import podresources, topology
 from exporter.health.checks import HealthEvaluator
 from exporter.metrics import GPU_INFO, NVLINK_UP
-from exporter.snapshot import Allocation, GpuInfo, GpuSnapshot, PeerLink, Sample, Snapshot, Tier, TierReading, Verdict
+from exporter.snapshot import (
+    Allocation,
+    ContainerUsage,
+    GpuInfo,
+    GpuSnapshot,
+    PeerLink,
+    ProcessExit,
+    ProcessView,
+    Sample,
+    Snapshot,
+    Tier,
+    TierReading,
+    Verdict,
+)
 from exporter.topology import PairFacts
 
 
@@ -52,6 +65,10 @@ class Draft:
     pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
     pods_unmatched: int = 0
     mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
+    processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
+    containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)
+    process_exits: tuple[ProcessExit, ...] = ()
+    pid_series: int = 0
 
 
 class EnrichmentStep(Protocol):

@@ -143,6 +143,28 @@ class PodsSettings(_Section):
     )
 
 
+class ProcessesSettings(_Section):
+    proc_root: Path | None = Field(
+        None,
+        description="The host's /proc, to name GPU processes and find their pods from their cgroups: /proc on bare "
+        "metal or under systemd, the host's /proc mounted read-only in a pod (Helm: processes.hostProc). Unset: "
+        "processes are attributed through the GPU's allocation only.",
+    )
+    pod_logs_root: Path | None = Field(
+        Path("/var/log/pods"),
+        description="The kubelet's pod log directory (namespace_pod_uid/container/), mounted read-only: maps a "
+        "process's pod UID to its namespace and name.",
+    )
+    per_pid_series: bool = Field(
+        False,
+        description="Also export gpuwarden_process_memory_used_bytes per PID (series churn with every job: "
+        "opt-in, capped by max_pid_series).",
+    )
+    max_pid_series: int = Field(
+        16, ge=1, le=256, description="Per-PID series per GPU at most, the largest memory holders first."
+    )
+
+
 class LogSettings(_Section):
     level: Literal["debug", "info", "warn", "error"] = Field("info", description="Log level.")
     format: Literal["logfmt", "json"] = Field("logfmt", description="Log line format.")
@@ -155,6 +177,7 @@ class Settings(_Section):
     metrics: MetricsSettings = MetricsSettings()
     health: HealthSettings = HealthSettings()
     pods: PodsSettings = PodsSettings()
+    processes: ProcessesSettings = ProcessesSettings()
     log: LogSettings = LogSettings()
 
     @model_validator(mode="after")

@@ -275,6 +275,47 @@ GPU_ALLOCATION = _f(
     "container",
 )
 # per-GPU identity and state
+# who holds the GPU (exporter/processes.py): per container by default, per PID opt-in
+CONTAINER_GPU_MEMORY_USED_BYTES = _f(
+    "gpuwarden_container_gpu_memory_used_bytes",
+    "gauge",
+    "GPU memory held by the container's processes (namespace, pod and container empty: processes no container "
+    "could be found for).",
+    "namespace",
+    "pod",
+    "container",
+    unit="bytes",
+)
+CONTAINER_SM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_container_sm_active_seconds_total",
+    "counter",
+    "Seconds of SM utilization of the container's processes on the GPU (per-process SM utilization x window): "
+    "rate() is the container's share of the GPU.",
+    "namespace",
+    "pod",
+    "container",
+    unit="seconds",
+)
+CONTAINER_PROCESSES = _f(
+    "gpuwarden_container_processes",
+    "gauge",
+    "Processes of the container on the GPU (0 for a container allocated the GPU that runs none on it).",
+    "namespace",
+    "pod",
+    "container",
+)
+PROCESS_GPU_MEMORY_USED_BYTES = _f(
+    "gpuwarden_process_gpu_memory_used_bytes",
+    "gauge",
+    "GPU memory held by one process (opt-in: processes.per_pid_series; the largest holders, processes."
+    "max_pid_series per GPU).",
+    "pid",
+    "process_name",
+    "namespace",
+    "pod",
+    "container",
+    unit="bytes",
+)
 MIG_ALLOCATION = _f(
     "gpuwarden_mig_allocation",
     "gauge",
@@ -501,6 +542,10 @@ _FAMILIES = [
     POD_ATTRIBUTION_UNMATCHED_DEVICES,
     GPU_ALLOCATION,
     MIG_ALLOCATION,
+    CONTAINER_GPU_MEMORY_USED_BYTES,
+    CONTAINER_SM_ACTIVE_SECONDS_TOTAL,
+    CONTAINER_PROCESSES,
+    PROCESS_GPU_MEMORY_USED_BYTES,
     GPU_INFO,
     GPU_UP,
     GPU_STALE,

@@ -22,9 +22,11 @@ from exporter.config import Settings
 from exporter.events import XidCounts, XidWatcher
 from exporter.health.checks import HealthEvaluator
 from exporter.health.thresholds import load_thresholds
+from exporter.hostprocs import HostProcesses
 from exporter.lifecycle import NvmlLifecycle
 from exporter.metrics import family_filter
 from exporter.nvml.device import ErrorLedger, GpuDevice
+from exporter.processes import ProcessesStep
 from exporter.readers import Reader, all_readers
 from exporter.snapshot import EMPTY, Snapshot, Tier
 from exporter.tiers import TierRunner
@@ -70,7 +72,15 @@ class Poller:
         )
         self.pods = self._pod_attribution(settings)
         self.assembler = SnapshotAssembler(
-            [TopologyStep(lambda: self.nvml.pairs), HealthStep(lambda: self.health), PodsStep(lambda: self.pods)]
+            [
+                TopologyStep(lambda: self.nvml.pairs),
+                HealthStep(lambda: self.health),
+                PodsStep(lambda: self.pods),
+                ProcessesStep(
+                    HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root),
+                    lambda: self.settings.processes.max_pid_series if self.settings.processes.per_pid_series else 0,
+                ),
+            ]
         )
         self.tier_duration: dict[str, float] = {}
         self.tier_finished: dict[str, float] = {}

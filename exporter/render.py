@@ -25,6 +25,9 @@ from exporter.metrics import (
     COLLECT_DURATION_SECONDS,
     COLLECT_ERRORS_TOTAL,
     COLLECT_TIMEOUTS_TOTAL,
+    CONTAINER_GPU_MEMORY_USED_BYTES,
+    CONTAINER_PROCESSES,
+    CONTAINER_SM_ACTIVE_SECONDS_TOTAL,
     DRIVER_INFO,
     FAMILIES,
     GPU_ALLOCATION,
@@ -43,6 +46,7 @@ from exporter.metrics import (
     NVML_UP,
     POD_ATTRIBUTION_UNMATCHED_DEVICES,
     POD_ATTRIBUTION_UP,
+    PROCESS_GPU_MEMORY_USED_BYTES,
     TOPOLOGY_INFO,
     XID_ERRORS_TOTAL,
     XID_LAST_TIMESTAMP_SECONDS,
@@ -145,6 +149,15 @@ def _gpu_rows(snap: Snapshot, rows: Rows) -> None:
             rows[GPU_HARDWARE_ERROR_INFO.name].append((ids + [gpu.hardware_error], 1))
         for allocation in snap.pods.get(gpu.uuid, ()):
             rows[GPU_ALLOCATION.name].append((ids + [allocation.namespace, allocation.pod, allocation.container], 1))
+        for usage in snap.containers.get(gpu.uuid, ()):
+            holder = [usage.namespace, usage.pod, usage.container]
+            rows[CONTAINER_GPU_MEMORY_USED_BYTES.name].append((ids + holder, usage.used_memory_bytes))
+            rows[CONTAINER_SM_ACTIVE_SECONDS_TOTAL.name].append((ids + holder, usage.sm_seconds_total))
+            rows[CONTAINER_PROCESSES.name].append((ids + holder, usage.processes))
+        for process in snap.processes.get(gpu.uuid, ())[: snap.pid_series]:  # sorted by memory: the largest
+            if process.used_memory_bytes is not None:
+                labels = [str(process.pid), process.name, process.namespace, process.pod, process.container]
+                rows[PROCESS_GPU_MEMORY_USED_BYTES.name].append((ids + labels, process.used_memory_bytes))
         for allocation in snap.mig_pods.get(gpu.uuid, ()):
             labels = [allocation.device_id, allocation.namespace, allocation.pod, allocation.container]
             rows[MIG_ALLOCATION.name].append((ids + labels, 1))

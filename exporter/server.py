@@ -23,7 +23,7 @@ from exporter.health.diagnosis import as_json, diagnose
 from exporter.metrics import FAMILIES
 from exporter.render import Renderer, content_type
 from exporter.serving import ConnectionGuard
-from exporter.snapshot import GpuSnapshot, Snapshot, Verdict
+from exporter.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
 from exporter.webconfig import BasicAuth
 
 READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
@@ -39,6 +39,30 @@ class Metric(BaseModel):
     unit: str = ""
     type: str
     values: list[MetricValue]
+
+
+class ProcessModel(BaseModel):
+    pid: int = Field(description="host PID")
+    name: str = Field(description="/proc/PID/comm; empty where the host's /proc is not visible")
+    kind: str = Field(description="compute, graphics or compute+graphics")
+    used_memory_bytes: int | None
+    memory_share: float | None = Field(description="of the GPU's total memory, 0-1")
+    sm_ratio: float | None = Field(description="SM utilization over the last window, 0-1")
+    memory_ratio: float | None = Field(description="memory-bandwidth utilization over the last window, 0-1")
+    gpu_instance: int | None = Field(description="MIG GPU instance ID")
+    namespace: str
+    pod: str
+    container: str
+    attributed_by: str = Field(description="cgroup, allocation, or empty when no container was found")
+
+
+class NodeProcess(ProcessModel):
+    gpu: int
+    uuid: str
+
+
+class ProcessList(BaseModel):
+    processes: list[NodeProcess] = Field(description="every process on every GPU, largest memory holder first")
 
 
 class Gpu(BaseModel):
@@ -59,6 +83,7 @@ class Gpu(BaseModel):
     pods: list[dict[str, str]] = Field(
         default_factory=list, description="containers the kubelet allocated this GPU to: namespace, pod, container"
     )
+    processes: list[ProcessModel] = Field(default_factory=list, description="processes holding it, by memory")
 
 
 class GpuList(BaseModel):
@@ -91,6 +116,9 @@ class FindingModel(BaseModel):
     threshold: str
     likely_cause: str
     recommended_action: str
+    holders: list[dict[str, Any]] = Field(
+        default_factory=list, description="processes holding the GPU's memory, largest first (memory findings)"
+    )
 
 
 class Diagnosis(BaseModel):
@@ -104,8 +132,16 @@ class Problem(BaseModel):
     detail: Any = None
 
 
+def process_dict(process: ProcessView) -> dict[str, Any]:
+    return {spec: getattr(process, spec) for spec in ProcessView.__slots__}  # type: ignore[attr-defined]
+
+
 def gpu_dict(
-    gpu: GpuSnapshot, taken_at: float, verdicts: tuple[Verdict, ...] = (), pods: tuple[Any, ...] = ()
+    gpu: GpuSnapshot,
+    taken_at: float,
+    verdicts: tuple[Verdict, ...] = (),
+    pods: tuple[Any, ...] = (),
+    processes: tuple[ProcessView, ...] = (),
 ) -> dict[str, Any]:
     """One GPU as JSON-ready plain data (the shape of the `Gpu` model; ages as of the snapshot)."""
     metrics: dict[str, dict[str, Any]] = {}
@@ -137,6 +173,7 @@ def gpu_dict(
             for v in verdicts
         },
         "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods],
+        "processes": [process_dict(p) for p in processes],
     }
 
 
@@ -160,7 +197,11 @@ class GpuJsonCache:
                 by_index = {
                     gpu.index: json.dumps(
                         gpu_dict(
-                            gpu, snapshot.taken_at, snapshot.health.get(gpu.uuid, ()), snapshot.pods.get(gpu.uuid, ())
+                            gpu,
+                            snapshot.taken_at,
+                            snapshot.health.get(gpu.uuid, ()),
+                            snapshot.pods.get(gpu.uuid, ()),
+                            snapshot.processes.get(gpu.uuid, ()),
                         ),
                         ensure_ascii=False,
                     ).encode()
@@ -264,15 +305,12 @@ def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: s
     def metrics() -> Response:  # pragma: no cover - never reached
         raise StarletteHTTPException(500, "served by the fast path")
 
-    @router.api_route(
-        "/healthz", methods=["GET", "HEAD"], summary="Liveness: the process serves HTTP (never touches NVML)"
-    )
+    @router.get("/healthz", summary="Liveness: the process serves HTTP (never touches NVML)")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @router.api_route(
+    @router.get(
         "/readyz",
-        methods=["GET", "HEAD"],
         summary="Readiness: NVML up, a GPU visible, the fast snapshot fresh",
         responses={503: {"model": Problem}},
     )
@@ -282,6 +320,9 @@ def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: s
             return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
         return JSONResponse({"status": "ready"})
 
+    # HEAD probes (load balancers, some probers) answer like GET; one operation each in the OpenAPI document
+    router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
+    router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
     return router
 
 
@@ -319,6 +360,21 @@ def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
             )
         _, by_index = await gpu_json.get(snap)
         return Response(by_index[found.index], media_type="application/json")
+
+    @router.get(
+        "/api/v1/processes",
+        response_model=ProcessList,
+        summary="Every process on every GPU with its memory, share and pod, largest first",
+    )
+    def processes() -> Any:
+        snap = snapshots()
+        rows = [
+            {"gpu": gpu.index, "uuid": gpu.uuid, **process_dict(p)}
+            for gpu in snap.gpus
+            for p in snap.processes.get(gpu.uuid, ())
+        ]
+        rows.sort(key=lambda row: (-(row["used_memory_bytes"] or 0), row["gpu"], row["pid"]))
+        return {"processes": rows}
 
     return router
 
@@ -390,6 +446,7 @@ def _page_routes(snapshots: SnapshotSource, telemetry_path: str) -> APIRouter:
                 telemetry_path,
                 "/api/v1/gpus",
                 "/api/v1/topology",
+                "/api/v1/processes",
                 "/api/v1/diagnosis",
                 "/readyz",
                 "/healthz",

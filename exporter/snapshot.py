@@ -35,9 +35,22 @@ class NvlinkFacts:
     nvswitch_links: int = 0  # links connected to NVSwitch (field 147); 0 on direct-NVLink boards
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding the GPU, as NVML reports it (host PID namespace)."""
+
+    pid: int
+    kind: str  # compute, graphics, or compute+graphics
+    used_memory_bytes: int | None  # None where the driver cannot tell (e.g. MIG without instance permission)
+    sm_ratio: float | None = None  # SM utilization over the last window, 0-1 (None: no sample)
+    memory_ratio: float | None = None  # memory-bandwidth utilization over the last window, 0-1
+    gpu_instance: int | None = None  # MIG GPU instance the process runs in
+
+
 @dataclass(frozen=True)
 class GpuInfo:
-    """Static and slowly changing facts about one GPU (the `info` of the JSON API; never a Prometheus label set).
+    """Static and slowly changing facts about one GPU (the `info` of the JSON API; never a Prometheus label set),
+    and the processes the fast tier last saw on it (served attributed, through Snapshot.processes).
 
     A field a reader did not set is None and left out of the JSON.
     """
@@ -53,6 +66,8 @@ class GpuInfo:
     nvlink_links: int | None = None
     mig_uuids: tuple[str, ...] | None = None  # MIG instances of a MIG-enabled GPU
     nvlink: NvlinkFacts | None = field(default=None, metadata={"json": False})
+    processes: tuple[GpuProcess, ...] | None = field(default=None, metadata={"json": False})
+    processes_window_s: float | None = field(default=None, metadata={"json": False})  # seconds the ratios cover
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -148,6 +163,52 @@ class Allocation:
     container: str
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessView:
+    """A process on a GPU with who holds it: the container found through its cgroup or the GPU's allocation."""
+
+    pid: int
+    name: str  # "" where the host's /proc is not visible
+    kind: str
+    used_memory_bytes: int | None
+    memory_share: float | None  # of the GPU's total memory
+    sm_ratio: float | None
+    memory_ratio: float | None
+    gpu_instance: int | None
+    namespace: str  # "" when no pod is known
+    pod: str
+    container: str
+    attributed_by: str  # cgroup, allocation, or "" (unattributed)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """What one container's processes hold of one GPU; sm_seconds_total only grows while the container is seen."""
+
+    namespace: str
+    pod: str
+    container: str
+    used_memory_bytes: int
+    sm_seconds_total: float
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExit:
+    """A process that left a GPU whose memory was near full at the read before: the out-of-memory pattern."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    name: str
+    namespace: str
+    pod: str
+    container: str
+    used_memory_bytes: int | None
+    gpu_memory_used_ratio: float
+    at: float  # unix time the exit was seen
+
+
 @dataclass(frozen=True)
 class Snapshot:
     id: int
@@ -168,6 +229,10 @@ class Snapshot:
     pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers holding it
     pods_unmatched: int = 0
     mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers per MIG slice
+    processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)  # uuid → processes, by memory
+    containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)  # uuid → per-container usage
+    process_exits: tuple[ProcessExit, ...] = ()  # recent exits from near-full GPUs, oldest first
+    pid_series: int = 0  # per-PID series per GPU to render (0: off)
 
     def gpu(self, key: str) -> GpuSnapshot | None:
         """Find a GPU by index ("0") or UUID."""

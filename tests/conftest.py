@@ -6,6 +6,7 @@ Nothing of gpuwarden is mocked: the only stand-in is the C library beneath pynvm
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from exporter.sim import install_simulator
 from exporter.sim.fakelib import FakeNvmlLibrary
 from exporter.sim.scenario import Scenario, load_scenario
 from tests.helpers.common import LiveServer, scenario_from, settings
+from tests.helpers.kubelet import FakeKubelet
 
 
 @pytest.fixture
@@ -70,3 +72,14 @@ def live_server(
     yield start
     for server in servers:
         server.__exit__()
+
+
+@pytest.fixture
+def kubelet() -> Iterator[FakeKubelet]:
+    """A fake kubelet pod-resources server on a unix socket (paths are limited to ~107 bytes: a short folder)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
+        fake = FakeKubelet(Path(short) / "kubelet.sock").start()
+        yield fake
+        fake.stop()

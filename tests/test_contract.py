@@ -59,7 +59,7 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
     for name in sorted(shipped_scenarios()):
         clock = ManualClock()
         fake = sim(name, clock=clock)
-        poller = make_poller()
+        poller = make_poller(processes={"per_pid_series": True})
         for _ in range(10):
             poller.poll_once()
             clock.advance(1.0)
@@ -85,6 +85,6 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_the_fake_implements_every_symbol_the_exporter_asks_for(sim, make_poller, name):
     fake = sim(name)
-    poller = make_poller()
+    poller = make_poller(processes={"per_pid_series": True})
     poller.poll_once()
     assert not fake.missing_lookups, dict(fake.missing_lookups)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from exporter.render import Renderer
-from tests.helpers.common import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, parse_exposition, values, wait_for
 
 
 def series_of(poller):
@@ -210,13 +210,6 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     poller.poll_once()
     assert values(series_of(poller), "gpuwarden_gpu_stale", gpu="2") == [0]
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):

@@ -10,35 +10,15 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from exporter.podresources import PodAttribution, assign, device_key
 from exporter.podresources import podresources_pb2 as pb
-from tests.helpers.common import parse_exposition, values
+from tests.helpers.common import parse_exposition, values, wait_for
 from tests.helpers.kubelet import GPU, FakeKubelet
-
-
-@pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
-    # unix socket paths are limited to ~107 bytes; pytest's tmp_path can be long
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
-        fake = FakeKubelet(Path(short) / "kubelet.sock").start()
-        yield fake
-        fake.stop()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_device_ids_lose_the_replica_suffix_only() -> None:

@@ -12,17 +12,10 @@ import time
 import httpx
 import pytest
 
-from tests.helpers.common import free_port, write_yaml
+from tests.helpers.common import free_port, wait_for, write_yaml
 from tests.helpers.stack import running_cli, wait_ready
 
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
-
-
-def wait_for(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")

@@ -55,8 +55,17 @@ ADVICE: dict[str, tuple[str, str]] = {
         "GPU memory is (nearly) full and the job risks CUDA out-of-memory. The parameter count underestimates "
         "training memory: weights + gradients + optimizer state (Adam: two fp32 moments) + activations; a 7B model "
         "with Adam needs ~100 GB unsharded. Frameworks also preallocate (JAX 75 %, PyTorch's caching allocator).",
-        "Smaller batch (with gradient accumulation), gradient checkpointing, ZeRO/FSDP sharding across GPUs, bf16 "
-        "mixed precision, or a GPU with more memory.",
+        "See the holders below: a second container on the GPU (time-slicing, MPS, a stray notebook) is the first "
+        "thing to remove. Then: smaller batch (with gradient accumulation), gradient checkpointing, ZeRO/FSDP "
+        "sharding across GPUs, bf16 mixed precision, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
+        "fragmentation, or a GPU with more memory.",
+    ),
+    "process_exit": (
+        "A process left the GPU while its memory was nearly full: the pattern of a CUDA out-of-memory crash (or a "
+        "job killed for it). The holders that remain are listed.",
+        "Check the exited pod's logs for 'CUDA out of memory'; if another container shares the GPU, move it; "
+        "otherwise smaller batch, gradient checkpointing, ZeRO/FSDP, bf16, "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
     ),
     "utilization": (
         "A job holds the GPU but kernels run less than half the time: the GPU waits for data (DataLoader workers, "
@@ -129,6 +138,7 @@ class Finding:
     threshold: str
     likely_cause: str
     recommended_action: str
+    holders: tuple[dict[str, object], ...] = ()  # processes holding the GPU's memory, largest first
 
 
 def diagnose(snapshot: Snapshot) -> list[Finding]:
@@ -159,21 +169,92 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             cause, action = (
                 BOTTLENECK_ADVICE[verdict.detail] if verdict.check == "bottleneck" else ADVICE[verdict.check]
             )
+            observed, holders = verdict.observed, ()
+            if verdict.check == "memory_pressure":
+                holders = _holders(snapshot, gpu.uuid)
+                observed = f"{observed}; {_describe(holders)}"
             findings.append(
                 Finding(
                     gpu.index,
                     gpu.uuid,
                     verdict.check,
                     verdict.severity,
-                    verdict.observed,
+                    observed,
                     verdict.threshold,
                     cause,
                     action,
+                    holders,
                 )
             )
+    findings += _process_exits(snapshot)
     findings += _nvlink_missing(snapshot)
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: (order.get(f.severity, 3), -1 if f.gpu is None else f.gpu, f.check))
+
+
+def _holders(snapshot: Snapshot, uuid: str) -> tuple[dict[str, object], ...]:
+    return tuple(
+        {
+            "pid": p.pid,
+            "name": p.name,
+            "namespace": p.namespace,
+            "pod": p.pod,
+            "container": p.container,
+            "used_memory_bytes": p.used_memory_bytes,
+            "memory_share": None if p.memory_share is None else round(p.memory_share, 4),
+        }
+        for p in snapshot.processes.get(uuid, ())
+    )
+
+
+def _who(holder: dict[str, object]) -> str:
+    if holder["pod"]:
+        return "/".join(str(holder[k]) for k in ("namespace", "pod", "container") if holder[k])
+    return f"pid {holder['pid']} ({holder['name'] or 'unknown'}, no pod found)"
+
+
+def _describe(holders: tuple[dict[str, object], ...]) -> str:
+    """'held by ml/trainer-0/worker 60.0 GiB (75%), …; shared by 2 containers' — the sentence an SRE needs."""
+    if not holders:
+        return "no process listed (the holder may run in another PID namespace or be the driver itself)"
+    parts = []
+    for holder in holders[:5]:
+        memory = holder["used_memory_bytes"]
+        size = "?" if memory is None else f"{int(memory) / 1024**3:.1f} GiB"  # type: ignore[call-overload]
+        share = holder["memory_share"]
+        parts.append(f"{_who(holder)} pid {holder['pid']} {size}" + ("" if share is None else f" ({share:.0%})"))
+    text = "held by " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
+    containers = {(h["namespace"], h["pod"], h["container"]) for h in holders if h["pod"]}
+    if len(containers) > 1:
+        text += f"; shared by {len(containers)} containers"
+    return text
+
+
+def _process_exits(snapshot: Snapshot) -> list[Finding]:
+    cause, action = ADVICE["process_exit"]
+    findings = []
+    for exit_ in snapshot.process_exits:
+        who = f"{exit_.namespace}/{exit_.pod}/{exit_.container}" if exit_.pod else "no pod found"
+        memory = "?" if exit_.used_memory_bytes is None else f"{exit_.used_memory_bytes / 1024**3:.1f} GiB"
+        holders = _holders(snapshot, exit_.uuid)
+        observed = (
+            f"pid {exit_.pid} ({exit_.name or 'unknown'}, {who}, {memory}) exited with the GPU "
+            f"{exit_.gpu_memory_used_ratio:.1%} full; now {_describe(holders)}"
+        )
+        findings.append(
+            Finding(
+                exit_.gpu,
+                exit_.uuid,
+                "process_exit",
+                "warning",
+                observed,
+                "no exit above 95% used",
+                cause,
+                action,
+                holders,
+            )
+        )
+    return findings
 
 
 def _nvlink_missing(snapshot: Snapshot) -> list[Finding]:

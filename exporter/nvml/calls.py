@@ -96,6 +96,10 @@ nvmlDeviceGetComputeRunningProcesses_v3 = _op(
     pynvml.nvmlDeviceGetComputeRunningProcesses_v3, "fast", READ + "; falls back to _v2"
 )
 nvmlDeviceGetComputeRunningProcesses_v2 = _op(pynvml.nvmlDeviceGetComputeRunningProcesses_v2, "fast")
+nvmlDeviceGetGraphicsRunningProcesses_v3 = _op(pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3, "fast")
+nvmlDeviceGetProcessesUtilizationInfo = _op(
+    pynvml.nvmlDeviceGetProcessesUtilizationInfo, "fast", READ + "; not_found means no sample since the last read"
+)
 nvmlDeviceGetFieldValues = _op(
     pynvml.nvmlDeviceGetFieldValues,
     "fast, slow",

@@ -37,6 +37,7 @@ def all_readers() -> list[Reader]:
         nvlink,
         pcie,
         power,
+        processes,
         thermal,
         utilization,
     )
@@ -58,6 +59,7 @@ def all_readers() -> list[Reader]:
         clocks.FAST,
         ecc.FAST,
         modes.FAST,
+        processes.FAST,
         gpm.FAST,
         clocks.SLOW,
         power.SLOW,

@@ -1,8 +1,8 @@
-"""Persistence, compute and MIG modes; running compute processes; fan."""
+"""Persistence, compute and MIG modes; fan."""
 
 from __future__ import annotations
 
-from exporter.metrics import FAN_SPEED_RATIO, MIG_MODE_ENABLED, PERSISTENCE_MODE_ENABLED, PROCESSES
+from exporter.metrics import FAN_SPEED_RATIO, MIG_MODE_ENABLED, PERSISTENCE_MODE_ENABLED
 from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
@@ -23,12 +23,6 @@ def read_static(dev: GpuDevice, out: SampleWriter) -> None:
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     persistence = dev.call(nvml.nvmlDeviceGetPersistenceMode)
     out.add(PERSISTENCE_MODE_ENABLED, None if persistence is None else (1 if persistence else 0))
-    processes = dev.call_first(
-        "processes",
-        (nvml.nvmlDeviceGetComputeRunningProcesses_v3, ()),
-        (nvml.nvmlDeviceGetComputeRunningProcesses_v2, ()),
-    )
-    out.add(PROCESSES, None if processes is None else len(processes))
 
 
 def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
@@ -37,5 +31,5 @@ def read_slow(dev: GpuDevice, out: SampleWriter) -> None:
 
 
 STATIC = Reader("modes", Tier.STATIC, (MIG_MODE_ENABLED,), read_static)
-FAST = Reader("processes", Tier.FAST, (PERSISTENCE_MODE_ENABLED, PROCESSES), read_fast)
+FAST = Reader("persistence", Tier.FAST, (PERSISTENCE_MODE_ENABLED,), read_fast)
 SLOW = Reader("fan", Tier.SLOW, (FAN_SPEED_RATIO,), read_slow)

@@ -8,6 +8,9 @@ from typing import Any
 import pynvml
 
 from exporter.sim.fakecommon import _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
+from exporter.sim.scenario import ProcessSpec
+
+_GIB = 1024**3
 
 
 class DeviceSymbols:
@@ -103,19 +106,76 @@ class DeviceSymbols:
         digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
         return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
-    def _processes(self, handle: Any, count: Any, infos: Any, symbol: str) -> int:
+    def running(self, index: int, kind: str | None = None) -> list[tuple[int, ProcessSpec]]:
+        """(pid, spec) of the scenario's processes alive on the GPU now."""
+        t = self.now()
+        alive = []
+        for spec in self.scenario.processes:
+            if spec.gpu != index or (kind is not None and spec.kind != kind):
+                continue
+            pid = spec.alive(t)
+            if pid is not None:
+                alive.append((pid, spec))
+        return alive
+
+    def process_memory(self, spec: ProcessSpec) -> int:
+        return int(max(spec.memory_gib.at(self.now(), f"{self.scenario.name}:pid{spec.pid}:memory"), 0.0) * _GIB)
+
+    def _processes(self, handle: Any, count: Any, infos: Any, symbol: str, kind: str = "compute") -> int:
         index, code = self._device(handle, symbol)
         if code != OK:
             return code
-        n = max(int(round(self._value(index, "processes"))), 0)
+        listed = any(spec.gpu == index for spec in self.scenario.processes)
+        if listed:
+            rows = [(pid, self.process_memory(spec), spec.gpu_instance) for pid, spec in self.running(index, kind)]
+        elif kind == "compute":
+            n = max(int(round(self._value(index, "processes"))), 0)
+            used = self._memory(index)[2]
+            rows = [(4000 + index * 100 + slot, used // max(n, 1), None) for slot in range(n)]
+        else:
+            rows = []
         if infos is None:
-            _out(count).value = n
-            return OK if n == 0 else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
-        used = self._memory(index)[2]
-        for slot in range(min(n, _out(count).value)):
-            infos[slot].pid = 4000 + index * 100 + slot
-            infos[slot].usedGpuMemory = used // max(n, 1)
-        _out(count).value = n
+            _out(count).value = len(rows)
+            return OK if not rows else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        if _out(count).value < len(rows):
+            _out(count).value = len(rows)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for slot, (pid, memory, gpu_instance) in enumerate(rows):
+            infos[slot].pid = pid
+            infos[slot].usedGpuMemory = memory
+            if hasattr(infos[slot], "gpuInstanceId"):
+                infos[slot].gpuInstanceId = 0xFFFFFFFF if gpu_instance is None else gpu_instance
+                infos[slot].computeInstanceId = 0xFFFFFFFF if gpu_instance is None else 0
+        _out(count).value = len(rows)
+        return OK
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes(handle, count, infos, "nvmlDeviceGetGraphicsRunningProcesses_v3", "graphics")
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle: Any, ref: Any) -> int:
+        """One sample per process alive now, stamped now (µs); NOT_FOUND when nothing is newer than lastSeen."""
+        index, code = self._device(handle, "nvmlDeviceGetProcessesUtilizationInfo")
+        if code != OK:
+            return code
+        info = _out(ref)
+        if info.version != pynvml.ProcessesUtilizationInfo_v1:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        stamp = int(self.now() * 1e6) + 1
+        rows = [] if info.lastSeenTimeStamp >= stamp else self.running(index)
+        if not rows:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if not info.procUtilArray or info.processSamplesCount < len(rows):
+            info.processSamplesCount = len(rows)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        t = self.now()
+        for slot, (pid, spec) in enumerate(rows):
+            sample = info.procUtilArray[slot]
+            sample.pid, sample.timeStamp = pid, stamp
+            sample.smUtil = int(min(max(spec.sm.at(t, f"{self.scenario.name}:pid{spec.pid}:sm"), 0), 100))
+            sample.memUtil = int(
+                min(max(spec.memory_activity.at(t, f"{self.scenario.name}:pid{spec.pid}:mem"), 0), 100)
+            )
+        info.processSamplesCount = len(rows)
         return OK
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:

@@ -15,6 +15,9 @@ class ReadingSymbols:
 
     def _memory(self, index: int) -> tuple[int, int, int, int]:
         usable = self.model.memory_total - self.model.memory_reserved
+        if any(spec.gpu == index for spec in self.scenario.processes):  # the processes' memory, and nothing else
+            used = min(sum(self.process_memory(spec) for _, spec in self.running(index)), usable)
+            return self.model.memory_total, self.model.memory_reserved, used, usable - used
         ratio = min(max(self._value(index, "memory_used_ratio"), 0.0), 1.0)
         used = int(usable * ratio)
         return self.model.memory_total, self.model.memory_reserved, used, usable - used

@@ -285,6 +285,39 @@ class Fault(_Strict):
         return int((end - self.at) // self.every) + 1
 
 
+class ProcessSpec(_Strict):
+    """A process holding a GPU: its memory and SM/memory-bandwidth utilization over time, while it lives."""
+
+    gpu: int = Field(ge=0)
+    pid: int = Field(ge=1, le=4_194_304)
+    name: str = Field("python", min_length=1, max_length=64)
+    kind: Literal["compute", "graphics"] = "compute"
+    memory_gib: Trajectory = Field(description="GPU memory the process holds, GiB")
+    sm: Trajectory = Field(Trajectory(constant=0), description="SM utilization, percent")
+    memory_activity: Trajectory = Field(Trajectory(constant=0), description="memory-bandwidth utilization, percent")
+    gpu_instance: int | None = Field(None, ge=0, description="MIG GPU instance ID the process runs in")
+    at: float = Field(0.0, ge=0, description="seconds after start the process appears")
+    until: float | None = Field(None, gt=0, description="seconds after start it exits (omitted: never)")
+    respawn_every: float | None = Field(
+        None, gt=0, description="start a new process (pid + 1, + 2, ...) this often, each living `until - at` seconds"
+    )
+    respawns: int = Field(0, ge=0, le=100_000, description="how many times it respawns")
+
+    def alive(self, t: float) -> int | None:
+        """The PID alive at time t, or None."""
+        if self.respawn_every is None:
+            if t >= self.at and (self.until is None or t < self.until):
+                return self.pid
+            return None
+        lifetime = (self.until or self.at + self.respawn_every) - self.at
+        if t < self.at:
+            return None
+        k = int((t - self.at) // self.respawn_every)
+        if k > self.respawns or t - self.at - k * self.respawn_every >= lifetime:
+            return None
+        return self.pid + k
+
+
 class Scenario(_Strict):
     name: str
     description: str = ""
@@ -293,9 +326,17 @@ class Scenario(_Strict):
     values: dict[str, Trajectory] = Field(default_factory=dict, description="every GPU")
     gpus: dict[int, dict[str, Trajectory]] = Field(default_factory=dict, description="per-GPU overrides")
     faults: tuple[Fault, ...] = ()
+    processes: tuple[ProcessSpec, ...] = Field(
+        (), description="processes holding GPUs; a GPU with any has its memory used = their sum"
+    )
 
     @model_validator(mode="after")
     def _check_keys(self) -> Scenario:
+        for number, process in enumerate(self.processes):
+            if process.gpu >= self.node.count:
+                raise ValueError(f"processes.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
+            if process.until is not None and process.until <= process.at:
+                raise ValueError(f"processes.{number}.until: must be later than `at` ({process.at})")
         for where, values in [("values", self.values), *((f"gpus.{i}", v) for i, v in self.gpus.items())]:
             unknown = sorted(set(values) - set(VALUE_KEYS))
             if unknown:

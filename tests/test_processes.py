@@ -1,0 +1,270 @@
+"""Who holds the GPU: per-process readings through the real pynvml over the simulator, attributed to containers
+through a host /proc and pod log directory built in a temporary folder (the host's own cannot be staged here),
+per-container series bounded under process churn, the per-PID opt-in, the API and the OOM diagnosis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.health.diagnosis import diagnose
+from exporter.hostprocs import HostProcesses, parse_cgroup
+from exporter.poller import Poller
+from exporter.render import Renderer
+from tests.helpers.common import ManualClock, parse_exposition, settings, values, wait_for
+
+GIB = 1024**3
+UID_A = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
+UID_B = "1c2d3e4f-5061-7283-94a5-b6c7d8e9f0a1"
+CID_A = "a" * 64
+CID_B = "b" * 64
+
+
+def stage_host(tmp_path: Path, processes: dict[int, tuple[str, str]], pods: dict[str, tuple[str, str, list[str]]]):
+    """A host /proc (pid → comm, cgroup text) and a /var/log/pods (uid → namespace, pod, containers)."""
+    proc = tmp_path / "proc"
+    for pid, (comm, cgroup) in processes.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    logs = tmp_path / "pods"
+    for uid, (namespace, pod, containers) in pods.items():
+        for container in containers:
+            (logs / f"{namespace}_{pod}_{uid}" / container).mkdir(parents=True)
+    return proc, logs
+
+
+def systemd_cgroup(uid: str, cid: str) -> str:
+    slice_uid = uid.replace("-", "_")
+    return (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice/"
+        f"cri-containerd-{cid}.scope\n"
+    )
+
+
+def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[Poller, list[dict]]:
+    clock = ManualClock()
+    sim(scenario, clock=clock)
+    poller = Poller(settings(**sections), wall_clock=clock)
+    series = []
+    for _ in range(seconds):
+        poller.poll_once()
+        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
+        clock.advance(1.0)
+    poller.stop(0.5)
+    return poller, series
+
+
+SHARED = {
+    "name": "shared",
+    "node": {"count": 2},
+    "processes": [
+        {"gpu": 0, "pid": 4101, "name": "train", "memory_gib": {"constant": 20}, "sm": {"constant": 60}},
+        {"gpu": 0, "pid": 4102, "name": "notebook", "memory_gib": {"constant": 10}, "sm": {"constant": 20}},
+        {"gpu": 1, "pid": 4201, "name": "stray", "memory_gib": {"constant": 4}, "sm": {"constant": 0}},
+    ],
+}
+
+
+def test_cgroup_text_of_each_driver_gives_the_pod_and_container() -> None:
+    assert parse_cgroup(systemd_cgroup(UID_A, CID_A)) == (UID_A, CID_A)
+    cgroupfs = f"12:memory:/kubepods/besteffort/pod{UID_B}/{CID_B}\n"
+    assert parse_cgroup(cgroupfs) == (UID_B, CID_B)
+    assert parse_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") == (None, None)
+
+
+def test_processes_are_attributed_to_their_containers_through_cgroups(sim, tmp_path: Path) -> None:
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-alice", ["notebook"])},
+    )
+    poller, series = poll(sim, SHARED, 6, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    last = series[-1]
+    assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="trainer-0") == [20 * GIB]
+    assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="nb-alice") == [10 * GIB]
+    # GPU 1's process has no cgroup to read: unattributed, not dropped
+    assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="1", namespace="", pod="") == [4 * GIB]
+
+    # SM shares as counters: rate() gives 0.6 and 0.2
+    def rate(pod: str) -> float:
+        first, final = (values(s, "gpuwarden_container_sm_active_seconds_total", pod=pod)[0] for s in (series[2], last))
+        return (final - first) / (len(series) - 3)
+
+    assert rate("trainer-0") == pytest.approx(0.6, abs=0.01)
+    assert rate("nb-alice") == pytest.approx(0.2, abs=0.01)
+    # the memory the GPU reports is the processes' sum: the holders account for all of it
+    assert values(last, "gpuwarden_memory_used_bytes", gpu="0") == [30 * GIB]
+    views = poller.snapshot.processes[poller.snapshot.gpus[0].uuid]
+    assert [(v.pid, v.name, v.container, v.attributed_by) for v in views] == [
+        (4101, "python3", "worker", "cgroup"),
+        (4102, "jupyter", "notebook", "cgroup"),
+    ]
+    # no per-PID series unless asked for
+    assert not values(last, "gpuwarden_process_gpu_memory_used_bytes")
+
+
+def test_without_host_proc_an_exclusive_gpu_charges_its_allocated_container(sim, kubelet, tmp_path: Path) -> None:
+    clock = ManualClock()
+    fake = sim(SHARED, clock=clock)
+    kubelet.pods = [("ml", "trainer-0", [("worker", [("nvidia.com/gpu", [fake.uuid(1)])])])]
+    poller = Poller(
+        settings(pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1}), wall_clock=clock
+    )
+    try:
+        poller.pods.refresh()  # type: ignore[union-attr]
+        poller.poll_once()
+        views = poller.snapshot.processes[fake.uuid(1)]
+        assert [(v.pod, v.container, v.attributed_by) for v in views] == [("trainer-0", "worker", "allocation")]
+        # GPU 0 is allocated to nobody here: its two processes stay unattributed
+        assert {v.attributed_by for v in poller.snapshot.processes[fake.uuid(0)]} == {""}
+    finally:
+        poller.stop(0.5)
+
+
+def test_two_hundred_short_lived_processes_keep_the_series_count_flat(sim, tmp_path: Path) -> None:
+    scenario = {
+        "name": "churn",
+        "node": {"count": 1},
+        "processes": [
+            {"gpu": 0, "pid": 5000, "memory_gib": {"constant": 8}, "sm": {"constant": 50}},
+            {
+                "gpu": 0,
+                "pid": 7000,
+                "name": "eval",
+                "memory_gib": {"constant": 1},
+                "sm": {"constant": 30},
+                "at": 0.5,
+                "until": 1.0,
+                "respawn_every": 1.0,
+                "respawns": 200,
+            },
+        ],
+    }
+    proc, logs = stage_host(
+        tmp_path,
+        {5000: ("python3", systemd_cgroup(UID_A, CID_A))}
+        | {7000 + k: ("eval", systemd_cgroup(UID_B, CID_B)) for k in range(201)},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("ml", "eval-job", ["eval"])},
+    )
+    clock = ManualClock()
+    sim(scenario, clock=clock)
+    poller = Poller(settings(processes={"proc_root": str(proc), "pod_logs_root": str(logs)}), wall_clock=clock)
+    counts = []
+    try:
+        for step in range(400):  # 200 s at 0.5 s: each short-lived process is seen once, then gone
+            poller.poll_once()
+            if step % 20 == 0:
+                text = Renderer(lambda n: True).render(poller.snapshot).decode()
+                counts.append(sum(1 for line in text.splitlines() if line and not line.startswith("#")))
+            clock.advance(0.5)
+        pids_seen = poller.snapshot.processes
+    finally:
+        poller.stop(0.5)
+    assert max(counts[1:]) - min(counts[1:]) <= 3, counts  # the eval container's series exist or not; never per PID
+    assert len(pids_seen) == 1
+
+
+def test_per_pid_series_are_opt_in_and_capped(sim) -> None:
+    scenario = {
+        "name": "many",
+        "node": {"count": 1},
+        "processes": [{"gpu": 0, "pid": 6000 + k, "memory_gib": {"constant": 1 + k}} for k in range(10)],
+    }
+    _, series = poll(sim, scenario, 3, processes={"per_pid_series": True, "max_pid_series": 4})
+    per_pid = {
+        dict(labels)["pid"]: value
+        for (name, labels), value in series[-1].items()
+        if name == "gpuwarden_process_gpu_memory_used_bytes"
+    }
+    assert per_pid == {str(6009 - k): (10 - k) * GIB for k in range(4)}  # the four largest holders
+
+
+def test_an_exit_from_a_full_gpu_is_diagnosed_with_the_holders(sim, tmp_path: Path) -> None:
+    scenario = {
+        "name": "oom",
+        "node": {"count": 1},
+        "processes": [
+            {"gpu": 0, "pid": 4101, "name": "train", "memory_gib": {"constant": 60}},
+            {"gpu": 0, "pid": 4102, "name": "greedy", "memory_gib": {"constant": 18.5}, "until": 6},
+        ],
+    }
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("python3", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
+    )
+    poller, _ = poll(sim, scenario, 10, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    snap = poller.snapshot
+    assert [(e.pid, e.pod) for e in snap.process_exits] == [(4102, "nb-bob")]
+    findings = [f for f in diagnose(snap) if f.check == "process_exit"]
+    assert len(findings) == 1
+    text = findings[0].observed
+    assert "4102" in text and "research/nb-bob" in text and "ml/trainer-0" in text
+
+
+def test_a_gpu_whose_driver_lacks_process_utilization_keeps_its_memory_readings(sim) -> None:
+    scenario = dict(SHARED, driver={"missing_symbols": ["nvmlDeviceGetProcessesUtilizationInfo"]})
+    poller, series = poll(sim, scenario, 4)
+    assert values(series[-1], "gpuwarden_container_gpu_memory_used_bytes", gpu="0") == [30 * GIB]
+    assert values(series[-1], "gpuwarden_container_sm_active_seconds_total", gpu="0") == [0.0]
+    views = poller.snapshot.processes[poller.snapshot.gpus[0].uuid]
+    assert all(v.sm_ratio is None for v in views)
+
+
+def test_a_pid_reused_by_another_process_is_looked_up_afresh(tmp_path: Path) -> None:
+    proc, logs = stage_host(tmp_path, {42: ("first", systemd_cgroup(UID_A, CID_A))}, {})
+    host = HostProcesses(proc, logs)
+    assert host.process(42).name == "first"
+    (proc / "42" / "comm").write_text("second\n")
+    assert host.process(42).name == "first"  # cached while the PID holds the GPU
+    host.retain(set())
+    assert host.process(42).name == "second"
+
+
+def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) -> None:
+    scenario = {
+        "name": "full",
+        "node": {"count": 1},
+        "processes": [
+            {"gpu": 0, "pid": 4101, "memory_gib": {"constant": 60}},
+            {"gpu": 0, "pid": 4102, "memory_gib": {"constant": 19}},
+        ],
+    }
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
+    )
+    poller, _ = poll(sim, scenario, 3, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    (finding,) = [f for f in diagnose(poller.snapshot) if f.check == "memory_pressure"]
+    assert finding.severity == "critical"
+    assert "held by ml/trainer-0/worker pid 4101 60.0 GiB" in finding.observed
+    assert "research/nb-bob/notebook pid 4102 19.0 GiB" in finding.observed
+    assert finding.observed.endswith("shared by 2 containers")
+    assert [h["pid"] for h in finding.holders] == [4101, 4102]
+
+
+def test_the_api_lists_each_process_with_its_pod_largest_first(live_server, tmp_path: Path) -> None:
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-alice", ["notebook"])},
+    )
+    server = live_server(SHARED, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    wait_for(lambda: len(server.get("/api/v1/processes").json()["processes"]) == 3)
+    rows = server.get("/api/v1/processes").json()["processes"]
+    assert [(r["gpu"], r["pid"], r["pod"]) for r in rows] == [
+        (0, 4101, "trainer-0"),
+        (0, 4102, "nb-alice"),
+        (1, 4201, ""),
+    ]
+    assert rows[0]["used_memory_bytes"] == 20 * GIB and rows[0]["memory_share"] == pytest.approx(20 / 80, rel=0.01)
+    gpu0 = server.get("/api/v1/gpus/0").json()
+    assert [(p["pid"], p["name"], p["container"]) for p in gpu0["processes"]] == [
+        (4101, "python3", "worker"),
+        (4102, "jupyter", "notebook"),
+    ]
+    assert server.get("/openapi.json").json()["paths"]["/api/v1/processes"]
