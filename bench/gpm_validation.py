@@ -56,7 +56,6 @@ LOADS = {
         src = torch.empty(1024**3, dtype=torch.uint8).pin_memory()
         dst = torch.empty(1024**3, dtype=torch.uint8, device="cuda")
         end = ready()
-        time.sleep(3.0)
         copied, t0 = 0, time.time()
         while time.time() < end - 4.0:
             dst.copy_(src, non_blocking=True)
@@ -133,7 +132,7 @@ def exporter(*flags: str, port: int = PORT, user: str | None = None) -> subproce
 class IndependentGpm:
     """Our own GPM samples of GPU 0 (own buffers, this thread only), for the same windows."""
 
-    IDS = {"sm": 2, "tensor": 5, "dram": 10, "fp32": 12, "graphics": 1}
+    IDS = {"sm": 2, "tensor": 5, "dram": 10, "fp32": 12, "graphics": 1, "pcie_rx_mib_s": 21, "pcie_tx_mib_s": 20}
 
     def __init__(self) -> None:
         import pynvml
@@ -196,6 +195,20 @@ def run_load(name: str, body: str | None, gpm: IndependentGpm) -> dict:
         rx = after_copy[("gpuwarden_pcie_bytes_total", "rx")] - before_copy[("gpuwarden_pcie_bytes_total", "rx")]
         copy["exporter_rx_bytes"] = rx
         copy["rx_error_pct"] = round(100.0 * (rx - copy["copied_bytes"]) / copy["copied_bytes"], 2)
+        # the same quantity over the same window, exporter against an independent GPM read: rates in bytes/s
+        window = after[("gpuwarden_gpm_window_seconds_total", "")] - before[("gpuwarden_gpm_window_seconds_total", "")]
+        rx_key = ("gpuwarden_pcie_bytes_total", "rx")
+        ours_rate = (after[rx_key] - before[rx_key]) / window
+        independent_rate = independent["pcie_rx_mib_s"] * 1024 * 1024
+        payload_rate = copy["copied_bytes"] / (copy["copy_end"] - copy["copy_start"])
+        copy["window_rx_bytes_per_s"] = {
+            "exporter": round(ours_rate),
+            "independent_gpm": round(independent_rate),
+            "payload_copied": round(payload_rate),
+        }
+        copy["exporter_vs_independent_pct"] = round(100.0 * (ours_rate - independent_rate) / independent_rate, 2)
+        copy["link_over_payload_pct"] = round(100.0 * (independent_rate - payload_rate) / payload_rate, 2)
+        copy["lspci"] = pcie_link()
     ours = {
         "sm": ratio(before, after, ("gpuwarden_gpm_sm_active_seconds_total", "")),
         "tensor": ratio(before, after, ("gpuwarden_gpm_pipe_active_seconds_total", "tensor")),
@@ -204,6 +217,7 @@ def run_load(name: str, body: str | None, gpm: IndependentGpm) -> dict:
         "graphics": ratio(before, after, ("gpuwarden_gpm_graphics_active_seconds_total", "")),
     }
     diff = {k: None if ours[k] is None else round(ours[k] - independent[k], 2) for k in ours}
+
     result = {
         "load": name,
         "exporter_pct": {k: None if v is None else round(v, 2) for k, v in ours.items()},
@@ -219,6 +233,16 @@ def run_load(name: str, body: str | None, gpm: IndependentGpm) -> dict:
         proc.kill()
     print(json.dumps(result), flush=True)
     return result
+
+
+def pcie_link() -> list[str]:
+    """The GPU's PCIe max payload and link state (lspci -vv, root): what predicts the protocol overhead."""
+    bus = subprocess.run(
+        ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"], capture_output=True, text=True
+    ).stdout.strip()
+    slot = bus[4:].lower() if len(bus) > 12 else bus.lower()
+    text = subprocess.run(["lspci", "-vv", "-s", slot], capture_output=True, text=True).stdout
+    return [line.strip() for line in text.splitlines() if "MaxPayload" in line or "LnkSta:" in line][:4]
 
 
 def cpu_seconds(pid: int) -> float:

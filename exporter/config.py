@@ -157,7 +157,7 @@ class ProcessesSettings(_Section):
     )
     per_pid_series: bool = Field(
         False,
-        description="Also export gpuwarden_process_memory_used_bytes per PID (series churn with every job: "
+        description="Also export gpuwarden_process_gpu_memory_used_bytes per PID (series churn with every job: "
         "opt-in, capped by max_pid_series).",
     )
     max_pid_series: int = Field(
