@@ -235,14 +235,27 @@ def run_load(name: str, body: str | None, gpm: IndependentGpm) -> dict:
     return result
 
 
-def pcie_link() -> list[str]:
-    """The GPU's PCIe max payload and link state (lspci -vv, root): what predicts the protocol overhead."""
+def pcie_link() -> dict:
+    """The GPU's PCIe max payload size (from its config space, as root) and link state (sysfs): what predicts the
+    protocol overhead counted on the link beside the payload."""
     bus = subprocess.run(
         ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"], capture_output=True, text=True
     ).stdout.strip()
-    slot = bus[4:].lower() if len(bus) > 12 else bus.lower()
-    text = subprocess.run(["lspci", "-vv", "-s", slot], capture_output=True, text=True).stdout
-    return [line.strip() for line in text.splitlines() if "MaxPayload" in line or "LnkSta:" in line][:4]
+    device = Path("/sys/bus/pci/devices") / bus[4:].lower()
+    out: dict = {"bus_id": bus}
+    for name in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width"):
+        path = device / name
+        out[name] = path.read_text().strip() if path.exists() else None
+    config = (device / "config").read_bytes() if (device / "config").exists() else b""
+    pointer = config[0x34] if len(config) > 0x34 else 0
+    while pointer and pointer + 10 < len(config):
+        if config[pointer] == 0x10:  # the PCI Express capability: Device Control at +8, MPS in bits 7:5
+            control = int.from_bytes(config[pointer + 8 : pointer + 10], "little")
+            out["max_payload_bytes"] = 128 << ((control >> 5) & 0x7)
+            out["max_read_request_bytes"] = 128 << ((control >> 12) & 0x7)
+            break
+        pointer = config[pointer + 1]
+    return out
 
 
 def cpu_seconds(pid: int) -> float:

@@ -285,6 +285,26 @@ def node_dashboard() -> dict[str, Any]:
         ],
         "bytes",
     )
+    holder = "{{namespace}}/{{pod}}/{{container}}"
+    layout.add(
+        "timeseries",
+        "GPU memory by container",
+        "Who holds each GPU's memory: the processes of each container (namespace/pod/container; empty: processes no "
+        "container was found for). Two holders on one GPU is the first thing to check on an OOM. Per process: "
+        "/api/v1/processes.",
+        [target(f"gpuwarden_container_gpu_memory_used_bytes{{{GPU_SELECTOR}}}", gpu_legend + " " + holder)],
+        "bytes",
+        custom={"stacking": {"mode": "normal", "group": "A"}},
+    )
+    layout.add(
+        "timeseries",
+        "SM share by container",
+        "Each container's share of its GPU's SMs (per-process SM utilization, averaged over the interval).",
+        [target(f"rate(gpuwarden_container_sm_active_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                gpu_legend + " " + holder)],
+        "percentunit",
+        minmax=(0, 1),
+    )  # fmt: skip
     layout.row("Thermals")
     layout.add(
         "timeseries",
@@ -537,7 +557,8 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
     layout.add(
         "timeseries",
         "PCIe and NVLink traffic",
-        "Bytes per second over PCIe (GPM where the GPU has it: link traffic) and over all NVLinks (GPM).",
+        "Bytes per second over PCIe (GPM where the GPU has it: link traffic, headers included, 6-7 % above the payload "
+        "copied) and over all NVLinks (GPM).",
         [
             target(f"rate(gpuwarden_pcie_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
                    gpu_legend + " PCIe {{direction}}"),
@@ -683,6 +704,25 @@ def fleet_dashboard() -> dict[str, Any]:
         [target(f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table",
                 instant=True)],
         "none",
+        w=12,
+    )  # fmt: skip
+    layout.add(
+        "table",
+        "Top GPU-memory holders by namespace",
+        "GPU memory held by each namespace's containers across the selected nodes (their processes, attributed "
+        "through cgroups or the GPU allocation), largest first.",
+        [target(f'topk(10, sum by (namespace) (gpuwarden_container_gpu_memory_used_bytes{{{NODE_SELECTOR}, '
+                f'namespace!=""}}))', fmt="table", instant=True)],
+        "bytes",
+        w=12,
+    )  # fmt: skip
+    layout.add(
+        "table",
+        "Top GPU-memory holders by pod",
+        "The ten pods holding the most GPU memory, with the node.",
+        [target(f'topk(10, sum by (instance, namespace, pod) (gpuwarden_container_gpu_memory_used_bytes'
+                f'{{{NODE_SELECTOR}, pod!=""}}))', fmt="table", instant=True)],
+        "bytes",
         w=12,
     )  # fmt: skip
     layout.add(

@@ -81,6 +81,9 @@ VARIANTS = {
         "runtimeClassName": "nvidia",
         "priorityClassName": "system-node-critical",
     },
+    "process-attribution": {
+        "processes": {"hostProc": True, "perPidSeries": True, "maxPidSeries": 8},
+    },
     "tls-and-basic-auth": {
         "webConfig": {
             "enabled": True,
@@ -239,7 +242,10 @@ def test_security_settings(variant: str) -> None:
         assert "--pods.attribution" in ctr["args"]
     else:
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
-        assert not any("hostPath" in v for v in pod["volumes"])
+        host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
+        # the host's /proc and pod logs only when asked for, read-only, still non-root and without hostPID
+        assert host_paths == ({"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set())
+        assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths)
         assert "--no-pods.attribution" in ctr["args"]
     # no GPU is requested: the exporter must not take GPUs away from the scheduler
     for section in ("requests", "limits"):
@@ -295,6 +301,11 @@ def test_variants_switch_what_they_say() -> None:
     assert "ServiceMonitor" not in kinds(podmonitor) and "Service" not in kinds(podmonitor)
     endpoint = one(podmonitor, "PodMonitor")["spec"]["podMetricsEndpoints"][0]
     assert endpoint["port"] == "metrics"
+
+    processes = container(render(VARIANTS["process-attribution"]))
+    assert "--processes.proc-root=/host/proc" in processes["args"]
+    assert "--processes.max-pid-series=8" in processes["args"]
+    assert not any(a.startswith("--processes.") for a in container(render())["args"])
 
     bare = render(VARIANTS["nothing-optional"])
     assert kinds(bare) == ["ConfigMap", "DaemonSet", "Service"]
@@ -358,6 +369,8 @@ def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> No
         assert settings.web.port == 10045
         assert settings.log.format == "json"
         assert settings.pods.attribution is bool(variant.get("podResources", {}).get("enabled"))
+        hosted = bool(variant.get("processes", {}).get("hostProc"))
+        assert (settings.processes.proc_root == Path("/host/proc")) is hosted
 
 
 def test_scrape_objects_select_the_pods_and_label_the_node() -> None:

@@ -75,7 +75,10 @@ def _utilization(dev: GpuDevice, pids: set[int]) -> tuple[dict[int, tuple[float,
     previous = state["last_seen_us"]
     state["last_seen_us"] = newest
     window_s = (newest - previous) / 1e6 if previous else None
-    return {pid: (a[0] / a[2] / 100.0, a[1] / a[2] / 100.0) for pid, a in sums.items() if pid in pids}, window_s
+    # a running process without a sample in the window did not use the SMs in it (seen on H100: a process
+    # launching one short kernel every 50 ms has no entry): 0, not "unknown"
+    found = {pid: (a[0] / a[2] / 100.0, a[1] / a[2] / 100.0) for pid, a in sums.items() if pid in pids}
+    return {pid: found.get(pid, (0.0, 0.0)) for pid in pids}, window_s
 
 
 FAST = Reader("processes", Tier.FAST, (PROCESSES,), read_fast)
