@@ -146,7 +146,6 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
     """
     from exporter import logs
     from exporter.health.thresholds import load_thresholds
-    from exporter.metrics import family_filter
 
     try:
         new = settings_from_argv(argv)
@@ -162,7 +161,7 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
         if before != after:
             log.warning("reload: %s changed; it takes effect only after a restart", key)
     poller.reconfigure(new)
-    renderer.refilter(family_filter(new.metrics.include, new.metrics.exclude))
+    renderer.refilter(new.metrics.selection())
     logs.set_level(new.log.level)
     log.info("configuration reloaded")
     return new
@@ -215,7 +214,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     import uvicorn
 
     from exporter import logs
-    from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL, family_filter
+    from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
     from exporter.poller import Poller
     from exporter.render import Renderer
     from exporter.server import create_app, readiness_under
@@ -241,7 +240,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
             CONFIG_RELOADS_TOTAL.name: [([result], reloads[result]) for result in ("applied", "rejected")],
         }
 
-    renderer = Renderer(family_filter(settings.metrics.include, settings.metrics.exclude), own_counters)
+    renderer = Renderer(settings.metrics.selection(), own_counters)
     app = create_app(
         lambda: poller.snapshot,
         readiness_under(lambda: poller.settings),

@@ -118,6 +118,30 @@ class MetricsSettings(_Section):
         (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags."
     )
     exclude: tuple[str, ...] = Field((), description="Metric-name globs to drop, applied after include.")
+    enable_groups: tuple[str, ...] = Field(
+        (),
+        description="Collector groups of detail to export beside the default set (README, Series budget): "
+        "nvlink_links, topology, health_checks, clocks_detail, point_samples, memory_detail, gpm_detail, "
+        "static_detail, container_detail, unsupported_fields; 'all' for every one.",
+    )
+
+    @field_validator("enable_groups")
+    @classmethod
+    def _known_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from exporter.metrics import GROUPS
+
+        if "all" in value:
+            return tuple(GROUPS)
+        unknown = [name for name in value if name not in GROUPS]
+        if unknown:
+            raise ValueError(f"unknown group '{unknown[0]}'; known: {', '.join(GROUPS)}, all")
+        return value
+
+    def selection(self):  # noqa: ANN201 - metrics.Selection (imported late: config stays light)
+        """What /metrics exports under these settings."""
+        from exporter.metrics import Selection
+
+        return Selection(self.include, self.exclude, self.enable_groups)
 
 
 class HealthSettings(_Section):

@@ -35,6 +35,21 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
+def groups_reference() -> str:
+    from exporter.metrics import GROUPS
+
+    lines = ["| group | exports | default |", "|---|---|---|"]
+    for group in GROUPS.values():
+        lines.append(f"| `{group.name}` | {group.description.replace('|', '/')} | {'on' if group.default else 'off'} |")
+    return "\n".join(lines)
+
+
+def budget_reference() -> str:
+    from exporter.budget import budget_table, default_series
+
+    return budget_table(default_series())
+
+
 def operations_reference() -> str:
     from exporter.nvml.calls import OPERATIONS
 
@@ -55,7 +70,13 @@ def _fill(text: str, sections: dict[str, str], where: str) -> str:
 
 def render(text: str) -> str:
     """The README with its generated references filled in."""
-    return _fill(text, {"metrics": metric_reference(), "config": config_reference()}, "README.md")
+    sections = {
+        "metrics": metric_reference(),
+        "config": config_reference(),
+        "groups": groups_reference(),
+        "budget": budget_reference(),
+    }
+    return _fill(text, sections, "README.md")
 
 
 def render_nvml_doc(text: str) -> str:

@@ -492,6 +492,18 @@ FAN_SPEED_RATIO = _f(
     "gpuwarden_fan_speed_ratio", "gauge", "Fan speed as a share of maximum (may exceed 1).", unit="ratio"
 )
 # NVLink and topology
+NVLINK_ACTIVE_LINKS = _f(
+    "gpuwarden_nvlink_active_links",
+    "gauge",
+    "NVLink links of the GPU that are active (a drop means a link went down; per link: group nvlink_links).",
+)
+NVLINK_GPU_ERRORS_TOTAL = _f(
+    "gpuwarden_nvlink_gpu_errors_total",
+    "counter",
+    "NVLink errors of all the GPU's links, by type (crc_flit, crc_data, replay, recovery, ecc; per link: group "
+    "nvlink_links).",
+    "type",
+)
 NVLINK_UP = _f("gpuwarden_nvlink_up", "gauge", "1 when the NVLink link is active.", "link")
 NVLINK_ERRORS_TOTAL = _f("gpuwarden_nvlink_errors_total", "counter", "NVLink errors per link.", "link", "type")
 NVLINK_PEER_LINKS = _f(
@@ -591,6 +603,8 @@ _FAMILIES = [
     PCIE_LINK_GENERATION,
     PCIE_LINK_WIDTH,
     FAN_SPEED_RATIO,
+    NVLINK_ACTIVE_LINKS,
+    NVLINK_GPU_ERRORS_TOTAL,
     NVLINK_UP,
     NVLINK_ERRORS_TOTAL,
     NVLINK_PEER_LINKS,
@@ -598,6 +612,167 @@ _FAMILIES = [
 ]
 
 FAMILIES: dict[str, Family] = {family.name: family for family in _FAMILIES}
+
+
+# -- collector groups: detail that is off by default, so an 8-GPU node stays within its series budget ------------
+# Everything a group holds stays in the JSON API; groups only decide what /metrics exports. A member is a whole
+# family, or the rows of a family whose label (or value) matches.
+
+
+@dataclass(frozen=True)
+class Member:
+    family: Family
+    label: str | None = None  # None: the whole family
+    values: frozenset[str] = frozenset()  # the label's values this group holds ("!x": every value but x)
+    zero_rows: bool = False  # the rows whose value is 0 (gpuwarden_health's ok checks)
+
+    def holds(self, labels: list[str], value: float) -> bool:
+        if self.zero_rows:
+            return value == 0
+        if self.label is None:
+            return True
+        position = self.family.all_labels.index(self.label)
+        current = labels[position]
+        excluded = {v[1:] for v in self.values if v.startswith("!")}
+        if excluded:
+            return current not in excluded
+        if any(v.endswith("*") for v in self.values):
+            return any(fnmatch(current, v) for v in self.values)
+        return current in self.values
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    description: str
+    members: tuple[Member, ...]
+    default: bool = False
+
+
+# throttle time kept by default: the reasons the alerts watch, thermal slowdown and the board's power limit
+THROTTLE_DETAIL_REASONS = frozenset({"sync_boost", "low_utilization", "reliability", "thermal_policy"})
+GROUPS: dict[str, Group] = {
+    g.name: g
+    for g in (
+        Group(
+            "nvlink_links",
+            "Per-link NVLink state and error counters (18 links x 6 series per H100). Default: per-GPU "
+            "gpuwarden_nvlink_active_links and gpuwarden_nvlink_gpu_errors_total{type}.",
+            (Member(NVLINK_UP), Member(NVLINK_ERRORS_TOTAL)),
+        ),
+        Group(
+            "topology",
+            "The GPU matrix as series (gpuwarden_topology_info, gpuwarden_nvlink_peer_links: 7 per GPU on 8 GPUs). "
+            "Default: /api/v1/topology.",
+            (Member(TOPOLOGY_INFO), Member(NVLINK_PEER_LINKS)),
+        ),
+        Group(
+            "health_checks",
+            "gpuwarden_health for checks that are ok (0). Default: only checks at warning or critical, plus "
+            "gpuwarden_health_status per GPU.",
+            (Member(HEALTH, zero_rows=True),),
+        ),
+        Group(
+            "clocks_detail",
+            "Clock-event point samples, maximum clocks, the memory and graphics clocks, and throttle time for "
+            "sync_boost, low_utilization, reliability and thermal_policy. Default: the SM clock and throttle seconds "
+            "for sw_power_cap, board_limit, sw/hw thermal slowdown and the power brake.",
+            (
+                Member(CLOCK_EVENT_ACTIVE),
+                Member(CLOCK_MAX_HERTZ),
+                Member(CLOCK_HERTZ, "clock", frozenset({"memory", "graphics"})),
+                Member(THROTTLE_SECONDS_TOTAL, "reason", THROTTLE_DETAIL_REASONS),
+            ),
+        ),
+        Group(
+            "point_samples",
+            "Gauges whose exact average is a default counter: utilization ratio and source, memory-bandwidth "
+            "ratio, instantaneous power (use gpuwarden_busy_seconds_total, gpuwarden_energy_joules_total).",
+            (
+                Member(UTILIZATION_RATIO),
+                Member(UTILIZATION_SOURCE_INFO),
+                Member(MEMORY_BANDWIDTH_UTILIZATION_RATIO),
+                Member(POWER_USAGE_WATTS),
+            ),
+        ),
+        Group(
+            "memory_detail",
+            "Free and driver-reserved memory, ECC mode, lifetime ECC counters and remapped rows by cause.",
+            (
+                Member(MEMORY_FREE_BYTES),
+                Member(MEMORY_RESERVED_BYTES),
+                Member(ECC_ENABLED),
+                Member(ECC_LIFETIME_ERRORS_TOTAL),
+                Member(REMAPPED_ROWS),
+            ),
+        ),
+        Group(
+            "gpm_detail",
+            "GPM graphics-engine activity, warp occupancy and the FP64/FP32/FP16 pipes. Default: SM, tensor, DRAM, "
+            "PCIe and NVLink.",
+            (
+                Member(GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL),
+                Member(GPM_SM_OCCUPANCY_SECONDS_TOTAL),
+                Member(GPM_PIPE_ACTIVE_SECONDS_TOTAL, "pipe", frozenset({"fp64", "fp32", "fp16"})),
+            ),
+        ),
+        Group(
+            "static_detail",
+            "Static facts: PCIe link generation and width, MIG mode, fan, the temperature thresholds other than "
+            "memory_max (in /api/v1/gpus either way).",
+            (
+                Member(PCIE_LINK_GENERATION),
+                Member(PCIE_LINK_WIDTH),
+                Member(MIG_MODE_ENABLED),
+                Member(FAN_SPEED_RATIO),
+                Member(TEMPERATURE_THRESHOLD_CELSIUS, "threshold", frozenset({"!memory_max"})),
+            ),
+        ),
+        Group(
+            "container_detail",
+            "Processes per container (gpuwarden_container_processes); memory and SM per container are default.",
+            (Member(CONTAINER_PROCESSES),),
+        ),
+        Group(
+            "unsupported_fields",
+            "gpuwarden_collect_errors_total for driver fields a GPU does not support (found once at start, "
+            "field_*, not_supported): one series per field.",
+            (Member(COLLECT_ERRORS_TOTAL, "call", frozenset({"field_*"})),),
+        ),
+    )
+}
+
+
+class Selection:
+    """What /metrics exports: the include/exclude globs per family, then the collector groups per row."""
+
+    def __init__(
+        self,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+        enable: tuple[str, ...] = (),
+        disable: tuple[str, ...] = (),
+    ) -> None:
+        self.family = family_filter(include, exclude)
+        off = [g for g in GROUPS.values() if (g.name in disable) if g.default] + [
+            g for g in GROUPS.values() if not g.default and g.name not in enable
+        ]
+        self._whole = {m.family.name for g in off for m in g.members if m.label is None and not m.zero_rows}
+        self._partial: dict[str, list[Member]] = {}
+        for group in off:
+            for member in group.members:
+                if member.label is not None or member.zero_rows:
+                    self._partial.setdefault(member.family.name, []).append(member)
+
+    def __call__(self, name: str) -> bool:
+        return self.family(name) and name not in self._whole
+
+    def rows(self, name: str) -> Callable[[list[str], float], bool] | None:
+        """A predicate keeping a family's rows, or None to keep them all."""
+        members = self._partial.get(name)
+        if not members:
+            return None
+        return lambda labels, value: not any(m.holds(labels, value) for m in members)
 
 
 def family_filter(include: tuple[str, ...], exclude: tuple[str, ...]) -> Callable[[str], bool]:

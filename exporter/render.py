@@ -83,13 +83,17 @@ class SnapshotCollector:
         _xid_rows(self.snapshot, rows)
         for name, own_rows in self.own.items():
             rows[name].extend(own_rows)
+        keep_rows = getattr(self.wanted, "rows", None)  # a metrics.Selection filters rows too (collector groups)
         for name, spec in FAMILIES.items():
             if name not in rows or not self.wanted(name):
                 continue
             family = _family(spec)
+            keep = keep_rows(name) if keep_rows is not None else None
             for labels, value in rows[name]:
-                family.add_metric(labels, value)
-            yield family
+                if keep is None or keep(labels, value):
+                    family.add_metric(labels, value)
+            if family.samples:
+                yield family
 
 
 Rows = dict[str, list[tuple[list[str], float]]]

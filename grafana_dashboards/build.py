@@ -248,7 +248,8 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "Memory bandwidth busy",
-        "Share of the last sample period in which device memory was read or written (not occupancy).",
+        "Share of the last sample period in which device memory was read or written (not occupancy). Needs the "
+        "point_samples group (--metrics.enable-groups); DRAM active in the profiling row is the default.",
         [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GPU_SELECTOR}}}", gpu_legend)],
         "percentunit",
         minmax=(0, 1),
@@ -278,7 +279,7 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "Memory used, reserved",
-        "Bytes used by processes and reserved by the driver (v2).",
+        "Bytes used by processes and reserved by the driver (v2; reserved: memory_detail group).",
         [
             target(f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}}", "used " + gpu_legend),
             target(f"gpuwarden_memory_reserved_bytes{{{GPU_SELECTOR}}}", "reserved " + gpu_legend),
@@ -322,13 +323,13 @@ def node_dashboard() -> dict[str, Any]:
     )
     layout.add(
         "timeseries",
-        "Memory temperature and slowdown threshold",
-        "HBM temperature, and each GPU's own slowdown threshold from NVML.",
+        "Memory temperature and its maximum",
+        "HBM temperature, and each GPU's own HBM maximum from NVML (the other thresholds: static_detail group).",
         [
             target(f"gpuwarden_memory_temperature_celsius{{{GPU_SELECTOR}}}", "HBM " + gpu_legend),
             target(
-                f'gpuwarden_temperature_threshold_celsius{{{GPU_SELECTOR},threshold="slowdown"}}',
-                "slowdown " + gpu_legend,
+                f'gpuwarden_temperature_threshold_celsius{{{GPU_SELECTOR},threshold="memory_max"}}',
+                "HBM max " + gpu_legend,
             ),
         ],
         "celsius",
@@ -337,11 +338,12 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "Power draw / limit",
-        "Draw as a share of the enforced limit: below 30 % is idle, 60-90 % "
+        "Average draw (from the energy counter) as a share of the enforced limit: below 30 % is idle, 60-90 % "
         "healthy, 100 % sustained is power throttling.",
         [
             target(
-                f"gpuwarden_power_usage_watts{{{GPU_SELECTOR}}} / gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}",
+                f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]) / "
+                f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}",
                 gpu_legend,
             )
         ],
@@ -353,11 +355,10 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "Power draw and limit (W), average from energy",
-        "Instant draw, enforced limit, and the true average from the energy counter.",
+        "The true average draw from the energy counter and the enforced limit (the instant draw: point_samples group).",
         [
-            target(f"gpuwarden_power_usage_watts{{{GPU_SELECTOR}}}", "draw " + gpu_legend),
-            target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend),
             target(f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "average " + gpu_legend),
+            target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend, ref="B"),
         ],
         "watt",
     )
@@ -375,7 +376,8 @@ def node_dashboard() -> dict[str, Any]:
         "state-timeline",
         "Clock-event reasons",
         "Why the clocks are held down, per GPU and reason (1 = active). "
-        "gpu_idle is normal when idle; sw_power_cap is normal at full load.",
+        "gpu_idle is normal when idle; sw_power_cap is normal at full load. Needs the clocks_detail group; "
+        "Throttle time share (default) answers the same from counters.",
         [target(f'gpuwarden_clock_event_active{{{GPU_SELECTOR},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
         "none",
         w=12,
@@ -394,7 +396,7 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "SM clock / max",
-        "SM clock against the GPU's maximum.",
+        "SM clock against the GPU's maximum. Needs the clocks_detail group (maximum clocks).",
         [
             target(
                 f'gpuwarden_clock_hertz{{{GPU_SELECTOR},clock="sm"}} / ignoring(clock) group_left '
@@ -425,7 +427,7 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "table",
         "Remapped rows",
-        "Remapped rows by cause, and pending / failed flags (failed = RMA).",
+        "Remapped rows by cause (memory_detail group), and pending / failed flags (failed = RMA; default).",
         [
             target(f"gpuwarden_remapped_rows{{{GPU_SELECTOR}}}", fmt="table", instant=True),
             target(
@@ -447,13 +449,14 @@ def node_dashboard() -> dict[str, Any]:
     layout.add(
         "timeseries",
         "PCIe replays and NVLink errors",
-        "PCIe replays per second, and NVLink errors per second by link and type.",
+        "PCIe replays per second, and NVLink errors per second by type, all links of the GPU together (per link: "
+        "the nvlink_links group).",
         [
             target(f"rate(gpuwarden_pcie_replay_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "PCIe {{gpu}}"),
             target(
-                f"sum by (instance, gpu, type) "
-                f"(rate(gpuwarden_nvlink_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]))",
+                f"rate(gpuwarden_nvlink_gpu_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
                 "NVLink {{gpu}} {{type}}",
+                ref="B",
             ),
         ],
         "ops",
@@ -463,14 +466,14 @@ def node_dashboard() -> dict[str, Any]:
         "stat",
         "Active NVLinks per GPU",
         "Links up per GPU (18 on H100/H200 SXM).",
-        [target(f"sum by (instance, gpu) (gpuwarden_nvlink_up{{{GPU_SELECTOR}}})", gpu_legend, instant=True)],
+        [target(f"gpuwarden_nvlink_active_links{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
         "none",
         thresholds=_steps((None, "red"), (1, "green")),
     )
     layout.add(
         "table",
         "Topology (nvidia-smi topo -m)",
-        "Connection from each GPU to each peer.",
+        "Connection from each GPU to each peer. Needs the topology group (default: /api/v1/topology).",
         [target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
         "none",
     )
@@ -527,7 +530,8 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
         "timeseries",
         "SM activity and occupancy",
         "SMs busy (averaged over the SMs, unlike GPU busy) and resident warps as a share of the maximum, from "
-        "NVML GPM: rate(activity seconds) / rate(window seconds). DCGM's SM_ACTIVE and SM_OCCUPANCY.",
+        "NVML GPM: rate(activity seconds) / rate(window seconds). DCGM's SM_ACTIVE and SM_OCCUPANCY (occupancy: "
+        "gpm_detail group).",
         [
             target(gpm_ratio("gpuwarden_gpm_sm_active_seconds_total"), gpu_legend + " SM active"),
             target(gpm_ratio("gpuwarden_gpm_sm_occupancy_seconds_total"), gpu_legend + " occupancy", ref="B"),
@@ -539,7 +543,8 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
         "timeseries",
         "Tensor cores and FP pipes",
         "Share of time each math pipe was active (GPM). Tensor high is healthy for training; FP32 high with "
-        "tensor near 0 means FP32 math: bf16 mixed precision or TF32 would use the tensor cores.",
+        "tensor near 0 means FP32 math: bf16 mixed precision or TF32 would use the tensor cores. FP pipes: "
+        "gpm_detail group.",
         [target(gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe=~"tensor|fp32|fp16|fp64"'),
                 gpu_legend + " {{pipe}}")],
         "percentunit",
@@ -761,12 +766,12 @@ def fleet_dashboard() -> dict[str, Any]:
     layout.add(
         "table",
         "NVLink problems",
-        "Links that are down, or GPUs reaching peers over fewer links than usual.",
+        "GPUs with fewer active NVLinks than the most any GPU of their node has (which link: /api/v1/gpus or "
+        "the nvlink_links group).",
         [
-            target(f"gpuwarden_nvlink_up{{{NODE_SELECTOR}}} == 0", fmt="table", instant=True),
             target(
-                f"gpuwarden_nvlink_peer_links{{{NODE_SELECTOR}}} < on (instance) group_left "
-                f"max by (instance) (gpuwarden_nvlink_peer_links{{{NODE_SELECTOR}}})",
+                f"gpuwarden_nvlink_active_links{{{NODE_SELECTOR}}} < on (instance) group_left "
+                f"max by (instance) (gpuwarden_nvlink_active_links{{{NODE_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             ),

@@ -89,6 +89,28 @@ def test_queries_reference_only_exported_metrics():
                 assert metric in known, (name, metric, text)
 
 
+def test_panels_that_need_an_opt_in_group_say_which():
+    """A panel querying a family that only an opt-in collector group exports names the group in its description;
+    the default set must leave every other panel with data (test_every_panel_query_returns_data runs one node with
+    every group and the others at the default)."""
+    from exporter.metrics import GROUPS
+
+    whole = {m.family.name: g.name for g in GROUPS.values() for m in g.members if m.label is None and not m.zero_rows}
+    checked = 0
+    for name, board in dashboards().items():
+        for panel in panels(board):
+            needed = {
+                whole[metric]
+                for target in panel["targets"]
+                for metric in re.findall(r"\b(gpuwarden_\w+)\b", target["expr"])
+                if metric in whole
+            }
+            for group in needed:
+                checked += 1
+                assert group in panel["description"], (name, panel["title"], group)
+    assert checked >= 5  # the clock, topology, memory and profiling detail panels
+
+
 def test_thresholds_follow_the_alert_thresholds():
     from exporter.health.thresholds import DEFAULT
 
@@ -126,6 +148,8 @@ def prometheus(tmp_path_factory):
                 if scenario == "thermal-throttling"
                 else []
             )
+            if scenario == "healthy":  # the detail panels' data: one node with every collector group
+                flags.append("--metrics.enable-groups=all")
             parts.exporter(scenario, "--health.thresholds-file", str(thresholds), *flags)
         parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
         thermal = parts.instance_of("thermal-throttling")

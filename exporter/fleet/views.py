@@ -24,7 +24,7 @@ CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # query finds the nodes that can match at all; the rule's own expression then runs with the selector narrowed to
 # them: the same answer, without scanning every link's 6 h (the endpoint: 1.03 → 0.54 s on 1,000 nodes,
 # docs/benchmarks.md).
-NARROWING = {"GpuwardenNvlinkDown": "gpuwarden_nvlink_up{{{sel}}} == 0"}
+NARROWING = {"GpuwardenNvlinkDown": "changes(gpuwarden_nvlink_active_links{{{sel}}}[6h]) > 0"}
 MAX_NARROWED_INSTANCES = 200
 ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
 

@@ -326,32 +326,31 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             [
                 Rule(
                     "GpuwardenNvlinkDown",
-                    f"gpuwarden_nvlink_up{{{s}}} == 0 and on (instance, uuid, link) "
-                    f"max_over_time(gpuwarden_nvlink_up{{{s}}}[6h]) == 1",
+                    f"gpuwarden_nvlink_active_links{{{s}}} < max_over_time(gpuwarden_nvlink_active_links{{{s}}}[6h])",
                     "critical",
                     "An NVLink link went down.",
-                    f"NVLink {{{{ $labels.link }}}} of {gpu} was up and is now down, which cripples multi-GPU "
-                    "training; drain the node, check nvidia-smi nvlink -s, reset or reboot, and replace the "
-                    "baseboard if it recurs.",
+                    f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than in the last 6 hours: a link that was up is "
+                    "down, which cripples multi-GPU training; drain the node, check nvidia-smi nvlink -s (which link: "
+                    "/api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
                     t.nvlink_down_for_s,
                     "cordon",
                 ),
                 Rule(
                     "GpuwardenNvlinkCrcErrorsHigh",
-                    f'rate(gpuwarden_nvlink_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
+                    f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
                     "warning",
-                    "An NVLink link has a high CRC error rate.",
-                    f"NVLink {{{{ $labels.link }}}} of {gpu} has {{{{ $value }}}} CRC errors/s; schedule a reset and "
-                    "check the link at the next maintenance window.",
+                    "A GPU's NVLinks have a high CRC error rate.",
+                    f"The NVLinks of {gpu} have {{{{ $value }}}} CRC errors/s together; find the link (/api/v1/gpus "
+                    "or the nvlink_links group), schedule a reset and check it at the next maintenance window.",
                     t.nvlink_crc_for_s,
                 ),
                 Rule(
                     "GpuwardenNvlinkReplayRecovery",
-                    f'increase(gpuwarden_nvlink_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
+                    f'increase(gpuwarden_nvlink_gpu_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
                     "warning",
-                    "An NVLink link needed replays or recovery.",
-                    f"NVLink {{{{ $labels.link }}}} of {gpu} logged {{{{ $labels.type }}}} errors; watch it and reset "
-                    "the GPU at the next maintenance window if they continue.",
+                    "A GPU's NVLinks needed replays or recovery.",
+                    f"The NVLinks of {gpu} logged {{{{ $labels.type }}}} errors; watch them and reset the GPU at the "
+                    "next maintenance window if they continue.",
                 ),
                 Rule(
                     "GpuwardenPcieReplaysHigh",

@@ -7,7 +7,7 @@ all of it CPU time in the driver, so they run every poll.nvlink_errors_interval 
 
 from __future__ import annotations
 
-from exporter.metrics import NVLINK_ERRORS_TOTAL, NVLINK_UP
+from exporter.metrics import NVLINK_ACTIVE_LINKS, NVLINK_ERRORS_TOTAL, NVLINK_GPU_ERRORS_TOTAL, NVLINK_UP
 from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers import Reader
@@ -47,9 +47,14 @@ def read_state(dev: GpuDevice, out: SampleWriter) -> None:
     """Link state: one field per link, ~0.2 ms for 18 links (measured on H200)."""
     links = dev.state.get("nvlink_links", 0)
     values = dev.fields([(nvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(links)])
+    active, known = 0, 0
     for link in range(links):
         state = values.get((nvml.NVML_FI_DEV_NVLINK_GET_STATE, link))
         out.add(NVLINK_UP, None if state is None else (1 if state else 0), str(link))
+        if state is not None:
+            known += 1
+            active += 1 if state else 0
+    out.add(NVLINK_ACTIVE_LINKS, active if known else None)
 
 
 def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
@@ -60,14 +65,29 @@ def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
     wanted = [(field_id, link) for field_id in _SCOPED_ERRORS for link in range(links)]
     wanted += [(field_id, 0) for field_id in _CRC_DATA[:links] + _ECC_DATA[:links]]
     values = dev.fields(wanted)
+    per_type: dict[str, float] = {}
+
+    def add(value: float | None, link: int, kind: str) -> None:
+        out.add(NVLINK_ERRORS_TOTAL, value, str(link), kind)
+        if value is not None:
+            per_type[kind] = per_type.get(kind, 0.0) + value
+
     for link in range(links):
         for field_id, label in _SCOPED_ERRORS.items():
-            out.add(NVLINK_ERRORS_TOTAL, values.get((field_id, link)), str(link), label)
+            add(values.get((field_id, link)), link, label)
         if link < len(_CRC_DATA):
-            out.add(NVLINK_ERRORS_TOTAL, values.get((_CRC_DATA[link], 0)), str(link), "crc_data")
-            out.add(NVLINK_ERRORS_TOTAL, values.get((_ECC_DATA[link], 0)), str(link), "ecc")
+            add(values.get((_CRC_DATA[link], 0)), link, "crc_data")
+            add(values.get((_ECC_DATA[link], 0)), link, "ecc")
+    for kind, total in per_type.items():  # the links' counters summed: a counter while the link set is fixed
+        out.add(NVLINK_GPU_ERRORS_TOTAL, total, kind)
 
 
 STATIC = Reader("nvlink_links", Tier.STATIC, (), read_static)
-SLOW = Reader("nvlink", Tier.SLOW, (NVLINK_UP,), read_state)
-ERRORS = Reader("nvlink_errors", Tier.SLOW, (NVLINK_ERRORS_TOTAL,), read_errors, every="nvlink_errors_interval")
+SLOW = Reader("nvlink", Tier.SLOW, (NVLINK_UP, NVLINK_ACTIVE_LINKS), read_state)
+ERRORS = Reader(
+    "nvlink_errors",
+    Tier.SLOW,
+    (NVLINK_ERRORS_TOTAL, NVLINK_GPU_ERRORS_TOTAL),
+    read_errors,
+    every="nvlink_errors_interval",
+)

@@ -15,7 +15,6 @@ import uvicorn
 import yaml
 
 from exporter.config import Settings, load_settings
-from exporter.metrics import family_filter
 from exporter.poller import Poller
 from exporter.render import Renderer
 from exporter.server import create_app, readiness_under
@@ -60,7 +59,7 @@ class LiveServer:
 
     def __init__(self, poller: Poller) -> None:
         self.poller = poller
-        self.renderer = Renderer(family_filter(poller.settings.metrics.include, poller.settings.metrics.exclude))
+        self.renderer = Renderer(poller.settings.metrics.selection())
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(
