@@ -1,19 +1,23 @@
 """ASGI pieces both HTTP apps share (the exporter's and the fleet service's): JSON problems, validation errors as
-plain data, and the request-header size limit. Imports nothing of the poller, NVML or Prometheus."""
+plain data, and the request-header size limit. Imports nothing of the poller, NVML or Prometheus, and FastAPI only
+when a helper that builds its objects runs."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+if TYPE_CHECKING:  # FastAPI is imported by the apps that use these helpers, not by the exporter's front
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
 MAX_HEADER_BYTES = 16 * 1024
 
 
 def problem(status: int, error: str, detail: Any = None) -> JSONResponse:
     """A 4xx/5xx answer as JSON: one line saying what was wrong, and optional detail."""
+    from fastapi.responses import JSONResponse
+
     return JSONResponse({"error": error, "detail": detail}, status_code=status)
 
 

@@ -211,14 +211,7 @@ def bind_listener(host: str, port: int) -> socket.socket | None:
 
 
 def serve(settings: Settings, argv: list[str] | None = None) -> int:
-    import uvicorn
-
     from exporter import logs
-    from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
-    from exporter.poller import Poller
-    from exporter.render import Renderer
-    from exporter.server import create_app, readiness_under
-    from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
 
     logs.setup(settings.log.level, settings.log.format)
     from exporter.webconfig import WebConfig, load_web_config
@@ -227,7 +220,25 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     listener = bind_listener(settings.web.host, settings.web.port)
     if listener is None:
         return EXIT_LISTEN
+    from exporter.poller import Poller
+
     poller = Poller(settings)
+    # NVML's init and the first poll run while the HTTP stack is imported: first metrics sooner after start
+    poller.start()
+    try:
+        return _serve_http(settings, argv, web, listener, poller)
+    finally:
+        poller.stop()
+
+
+def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
+    import uvicorn
+
+    from exporter.front import create_front, readiness_under
+    from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
+    from exporter.render import Renderer
+    from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
+
     guard = ConnectionGuard(
         header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)
     )
@@ -241,7 +252,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         }
 
     renderer = Renderer(settings.metrics.selection(), own_counters)
-    app = create_app(
+    app = create_front(
         lambda: poller.snapshot,
         readiness_under(lambda: poller.settings),
         renderer,
@@ -300,7 +311,6 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
         threading.Thread(target=watch_reload, name="gpuwarden-reload", daemon=True).start()
-    poller.start()
     threading.Thread(target=watch_fatal, name="gpuwarden-fatal", daemon=True).start()
     log.info(
         "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
@@ -309,7 +319,6 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         server.run(sockets=[listener])
     finally:
         stopped.set()
-        poller.stop()
     if exit_code:
         log.error("exiting with code %d: %s", exit_code, poller.fatal)
     return exit_code

@@ -6,7 +6,6 @@ import html
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
@@ -17,16 +16,12 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
-from exporter.asgi import HeaderLimit, first_error, jsonable_errors
-from exporter.config import Settings
+from exporter.asgi import first_error, jsonable_errors
+from exporter.front import Readiness, SnapshotSource
 from exporter.health.diagnosis import as_json, diagnose
 from exporter.metrics import FAMILIES
-from exporter.render import Renderer, content_type
-from exporter.serving import ConnectionGuard
 from exporter.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
-from exporter.webconfig import BasicAuth
 
-READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
 GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
 
 
@@ -216,85 +211,10 @@ class GpuJsonCache:
         return self.cached(snapshot) or await anyio.to_thread.run_sync(self.build, snapshot)
 
 
-SnapshotSource = Callable[[], Snapshot]
-Readiness = Callable[[Snapshot, float], "str | None"]
-
-
-def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
-    """None when ready, else the reason."""
-    if not snapshot.nvml_up:
-        return f"nvml is down: {snapshot.nvml_error or 'not initialised'}"
-    if not any(gpu.up for gpu in snapshot.gpus):
-        return "no GPU is visible"
-    fast_at = snapshot.tier_finished.get("fast")
-    limit = READY_INTERVALS * fast_interval
-    if fast_at is None or now - fast_at > limit:
-        return f"the fast snapshot is older than {limit:g} s"
-    return None
-
-
-def readiness_under(settings: Callable[[], Settings]) -> Readiness:
-    """Readiness judged by the fast interval in force now (a reload may change it), not the one at start."""
-    return lambda snapshot, now: readiness(snapshot, settings().poll.fast_interval, now)
-
-
-def _quality(header: str, wanted: str) -> float:
-    """The q-value `header` (Accept or Accept-Encoding) gives `wanted`; 0 when it is not listed or q=0."""
-    for part in header.split(","):
-        token, *params = (piece.strip() for piece in part.split(";"))
-        if token.lower() != wanted:
-            continue
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    return max(0.0, min(float(value), 1.0))
-                except ValueError:
-                    return 0.0
-        return 1.0
-    return 0.0
-
-
-def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
-    """(OpenMetrics?, gzip?) as the scraper asked, honouring quality values (q=0 means "not this")."""
-    openmetrics = _quality(accept, "application/openmetrics-text")
-    text = max(_quality(accept, "text/plain"), _quality(accept, "*/*"))
-    return openmetrics > 0 and openmetrics >= text, _quality(accept_encoding, "gzip") > 0
-
-
-class MetricsFastPath:
-    """Serve GET/HEAD on the telemetry path straight from the render cache, ahead of FastAPI's routing.
-
-    A cached scrape costs a dict lookup and two ASGI messages on the event loop; only the first scrape of a new
-    snapshot renders, in a worker thread, so the loop never blocks.
-    """
-
-    def __init__(self, app: Any, path: str, snapshots: SnapshotSource, renderer: Renderer) -> None:
-        self.app, self.path, self.snapshots, self.renderer = app, path, snapshots, renderer
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] not in ("GET", "HEAD"):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        openmetrics, compress = negotiate(
-            headers.get(b"accept", b"").decode("latin-1"), headers.get(b"accept-encoding", b"").decode("latin-1")
-        )
-        snapshot = self.snapshots()
-        body = self.renderer.cached(snapshot, openmetrics, compress)
-        if body is None:
-            body = await anyio.to_thread.run_sync(self.renderer.render, snapshot, openmetrics, compress)
-        response = [(b"content-type", content_type(openmetrics).encode()), (b"content-length", str(len(body)).encode())]
-        if compress:
-            response += [(b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]
-        await send({"type": "http.response.start", "status": 200, "headers": response})
-        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
-
-
 def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: str) -> APIRouter:
     router = APIRouter()
 
-    # Documentation only: MetricsFastPath answers GET and HEAD on this path before routing reaches it.
+    # Documentation: exporter/front.py answers GET and HEAD on these three paths before this app is reached.
 
     @router.get(
         telemetry_path,
@@ -320,9 +240,6 @@ def _probe_routes(snapshots: SnapshotSource, ready: Readiness, telemetry_path: s
             return JSONResponse({"status": "not ready", "error": reason}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    # HEAD probes (load balancers, some probers) answer like GET; one operation each in the OpenAPI document
-    router.add_api_route("/healthz", healthz, methods=["HEAD"], include_in_schema=False)
-    router.add_api_route("/readyz", readyz, methods=["HEAD"], include_in_schema=False)
     return router
 
 
@@ -465,13 +382,11 @@ def _page_routes(snapshots: SnapshotSource, telemetry_path: str) -> APIRouter:
 def create_app(
     snapshots: SnapshotSource,
     ready: Readiness,
-    renderer: Renderer,
     telemetry_path: str = "/metrics",
-    basic_auth_users: dict[str, str] | None = None,
-    guard: ConnectionGuard | None = None,
 ) -> FastAPI:
-    """The exporter's HTTP API over a source of snapshots; it never sees the poller or NVML. `guard` counts refused
-    requests by reason (exporter/serving.py)."""
+    """The exporter's JSON API and documentation over a source of snapshots; it never sees the poller or NVML.
+    Built on the first request that exporter/front.py does not answer itself (scrapes and probes); the header
+    limit and basic auth sit in front of both."""
     app = FastAPI(
         title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
     )
@@ -489,8 +404,4 @@ def create_app(
     app.include_router(_diagnosis_routes(snapshots))
     app.include_router(_topology_routes(snapshots))
     app.include_router(_page_routes(snapshots, telemetry_path))
-    app.add_middleware(MetricsFastPath, path=telemetry_path, snapshots=snapshots, renderer=renderer)
-    if basic_auth_users:
-        app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
-    app.add_middleware(HeaderLimit)  # added last: runs first
     return app

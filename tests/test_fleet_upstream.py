@@ -160,11 +160,11 @@ def test_a_50_mb_answer_is_refused_without_the_memory(prometheus):
 
 def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometheus):
     evil = 'x",job!="; rm -rf /'
-    row = {"metric": {"instance": evil, "uuid": "GPU-1", "gpu": "0", "link": "3"}, "value": [1, "0"]}
+    row = {"metric": {"instance": evil, "uuid": "GPU-1", "gpu": "0"}, "value": [1, "17"]}
 
     def answer(query: str, handler: BaseHTTPRequestHandler) -> None:
         # the narrowing query, then the narrowed NvlinkDown expression: one node with a link down
-        wanted = query.startswith("gpuwarden_nvlink_up") or "instance=~" in query
+        wanted = query.startswith("changes(gpuwarden_nvlink_active_links") or "instance=~" in query
         reply(handler, vector([row] if wanted else []))
 
     prometheus.answer = answer

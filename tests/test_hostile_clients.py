@@ -21,7 +21,7 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.server import negotiate
+from exporter.front import negotiate
 from exporter.webconfig import BasicAuth
 from tests.helpers.common import free_port, parse_exposition, rss_mib, values, write_yaml
 from tests.helpers.stack import running_cli

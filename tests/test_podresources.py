@@ -75,7 +75,11 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
     kubelet: FakeKubelet, live_server: Callable[..., object]
 ) -> None:
     scenario = {"name": "mig", "node": {"count": 2, "mig_instances": {1: 3}}}
-    server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
+    server = live_server(
+        scenario,
+        pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1},
+        metrics={"enable_groups": ["static_detail"]},  # gpuwarden_mig_mode_enabled
+    )
     gpus = {g.index: g for g in server.poller.snapshot.gpus}  # type: ignore[attr-defined]
     wait_for(lambda: len(server.poller.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore
     mig = server.poller.snapshot.gpus[1].info.mig_uuids  # type: ignore[attr-defined]

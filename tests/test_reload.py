@@ -66,7 +66,7 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
         proc.send_signal(signal.SIGHUP)
         time.sleep(1.5)
         body = httpx.get(url).text
-        assert "gpuwarden_temperature_celsius" not in body and "gpuwarden_power_usage_watts" in body
+        assert "gpuwarden_temperature_celsius" not in body and "gpuwarden_energy_joules_total" in body
         stop.set()
         scraper.join()
         assert bad_scrapes == []

@@ -15,9 +15,9 @@ import uvicorn
 import yaml
 
 from exporter.config import Settings, load_settings
+from exporter.front import create_front, readiness_under
 from exporter.poller import Poller
 from exporter.render import Renderer
-from exporter.server import create_app, readiness_under
 from exporter.sim.scenario import Scenario
 
 
@@ -62,7 +62,7 @@ class LiveServer:
         self.renderer = Renderer(poller.settings.metrics.selection())
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(
+        app = create_front(
             lambda: poller.snapshot,
             readiness_under(lambda: poller.settings),
             self.renderer,
