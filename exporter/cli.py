@@ -210,13 +210,29 @@ def bind_listener(host: str, port: int) -> socket.socket | None:
     return sock
 
 
+class _NoWebConfig:
+    """No web-config file: no TLS, no users (and no bcrypt or web-config models imported)."""
+
+    basic_auth_users: dict[str, str] = {}
+
+    @staticmethod
+    def uvicorn_ssl() -> dict[str, Any]:
+        return {}
+
+
+def _web_config(settings: Settings) -> Any:
+    if settings.web.config_file is None:
+        return _NoWebConfig()
+    from exporter.webconfig import load_web_config
+
+    return load_web_config(settings.web.config_file)
+
+
 def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter import logs
 
     logs.setup(settings.log.level, settings.log.format)
-    from exporter.webconfig import WebConfig, load_web_config
-
-    web = load_web_config(settings.web.config_file) if settings.web.config_file else WebConfig()
+    web = _web_config(settings)
     listener = bind_listener(settings.web.host, settings.web.port)
     if listener is None:
         return EXIT_LISTEN

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.cliutil import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
@@ -285,6 +284,8 @@ def read_yaml(path: Path, what: str = "config file", flag: str = "--config") -> 
             f"{what} {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
             "save it as UTF-8"
         ) from None
+    import yaml  # only where a file is read: a start without files does not pay for it
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

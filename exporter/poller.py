@@ -165,6 +165,11 @@ class Poller:
             try:
                 self._fast_cycle(self._publish_wait(interval))
                 self._publish()
+                if not self.ready_once.is_set():
+                    log.info(
+                        "first snapshot published %.0f ms after the poller started",
+                        1000 * (time.monotonic() - next_tick),
+                    )
                 self.ready_once.set()
             except Exception:  # a bug in one cycle must not end collection
                 log.exception("fast poll cycle failed")
