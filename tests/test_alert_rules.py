@@ -36,17 +36,18 @@ def test_promtool_check_rules_is_clean():
 
 
 @needs_promtool
-def test_promtool_unit_tests_pass_on_the_rules_without_annotations(tmp_path):
-    stripped = yaml.safe_load(RULES.read_text())
-    for group in stripped["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations")
-    (tmp_path / "gpuwarden.rules.yaml").write_text(yaml.safe_dump(stripped))
-    shutil.copy(TESTS, tmp_path / "gpuwarden.test.yaml")
+def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
+    """Exactly the README's command, from the repository root: rules, labels and rendered annotations."""
     result = subprocess.run(
-        [PROMTOOL, "test", "rules", "gpuwarden.test.yaml"], cwd=tmp_path, capture_output=True, text=True
+        "promtool test rules alert_rules/tests/*.yaml", shell=True, cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    expected = [
+        alert for test in yaml.safe_load(TESTS.read_text())["tests"] for check in test["alert_rule_test"]
+        for alert in check["exp_alerts"]
+    ]  # fmt: skip
+    assert expected and all(alert.get("exp_annotations", {}).get("description") for alert in expected)
 
 
 def test_every_alert_has_a_firing_test_and_a_silent_healthy_case():

@@ -7,6 +7,7 @@ Severity: critical pages, warning opens a ticket, info is for dashboards (docs/a
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,7 +358,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
                     "warning",
                     "A GPU's PCIe link is replaying packets.",
-                    f"{gpu} replays {{{{ $value }}}} PCIe packets per minute; check seating, risers and cables.",
+                    f"{gpu} replays {{{{ $value | humanize }}}} PCIe packets per minute; check seating, risers and "
+                    "cables.",
                     t.pcie_replays_for_s,
                 ),
             ],
@@ -408,7 +410,62 @@ def to_yaml(groups: list[Group], runbook_base: str = RUNBOOK_BASE, for_scale: fl
     return header + yaml.safe_dump(out, sort_keys=False, width=120, allow_unicode=True)
 
 
+TESTS_FILE = RULES_FILE.parent / "tests" / "gpuwarden.test.yaml"
+TESTS_HEADER = """\
+# promtool unit tests for alert_rules/gpuwarden.rules.yaml: every alert fires when it should, with its labels and
+# its rendered annotations, and stays silent on near misses. Run as shipped, from the repository root:
+#   promtool test rules alert_rules/tests/*.yaml
+# After a change to an annotation: python -m exporter.health.rules --fill-test-annotations (needs promtool).
+"""
+_GOT = re.compile(
+    r"name: (?P<name>.*?),\s*alertname: (?P<alert>\w+), time: (?P<time>\S+?),.*?got:\[(?P<got>.*?)\n\s*\]", re.S
+)
+_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _seconds(duration: str) -> int:
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([dhms])", str(duration)))
+
+
+def fill_test_annotations(promtool: str = "promtool") -> int:
+    """Write each expected alert's rendered annotations into the shipped test file, from what promtool renders:
+    the file then passes `promtool test rules` as shipped, wording included."""
+    import json
+    import subprocess
+
+    data = yaml.safe_load(TESTS_FILE.read_text(encoding="utf-8"))
+    for test in data["tests"]:  # start from none, so promtool reports every expected alert with its annotations
+        for check in test["alert_rule_test"]:
+            for alert in check.get("exp_alerts") or []:
+                alert.pop("exp_annotations", None)
+    TESTS_FILE.write_text(TESTS_HEADER + yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    result = subprocess.run([promtool, "test", "rules", str(TESTS_FILE)], capture_output=True, text=True)
+    output = result.stdout + result.stderr  # promtool reports failures on stderr
+    rendered: dict[tuple[str, str, int], list[tuple[dict[str, str], dict[str, str]]]] = {}
+    for match in _GOT.finditer(output):
+        entries = []
+        for labels, rendered_text in re.findall(r"Labels:\{(.*?)\}\s*Annotations:\{(.*?)\},?\n", match["got"] + "\n"):
+            parse = lambda text: {k: json.loads(f'"{v}"') for k, v in _PAIR.findall(text)}  # noqa: E731
+            entries.append((parse(labels), parse(rendered_text)))
+        rendered[(match["name"], match["alert"], _seconds(match["time"]))] = entries
+    for test in data["tests"]:
+        for check in test["alert_rule_test"]:
+            for alert in check.get("exp_alerts") or []:
+                wanted = {**alert["exp_labels"], "alertname": check["alertname"]}
+                key = (test["name"], check["alertname"], _seconds(check["eval_time"]))
+                found = [a for labels, a in rendered.get(key, []) if labels == {k: str(v) for k, v in wanted.items()}]
+                if len(found) != 1:
+                    raise SystemExit(f"no rendered annotations for {key} {wanted}: does the test fire as expected?")
+                alert["exp_annotations"] = found[0]
+    TESTS_FILE.write_text(TESTS_HEADER + yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    print(f"wrote {TESTS_FILE}")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--fill-test-annotations"]:
+        return fill_test_annotations()
     RULES_FILE.parent.mkdir(exist_ok=True)
     RULES_FILE.write_text(to_yaml(build()), encoding="utf-8")
     print(f"wrote {RULES_FILE}")
