@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
+from exporter.apidocs import add_offline_docs
 from exporter.asgi import first_error, jsonable_errors
 from exporter.front import Readiness, SnapshotSource
 from exporter.health.diagnosis import as_json, diagnose
@@ -388,6 +389,8 @@ def create_app(
     Built on the first request that exporter/front.py does not answer itself (scrapes and probes); the header
     limit and basic auth sit in front of both."""
     app = FastAPI(
+        docs_url=None,
+        redoc_url=None,
         title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
     )
 
@@ -404,4 +407,5 @@ def create_app(
     app.include_router(_diagnosis_routes(snapshots))
     app.include_router(_topology_routes(snapshots))
     app.include_router(_page_routes(snapshots, telemetry_path))
+    add_offline_docs(app)
     return app

@@ -20,6 +20,7 @@ import pytest
 
 from exporter.fleet.settings import FleetSettings, parse
 from exporter.health import rules
+from tests.helpers.browser import CHROMIUM_FLAGS, chromium
 from tests.helpers.common import free_port, write_yaml
 from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.kubelet import FakeKubelet
@@ -379,27 +380,6 @@ def test_settings_from_flags_and_environment() -> None:
 
 
 # -- the page in a real browser ---------------------------------------------------------------------------------
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-]
-
-
-def chromium() -> str:
-    import shutil
-
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("chromium missing: the README's test command installs Debian's chromium package")
-    return found
 
 
 def png_size(path: Path) -> tuple[int, int]:

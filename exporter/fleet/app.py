@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
+from exporter.apidocs import add_offline_docs
 from exporter.asgi import HeaderLimit, jsonable_errors, problem
 from exporter.fleet import planner
 from exporter.fleet.prometheus import PrometheusClient, PrometheusError
@@ -233,6 +234,8 @@ def create_app(
         await client.close()
 
     app = FastAPI(
+        docs_url=None,
+        redoc_url=None,
         title="gpuwarden fleet",
         version=__version__,
         lifespan=lifespan,
@@ -259,6 +262,7 @@ def create_app(
     app.include_router(_fleet_routes(fleet, settings, max_window_s))
     app.include_router(_plan_routes(fleet))
     app.include_router(_page_routes(fleet, settings))
+    add_offline_docs(app)
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
     app.add_middleware(HeaderLimit)  # added last: runs first
