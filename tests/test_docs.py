@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -39,6 +40,13 @@ def test_no_document_or_comment_points_outside_the_repository():
 
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
-    test_command = next(block.strip() for block in blocks if "pytest" in block)
-    assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    blocks = [block.strip() for block in re.findall(r"```sh\n(.*?)```", readme, re.S)]
+    assert ".ci/test" in blocks  # the README's test command is the script, alone in its block
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^exec \.ci/test$", ci, re.M), ci
+    script = (ROOT / ".ci" / "test").read_text(encoding="utf-8")
+    assert os.access(ROOT / ".ci" / "test", os.X_OK) and script.startswith("#!/usr/bin/env bash\n")
+    assert re.search(r"^set -euo pipefail$", script, re.M)
+    # it lints, and runs the whole suite with pytest's arguments passed through; every step stops on failure
+    assert "python3 -m ruff check ." in script and "python3 -m ruff format --check ." in script
+    assert script.rstrip().endswith('python3 -m pytest -q "$@"')
