@@ -80,6 +80,9 @@ class Gpu(BaseModel):
         default_factory=list, description="containers the kubelet allocated this GPU to: namespace, pod, container"
     )
     processes: list[ProcessModel] = Field(default_factory=list, description="processes holding it, by memory")
+    memory_by_gpu_instance: dict[str, int] | None = Field(
+        None, description="MIG: GPU memory held by the processes of each GPU instance ID"
+    )
 
 
 class GpuList(BaseModel):
@@ -170,7 +173,22 @@ def gpu_dict(
         },
         "pods": [{"namespace": a.namespace, "pod": a.pod, "container": a.container} for a in pods],
         "processes": [process_dict(p) for p in processes],
+        **(
+            {"memory_by_gpu_instance": _by_instance(processes)}
+            if any(p.gpu_instance is not None for p in processes)
+            else {}
+        ),
     }
+
+
+def _by_instance(processes: tuple[ProcessView, ...]) -> dict[str, int]:
+    """GPU memory held per MIG GPU instance (the processes' sum): who fills which slice."""
+    held: dict[str, int] = {}
+    for process in processes:
+        if process.gpu_instance is not None and process.used_memory_bytes is not None:
+            key = str(process.gpu_instance)
+            held[key] = held.get(key, 0) + process.used_memory_bytes
+    return held
 
 
 class GpuJsonCache:
@@ -391,7 +409,9 @@ def create_app(
     app = FastAPI(
         docs_url=None,
         redoc_url=None,
-        title="gpuwarden", version=__version__, description="NVIDIA GPU metrics, health and topology from NVML."
+        title="gpuwarden",
+        version=__version__,
+        description="NVIDIA GPU metrics, health and topology from NVML.",
     )
 
     @app.exception_handler(StarletteHTTPException)

@@ -268,3 +268,34 @@ def test_the_api_lists_each_process_with_its_pod_largest_first(live_server, tmp_
         (4102, "jupyter", "notebook"),
     ]
     assert server.get("/openapi.json").json()["paths"]["/api/v1/processes"]
+
+
+def test_mig_processes_are_summed_per_gpu_instance_in_the_api(live_server) -> None:
+    scenario = {
+        "name": "mig-procs",
+        "node": {"count": 1, "mig_instances": {0: 2}},
+        "processes": [
+            {"gpu": 0, "pid": 4301, "memory_gib": {"constant": 6}, "gpu_instance": 7},
+            {"gpu": 0, "pid": 4302, "memory_gib": {"constant": 3}, "gpu_instance": 7},
+            {"gpu": 0, "pid": 4303, "memory_gib": {"constant": 9}, "gpu_instance": 8},
+        ],
+    }
+    server = live_server(scenario)
+    wait_for(lambda: len(server.get("/api/v1/gpus/0").json()["processes"]) == 3)
+    gpu = server.get("/api/v1/gpus/0").json()
+    assert gpu["memory_by_gpu_instance"] == {"7": 9 * GIB, "8": 9 * GIB}
+    assert {p["pid"]: p["gpu_instance"] for p in gpu["processes"]} == {4301: 7, 4302: 7, 4303: 8}
+
+
+def test_a_driver_that_cannot_list_processes_loses_only_the_process_series(sim) -> None:
+    scenario = dict(
+        SHARED,
+        faults=[{"kind": "not_supported", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "gpu": 0}],
+        driver={"missing_symbols": ["nvmlDeviceGetComputeRunningProcesses_v2"]},
+    )
+    poller, series = poll(sim, scenario, 3)
+    last = series[-1]
+    assert not values(last, "gpuwarden_processes", gpu="0") and values(last, "gpuwarden_processes", gpu="1") == [1]
+    assert not values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0")
+    assert values(last, "gpuwarden_memory_used_bytes", gpu="0")  # the GPU's other readings stay
+    assert poller.snapshot.gpus[0].uuid not in poller.snapshot.processes
