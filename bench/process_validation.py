@@ -43,20 +43,11 @@ def get_json(path: str) -> dict:
 
 
 def start_exporter() -> subprocess.Popen:
-    cmd = [
-        sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{PORT}",
-        "--poll.fast-interval", "1", "--processes.proc-root", "/proc", "--processes.per-pid-series",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{PORT}/readyz", timeout=1).status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("exporter did not get ready")
+    from gpm_validation import exporter  # bench/ is this script's folder: the same start-and-wait-ready helper
+
+    return exporter(
+        "--poll.fast-interval", "1", "--processes.proc-root", "/proc", "--processes.per-pid-series", port=PORT
+    )
 
 
 def smi_apps() -> dict[int, int]:

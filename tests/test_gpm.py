@@ -10,24 +10,13 @@ import pytest
 from exporter.health.checks import bottleneck_class
 from exporter.health.diagnosis import diagnose
 from exporter.health.thresholds import DEFAULT
-from exporter.poller import Poller
-from exporter.render import Renderer
-from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
+from tests.helpers.common import poll_series, values, write_yaml
 
 
 def run(sim, scenario, seconds: int = 12, tmp_path=None, **sections):
-    clock = ManualClock()
-    sim(scenario, clock=clock)
     if tmp_path is not None:
         sections["health"] = {"thresholds_file": str(write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 6}))}
-    poller = Poller(settings(**sections), wall_clock=clock)
-    series = []
-    for _ in range(seconds):
-        poller.poll_once()
-        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
-        clock.advance(1.0)
-    poller.stop(0.5)
-    return poller, series
+    return poll_series(sim, scenario, seconds, **sections)
 
 
 def share(series, name: str, gpu: str = "0", **labels: str) -> float:

@@ -13,7 +13,7 @@ from exporter.health.diagnosis import diagnose
 from exporter.hostprocs import HostProcesses, parse_cgroup
 from exporter.poller import Poller
 from exporter.render import Renderer
-from tests.helpers.common import ManualClock, parse_exposition, settings, values, wait_for
+from tests.helpers.common import ManualClock, poll_series, settings, values, wait_for
 
 GIB = 1024**3
 UID_A = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
@@ -45,16 +45,7 @@ def systemd_cgroup(uid: str, cid: str) -> str:
 
 
 def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[Poller, list[dict]]:
-    clock = ManualClock()
-    sim(scenario, clock=clock)
-    poller = Poller(settings(**sections), wall_clock=clock)
-    series = []
-    for _ in range(seconds):
-        poller.poll_once()
-        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
-        clock.advance(1.0)
-    poller.stop(0.5)
-    return poller, series
+    return poll_series(sim, scenario, seconds, **sections)
 
 
 SHARED = {

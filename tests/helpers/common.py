@@ -129,3 +129,18 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(step)
+
+
+def poll_series(sim, scenario, seconds: int, **sections):  # noqa: ANN001, ANN201 - the sim fixture, a scenario
+    """Run a poller over the simulator for `seconds` of a manual clock, one poll a second; the poller (stopped) and
+    each second's exposition (every series: the tests check content, not the collector groups)."""
+    clock = ManualClock()
+    sim(scenario, clock=clock)
+    poller = Poller(settings(**sections), wall_clock=clock)
+    series = []
+    for _ in range(seconds):
+        poller.poll_once()
+        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
+        clock.advance(1.0)
+    poller.stop(0.5)
+    return poller, series
