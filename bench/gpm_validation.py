@@ -134,12 +134,13 @@ class IndependentGpm:
 
     IDS = {"sm": 2, "tensor": 5, "dram": 10, "fp32": 12, "graphics": 1, "pcie_rx_mib_s": 21, "pcie_tx_mib_s": 20}
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0, ids: dict[str, int] | None = None) -> None:
         import pynvml
 
         self.nv = pynvml
+        self.ids = ids or self.IDS
         pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self.first, self.second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
 
     def start(self) -> None:
@@ -149,12 +150,12 @@ class IndependentGpm:
         nv = self.nv
         nv.nvmlGpmSampleGet(self.handle, self.second)
         request = nv.c_nvmlGpmMetricsGet_t()
-        request.version, request.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(self.IDS)
+        request.version, request.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(self.ids)
         request.sample1, request.sample2 = self.first, self.second
-        for i, metric in enumerate(self.IDS.values()):
+        for i, metric in enumerate(self.ids.values()):
             request.metrics[i].metricId = metric
         nv.nvmlGpmMetricsGet(request)
-        return {name: request.metrics[i].value for i, name in enumerate(self.IDS)}
+        return {name: request.metrics[i].value for i, name in enumerate(self.ids)}
 
 
 def ratio(before: dict, after: dict, key: tuple[str, str]) -> float | None:

@@ -16,7 +16,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpm_validation import exporter  # noqa: E402 - bench/ helpers
+from gpm_validation import IndependentGpm, exporter  # noqa: E402 - bench/ helpers
+
+NVLINK_IDS = {"rx_mib_s": 60, "tx_mib_s": 61}  # NVML_GPM_METRIC_NVLINK_TOTAL_RX/TX_PER_SEC
 
 PORT = 10085
 WINDOW_S = 6.0
@@ -49,34 +51,6 @@ def scrape() -> dict[tuple[str, str, str], float]:
     return out
 
 
-class Gpm:
-    def __init__(self, index: int) -> None:
-        import pynvml
-
-        self.nv = pynvml
-        pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.first, self.second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
-
-    def start(self) -> None:
-        self.nv.nvmlGpmSampleGet(self.handle, self.first)
-
-    def stop(self) -> dict[str, float]:
-        nv = self.nv
-        nv.nvmlGpmSampleGet(self.handle, self.second)
-        request = nv.c_nvmlGpmMetricsGet_t()
-        ids = {
-            "rx_mib_s": nv.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
-            "tx_mib_s": nv.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
-        }
-        request.version, request.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(ids)
-        request.sample1, request.sample2 = self.first, self.second
-        for i, metric in enumerate(ids.values()):
-            request.metrics[i].metricId = metric
-        nv.nvmlGpmMetricsGet(request)
-        return {name: request.metrics[i].value for i, name in enumerate(ids)}
-
-
 def main() -> None:
     out = Path(sys.argv[1])
     thresholds = out.parent / "nvlink-thresholds.yaml"
@@ -87,7 +61,7 @@ def main() -> None:
     proc = exporter("--poll.fast-interval", "1", "--health.thresholds-file", str(thresholds), port=PORT)
     result: dict = {"host": host, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "topo": topo}
     try:
-        gpms = [Gpm(0), Gpm(1)]
+        gpms = [IndependentGpm(0, NVLINK_IDS), IndependentGpm(1, NVLINK_IDS)]
         load = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOAD)], stdout=subprocess.PIPE, text=True)
         assert load.stdout is not None
         while load.stdout.readline().strip() != "READY":
