@@ -290,3 +290,32 @@ def test_a_driver_that_cannot_list_processes_loses_only_the_process_series(sim) 
     assert not values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0")
     assert values(last, "gpuwarden_memory_used_bytes", gpu="0")  # the GPU's other readings stay
     assert poller.snapshot.gpus[0].uuid not in poller.snapshot.processes
+
+
+def test_the_diagnosis_endpoint_names_the_holders_of_a_full_gpu(live_server, tmp_path: Path) -> None:
+    scenario = {
+        "name": "full-http",
+        "node": {"count": 1},
+        "processes": [
+            {"gpu": 0, "pid": 4101, "memory_gib": {"constant": 60}},
+            {"gpu": 0, "pid": 4102, "memory_gib": {"constant": 19}},
+        ],
+    }
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
+    )
+    server = live_server(scenario, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+
+    def memory_finding() -> dict | None:
+        findings = server.get("/api/v1/diagnosis/0").json()["findings"]
+        return next((f for f in findings if f["check"] == "memory_pressure" and f["holders"]), None)
+
+    wait_for(memory_finding)
+    finding = memory_finding()
+    assert [(h["pid"], h["namespace"], h["pod"], h["container"]) for h in finding["holders"]] == [
+        (4101, "ml", "trainer-0", "worker"),
+        (4102, "research", "nb-bob", "notebook"),
+    ]
+    assert "shared by 2 containers" in finding["observed"] and "expandable_segments" in finding["recommended_action"]
