@@ -11,10 +11,13 @@ Reads are bounded (a cgroup file is read up to 64 KiB) and cached per PID until 
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
@@ -56,6 +59,13 @@ class HostProcesses:
     """Lookups of host PIDs and pod UIDs; used by the assembly step only (one thread)."""
 
     def __init__(self, proc_root: Path | None, pod_logs_root: Path | None, clock=time.monotonic) -> None:  # noqa: ANN001
+        if proc_root is not None and not (proc_root / "self").exists():
+            log.warning(
+                "processes.proc_root %s is not a /proc (no %s/self): GPU processes stay unnamed and are attributed "
+                "through the GPU's allocation only; mount the host's /proc there read-only (Helm: processes.hostProc)",
+                proc_root,
+                proc_root,
+            )
         self.proc_root = proc_root
         self.pod_logs_root = pod_logs_root
         self._clock = clock

@@ -25,6 +25,7 @@ CID_B = "b" * 64
 def stage_host(tmp_path: Path, processes: dict[int, tuple[str, str]], pods: dict[str, tuple[str, str, list[str]]]):
     """A host /proc (pid → comm, cgroup text) and a /var/log/pods (uid → namespace, pod, containers)."""
     proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)  # what marks a /proc
     for pid, (comm, cgroup) in processes.items():
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "comm").write_text(comm + "\n")
@@ -203,6 +204,12 @@ def test_a_gpu_whose_driver_lacks_process_utilization_keeps_its_memory_readings(
     assert values(series[-1], "gpuwarden_container_sm_active_seconds_total", gpu="0") == [0.0]
     views = poller.snapshot.processes[poller.snapshot.gpus[0].uuid]
     assert all(v.sm_ratio is None for v in views)
+
+
+def test_a_proc_root_that_is_not_a_proc_is_said_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    HostProcesses(tmp_path / "host-proc-not-mounted", None)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "exporter.hostprocs"]
+    assert "host-proc-not-mounted" in line and "processes.hostProc" in line
 
 
 def test_a_pid_reused_by_another_process_is_looked_up_afresh(tmp_path: Path) -> None:
