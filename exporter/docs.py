@@ -38,9 +38,9 @@ def config_reference() -> str:
 def groups_reference() -> str:
     from exporter.metrics import GROUPS
 
-    lines = ["| group | exports | default |", "|---|---|---|"]
+    lines = ["| group (all off by default) | exports |", "|---|---|"]
     for group in GROUPS.values():
-        lines.append(f"| `{group.name}` | {group.description.replace('|', '/')} | {'on' if group.default else 'off'} |")
+        lines.append(f"| `{group.name}` | {group.description.replace('|', '/')} |")
     return "\n".join(lines)
 
 

@@ -646,7 +646,6 @@ class Group:
     name: str
     description: str
     members: tuple[Member, ...]
-    default: bool = False
 
 
 # throttle time kept by default: the reasons the alerts watch, thermal slowdown and the board's power limit
@@ -751,12 +750,9 @@ class Selection:
         include: tuple[str, ...] = (),
         exclude: tuple[str, ...] = (),
         enable: tuple[str, ...] = (),
-        disable: tuple[str, ...] = (),
     ) -> None:
         self.family = family_filter(include, exclude)
-        off = [g for g in GROUPS.values() if (g.name in disable) if g.default] + [
-            g for g in GROUPS.values() if not g.default and g.name not in enable
-        ]
+        off = [g for g in GROUPS.values() if g.name not in enable]  # every group is opt-in
         self._whole = {m.family.name for g in off for m in g.members if m.label is None and not m.zero_rows}
         self._partial: dict[str, list[Member]] = {}
         for group in off:

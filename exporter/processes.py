@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.hostprocs import HostProcesses
 from exporter.metrics import MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
@@ -30,7 +30,7 @@ UNATTRIBUTED: Key = ("", "", "")
 @dataclass
 class _GpuState:
     fast_at: float = 0.0  # the fast reading last accounted, so a snapshot published twice is not counted twice
-    sm_seconds: dict[Key, float] | None = None
+    sm_seconds: dict[Key, float] = field(default_factory=dict)  # per container, while the container is seen
     previous: dict[int, ProcessView] | None = None
     memory_ratio: float = 0.0
 
@@ -60,13 +60,15 @@ class ProcessesStep:
         for gpu in draft.gpus:
             if not gpu.up or gpu.info.processes is None:
                 continue
-            state = self._gpus.setdefault(gpu.uuid, _GpuState(sm_seconds={}))
-            views = self._attribute(gpu, draft.pods.get(gpu.uuid, ()))
+            state = self._gpus.setdefault(gpu.uuid, _GpuState())
+            used, total = _memory(gpu)
+            views = self._attribute(gpu, total, draft.pods.get(gpu.uuid, ()))
             live_pids |= {view.pid for view in views}
             draft.processes[gpu.uuid] = tuple(sorted(views, key=lambda v: -(v.used_memory_bytes or 0)))
             fast_at = gpu.updated_at.get("fast", 0.0)
             if fast_at != state.fast_at:
                 self._account(gpu, state, views, fast_at, now)
+                state.memory_ratio = (used / total) if used is not None and total else 0.0
             draft.containers[gpu.uuid] = self._usage(state, views, draft.pods.get(gpu.uuid, ()))
         for uuid in [u for u in self._gpus if u not in draft.processes]:
             del self._gpus[uuid]  # a GPU gone (lost, removed): its per-container counters go with its series
@@ -76,8 +78,9 @@ class ProcessesStep:
         draft.process_exits = tuple(self._exits)
         draft.pid_series = self._pid_series()
 
-    def _attribute(self, gpu: GpuSnapshot, allocations: tuple[Allocation, ...]) -> list[ProcessView]:
-        total = _memory(gpu)[1]
+    def _attribute(
+        self, gpu: GpuSnapshot, total: float | None, allocations: tuple[Allocation, ...]
+    ) -> list[ProcessView]:
         containers = sorted({(a.namespace, a.pod, a.container) for a in allocations})
         views = []
         for process in gpu.info.processes or ():
@@ -120,7 +123,7 @@ class ProcessesStep:
         window = gpu.info.processes_window_s
         if window is None and state.fast_at:
             window = fast_at - state.fast_at
-        if window is not None and 0 < window <= MAX_WINDOW_S and state.sm_seconds is not None:
+        if window is not None and 0 < window <= MAX_WINDOW_S:
             for view in views:
                 if view.sm_ratio is not None:
                     key = (view.namespace, view.pod, view.container)
@@ -143,8 +146,6 @@ class ProcessesStep:
                             now,
                         )
                     )
-        used, total = _memory(gpu)
-        state.memory_ratio = (used / total) if used is not None and total else 0.0
         state.previous = current
         state.fast_at = fast_at
 
@@ -158,7 +159,7 @@ class ProcessesStep:
             memory[key] = memory.get(key, 0) + (view.used_memory_bytes or 0)
             count[key] = count.get(key, 0) + 1
         keys = set(memory) | {(a.namespace, a.pod, a.container) for a in allocations}
-        sm = state.sm_seconds if state.sm_seconds is not None else {}
+        sm = state.sm_seconds
         for gone in [k for k in sm if k not in keys]:
             del sm[gone]
         return tuple(
