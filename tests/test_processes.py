@@ -45,6 +45,17 @@ def systemd_cgroup(uid: str, cid: str) -> str:
     )
 
 
+def two_pods(tmp_path: Path, second_pod: str) -> dict[str, str]:
+    """A host where pid 4101 is ml/trainer-0/worker (python3) and pid 4102 research/<second_pod>/notebook
+    (jupyter); the `processes` settings that read it."""
+    proc, logs = stage_host(
+        tmp_path,
+        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
+        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", second_pod, ["notebook"])},
+    )
+    return {"proc_root": str(proc), "pod_logs_root": str(logs)}
+
+
 def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[Poller, list[dict]]:
     return poll_series(sim, scenario, seconds, **sections)
 
@@ -60,6 +71,17 @@ SHARED = {
 }
 
 
+# 79 of the H100's 79.2 GiB held by two processes: memory pressure, with two containers sharing the GPU
+FULL_GPU = {
+    "name": "full",
+    "node": {"count": 1},
+    "processes": [
+        {"gpu": 0, "pid": 4101, "memory_gib": {"constant": 60}},
+        {"gpu": 0, "pid": 4102, "memory_gib": {"constant": 19}},
+    ],
+}
+
+
 def test_cgroup_text_of_each_driver_gives_the_pod_and_container() -> None:
     assert parse_cgroup(systemd_cgroup(UID_A, CID_A)) == (UID_A, CID_A)
     cgroupfs = f"12:memory:/kubepods/besteffort/pod{UID_B}/{CID_B}\n"
@@ -68,12 +90,8 @@ def test_cgroup_text_of_each_driver_gives_the_pod_and_container() -> None:
 
 
 def test_processes_are_attributed_to_their_containers_through_cgroups(sim, tmp_path: Path) -> None:
-    proc, logs = stage_host(
-        tmp_path,
-        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
-        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-alice", ["notebook"])},
-    )
-    poller, series = poll(sim, SHARED, 6, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    hosted = two_pods(tmp_path, "nb-alice")
+    poller, series = poll(sim, SHARED, 6, processes=hosted)
     last = series[-1]
     assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="trainer-0") == [20 * GIB]
     assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="nb-alice") == [10 * GIB]
@@ -183,12 +201,8 @@ def test_an_exit_from_a_full_gpu_is_diagnosed_with_the_holders(sim, tmp_path: Pa
             {"gpu": 0, "pid": 4102, "name": "greedy", "memory_gib": {"constant": 18.5}, "until": 6},
         ],
     }
-    proc, logs = stage_host(
-        tmp_path,
-        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("python3", systemd_cgroup(UID_B, CID_B))},
-        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
-    )
-    poller, _ = poll(sim, scenario, 10, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    hosted = two_pods(tmp_path, "nb-bob")
+    poller, _ = poll(sim, scenario, 10, processes=hosted)
     snap = poller.snapshot
     assert [(e.pid, e.pod) for e in snap.process_exits] == [(4102, "nb-bob")]
     findings = [f for f in diagnose(snap) if f.check == "process_exit"]
@@ -223,20 +237,8 @@ def test_a_pid_reused_by_another_process_is_looked_up_afresh(tmp_path: Path) -> 
 
 
 def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) -> None:
-    scenario = {
-        "name": "full",
-        "node": {"count": 1},
-        "processes": [
-            {"gpu": 0, "pid": 4101, "memory_gib": {"constant": 60}},
-            {"gpu": 0, "pid": 4102, "memory_gib": {"constant": 19}},
-        ],
-    }
-    proc, logs = stage_host(
-        tmp_path,
-        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
-        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
-    )
-    poller, _ = poll(sim, scenario, 3, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    hosted = two_pods(tmp_path, "nb-bob")
+    poller, _ = poll(sim, FULL_GPU, 3, processes=hosted)
     (finding,) = [f for f in diagnose(poller.snapshot) if f.check == "memory_pressure"]
     assert finding.severity == "critical"
     assert "held by ml/trainer-0/worker pid 4101 60.0 GiB" in finding.observed
@@ -246,12 +248,8 @@ def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) 
 
 
 def test_the_api_lists_each_process_with_its_pod_largest_first(live_server, tmp_path: Path) -> None:
-    proc, logs = stage_host(
-        tmp_path,
-        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
-        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-alice", ["notebook"])},
-    )
-    server = live_server(SHARED, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    hosted = two_pods(tmp_path, "nb-alice")
+    server = live_server(SHARED, processes=hosted)
     wait_for(lambda: len(server.get("/api/v1/processes").json()["processes"]) == 3)
     rows = server.get("/api/v1/processes").json()["processes"]
     assert [(r["gpu"], r["pid"], r["pod"]) for r in rows] == [
@@ -300,20 +298,8 @@ def test_a_driver_that_cannot_list_processes_loses_only_the_process_series(sim) 
 
 
 def test_the_diagnosis_endpoint_names_the_holders_of_a_full_gpu(live_server, tmp_path: Path) -> None:
-    scenario = {
-        "name": "full-http",
-        "node": {"count": 1},
-        "processes": [
-            {"gpu": 0, "pid": 4101, "memory_gib": {"constant": 60}},
-            {"gpu": 0, "pid": 4102, "memory_gib": {"constant": 19}},
-        ],
-    }
-    proc, logs = stage_host(
-        tmp_path,
-        {4101: ("python3", systemd_cgroup(UID_A, CID_A)), 4102: ("jupyter", systemd_cgroup(UID_B, CID_B))},
-        {UID_A: ("ml", "trainer-0", ["worker"]), UID_B: ("research", "nb-bob", ["notebook"])},
-    )
-    server = live_server(scenario, processes={"proc_root": str(proc), "pod_logs_root": str(logs)})
+    hosted = two_pods(tmp_path, "nb-bob")
+    server = live_server(FULL_GPU, processes=hosted)
 
     def memory_finding() -> dict | None:
         findings = server.get("/api/v1/diagnosis/0").json()["findings"]
