@@ -12,11 +12,12 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 from exporter import __version__
 from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser
 from exporter.config import ConfigError, Settings, load_settings, options
+from exporter.typedconfig import as_dict, choices
 
 log = logging.getLogger("gpuwarden")
 
@@ -40,19 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _help_text(opt: Any) -> str:
     """Description, the allowed values of a choice, the default (or that there is none), the environment name."""
-    default = opt.field.default
+    default = opt.default
     shown = ",".join(default) if isinstance(default, tuple) else default
-    choices = get_args(opt.field.annotation) if get_origin(opt.field.annotation) is Literal else ()
-    allowed = f" One of: {', '.join(map(str, choices))}." if choices else ""
+    allowed_values = choices(opt.annotation)
+    allowed = f" One of: {', '.join(map(str, allowed_values))}." if allowed_values else ""
     default_text = "none" if shown in (None, "", ()) else str(shown)
-    return f"{opt.field.description}{allowed} Default: {default_text}. Env: {opt.env}."
+    return f"{opt.description}{allowed} Default: {default_text}. Env: {opt.env}."
 
 
 def add_setting_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting, named and documented from the settings model."""
     for opt in options():
         help_text = _help_text(opt)
-        if opt.field.annotation is bool:
+        if opt.annotation is bool:
             parser.add_argument(
                 opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction, default=None, help=help_text
             )
@@ -153,7 +154,7 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
     except (ConfigError, SystemExit) as exc:
         log.error("reload rejected, keeping the running configuration: %s", exc)
         return current
-    old, fresh = current.model_dump(), new.model_dump()
+    old, fresh = as_dict(current), as_dict(new)
     for key in RESTART_ONLY:
         section, _, name = key.partition(".")
         before = old[section].get(name) if name else old[section]

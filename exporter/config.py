@@ -14,25 +14,62 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from exporter.cliutil import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
+from exporter.typedconfig import SettingError, build, fields, is_list, setting
 
 ENV_PREFIX = EXPORTER_ENV_PREFIX
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def check_listen_address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("must be HOST:PORT with a port 1-65535, e.g. ':10045' or '127.0.0.1:10045'")
+    return value
 
 
-class WebSettings(_Section):
-    listen_address: str = Field(":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).")
-    telemetry_path: str = Field("/metrics", description="Path under which metrics are served.")
-    config_file: Path | None = Field(None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth).")
-    header_timeout: float = Field(
+def _check_telemetry_path(value: str) -> str:
+    if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
+        raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
+    return value
+
+
+def _known_groups(value: tuple[str, ...]) -> tuple[str, ...]:
+    from exporter.metrics import GROUPS
+
+    if "all" in value:
+        return tuple(GROUPS)
+    unknown = [name for name in value if name not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown group '{unknown[0]}'; known: {', '.join(GROUPS)}, all")
+    return value
+
+
+def listen_host(listen_address: str) -> str:
+    return listen_address.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+
+def listen_port(listen_address: str) -> int:
+    return int(listen_address.rpartition(":")[2])
+
+
+_section = dataclass(frozen=True)
+
+
+@_section
+class WebSettings:
+    listen_address: str = setting(
+        ":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).", check=check_listen_address
+    )
+    telemetry_path: str = setting(
+        "/metrics", description="Path under which metrics are served.", check=_check_telemetry_path
+    )
+    config_file: Path | None = setting(
+        None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth)."
+    )
+    header_timeout: float = setting(
         5.0, ge=0.5, le=120, description="Seconds a connection has to send a request's headers before it is closed."
     )
-    max_connections: int = Field(
+    max_connections: int = setting(
         1000,
         ge=16,
         le=100_000,
@@ -40,49 +77,34 @@ class WebSettings(_Section):
         "the open-file limit).",
     )
 
-    @field_validator("listen_address")
-    @classmethod
-    def _check_listen(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be HOST:PORT with a port 1-65535, e.g. ':10045' or '127.0.0.1:10045'")
-        return value
-
-    @field_validator("telemetry_path")
-    @classmethod
-    def _check_path(cls, value: str) -> str:
-        if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
-            raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
-        return value
-
     @property
     def host(self) -> str:
-        host = self.listen_address.rpartition(":")[0].strip("[]")
-        return host or "0.0.0.0"
+        return listen_host(self.listen_address)
 
     @property
     def port(self) -> int:
-        return int(self.listen_address.rpartition(":")[2])
+        return listen_port(self.listen_address)
 
 
-class PollSettings(_Section):
-    fast_interval: float = Field(1.0, ge=0.1, le=60, description="Seconds between fast-tier polls.")
-    slow_interval: float = Field(15.0, ge=1, le=3600, description="Seconds between slow-tier polls.")
-    samples_interval: float = Field(
+@_section
+class PollSettings:
+    fast_interval: float = setting(1.0, ge=0.1, le=60, description="Seconds between fast-tier polls.")
+    slow_interval: float = setting(15.0, ge=1, le=3600, description="Seconds between slow-tier polls.")
+    samples_interval: float = setting(
         5.0,
         ge=0,
         le=10,
         description="Seconds between drains of the driver's utilization sample buffer (it holds ~14 s; each drain "
         "costs ~2.4 ms per GPU and type); 0 = every fast poll.",
     )
-    nvlink_errors_interval: float = Field(
+    nvlink_errors_interval: float = setting(
         60.0,
         ge=0,
         le=3600,
         description="Seconds between reads of the per-link NVLink error counters (~40 ms of driver CPU per GPU "
         "with 18 links); link state is read every slow poll; 0 = every slow poll.",
     )
-    call_deadline: float = Field(
+    call_deadline: float = setting(
         5.0,
         gt=0,
         le=120,
@@ -90,21 +112,22 @@ class PollSettings(_Section):
     )
 
 
-class NvmlSettings(_Section):
-    backend: Literal["nvml", "sim"] = Field("nvml", description="`nvml`: the real driver; `sim`: simulator.")
-    scenario: str | None = Field(
+@_section
+class NvmlSettings:
+    backend: Literal["nvml", "sim"] = setting("nvml", description="`nvml`: the real driver; `sim`: simulator.")
+    scenario: str | None = setting(
         None, description="Simulator scenario: a shipped name (see `gpuwarden scenarios`) or a YAML path."
     )
-    on_missing: Literal["stay_up", "exit"] = Field(
+    on_missing: Literal["stay_up", "exit"] = setting(
         "stay_up", description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`."
     )
-    xid_events: bool = Field(True, description="Watch NVML XID critical-error events.")
-    gpm: bool = Field(
+    xid_events: bool = setting(True, description="Watch NVML XID critical-error events.")
+    gpm: bool = setting(
         True,
         description="Read profiling-class activity (SM, tensor, DRAM, NVLink, PCIe) from NVML GPM on GPUs that "
         "have it (Hopper and newer); off: no gpuwarden_gpm_* series, PCIe bytes from the driver's counters.",
     )
-    version_mismatch_grace: float = Field(
+    version_mismatch_grace: float = setting(
         10.0,
         ge=0,
         le=600,
@@ -112,29 +135,19 @@ class NvmlSettings(_Section):
     )
 
 
-class MetricsSettings(_Section):
-    include: tuple[str, ...] = Field(
+@_section
+class MetricsSettings:
+    include: tuple[str, ...] = setting(
         (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags."
     )
-    exclude: tuple[str, ...] = Field((), description="Metric-name globs to drop, applied after include.")
-    enable_groups: tuple[str, ...] = Field(
+    exclude: tuple[str, ...] = setting((), description="Metric-name globs to drop, applied after include.")
+    enable_groups: tuple[str, ...] = setting(
         (),
         description="Collector groups of detail to export beside the default set (README, Series budget): "
         "nvlink_links, topology, health_checks, clocks_detail, point_samples, memory_detail, gpm_detail, "
         "static_detail, container_detail, unsupported_fields; 'all' for every one.",
+        check=_known_groups,
     )
-
-    @field_validator("enable_groups")
-    @classmethod
-    def _known_groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from exporter.metrics import GROUPS
-
-        if "all" in value:
-            return tuple(GROUPS)
-        unknown = [name for name in value if name not in GROUPS]
-        if unknown:
-            raise ValueError(f"unknown group '{unknown[0]}'; known: {', '.join(GROUPS)}, all")
-        return value
 
     def selection(self):  # noqa: ANN201 - metrics.Selection (imported late: config stays light)
         """What /metrics exports under these settings."""
@@ -143,73 +156,77 @@ class MetricsSettings(_Section):
         return Selection(self.include, self.exclude, self.enable_groups)
 
 
-class HealthSettings(_Section):
-    thresholds_file: Path | None = Field(
+@_section
+class HealthSettings:
+    thresholds_file: Path | None = setting(
         None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py)."
     )
 
 
-class PodsSettings(_Section):
-    attribution: bool = Field(
+@_section
+class PodsSettings:
+    attribution: bool = setting(
         True,
         description="Read the kubelet pod-resources API to label GPUs with the pods holding them "
         "(turns itself off, with one log line, where the socket is absent).",
     )
-    resources_socket: Path = Field(
+    resources_socket: Path = setting(
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
         description="The kubelet pod-resources gRPC socket (mount its directory read-only).",
     )
-    refresh_interval: float = Field(10.0, ge=1, le=600, description="Seconds between pod-resources List calls.")
-    resource_names: tuple[str, ...] = Field(
+    refresh_interval: float = setting(10.0, ge=1, le=600, description="Seconds between pod-resources List calls.")
+    resource_names: tuple[str, ...] = setting(
         ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"),
         description="Extended-resource name globs that are GPUs. Comma-separated in env and flags.",
     )
 
 
-class ProcessesSettings(_Section):
-    proc_root: Path | None = Field(
+@_section
+class ProcessesSettings:
+    proc_root: Path | None = setting(
         None,
         description="The host's /proc, to name GPU processes and find their pods from their cgroups: /proc on bare "
         "metal or under systemd, the host's /proc mounted read-only in a pod (Helm: processes.hostProc). Unset: "
         "processes are attributed through the GPU's allocation only.",
     )
-    pod_logs_root: Path | None = Field(
+    pod_logs_root: Path | None = setting(
         Path("/var/log/pods"),
         description="The kubelet's pod log directory (namespace_pod_uid/container/), mounted read-only: maps a "
         "process's pod UID to its namespace and name.",
     )
-    per_pid_series: bool = Field(
+    per_pid_series: bool = setting(
         False,
         description="Also export gpuwarden_process_gpu_memory_used_bytes per PID (series churn with every job: "
         "opt-in, capped by max_pid_series).",
     )
-    max_pid_series: int = Field(
+    max_pid_series: int = setting(
         16, ge=1, le=256, description="Per-PID series per GPU at most, the largest memory holders first."
     )
 
 
-class LogSettings(_Section):
-    level: Literal["debug", "info", "warn", "error"] = Field("info", description="Log level.")
-    format: Literal["logfmt", "json"] = Field("logfmt", description="Log line format.")
+@_section
+class LogSettings:
+    level: Literal["debug", "info", "warn", "error"] = setting("info", description="Log level.")
+    format: Literal["logfmt", "json"] = setting("logfmt", description="Log line format.")
 
 
-class Settings(_Section):
-    web: WebSettings = WebSettings()
-    poll: PollSettings = PollSettings()
-    nvml: NvmlSettings = NvmlSettings()
-    metrics: MetricsSettings = MetricsSettings()
-    health: HealthSettings = HealthSettings()
-    pods: PodsSettings = PodsSettings()
-    processes: ProcessesSettings = ProcessesSettings()
-    log: LogSettings = LogSettings()
+@_section
+class Settings:
+    web: WebSettings = setting(WebSettings())
+    poll: PollSettings = setting(PollSettings())
+    nvml: NvmlSettings = setting(NvmlSettings())
+    metrics: MetricsSettings = setting(MetricsSettings())
+    health: HealthSettings = setting(HealthSettings())
+    pods: PodsSettings = setting(PodsSettings())
+    processes: ProcessesSettings = setting(ProcessesSettings())
+    log: LogSettings = setting(LogSettings())
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> Settings:
+    def validate(self) -> None:
+        """Checks across sections (typedconfig.build runs it last)."""
         if self.poll.slow_interval < self.poll.fast_interval:
             raise ValueError("poll.slow_interval must be >= poll.fast_interval")
         if self.nvml.scenario is not None and self.nvml.backend != "sim":
             raise ValueError("nvml.scenario needs nvml.backend: sim (or the --sim flag)")
-        return self
 
 
 # Where the Prometheus exporter convention spells a flag differently from our derivation.
@@ -222,7 +239,8 @@ class Option:
 
     section: str
     name: str
-    field: Any
+    field: Any  # the dataclasses.Field
+    annotation: Any  # its resolved type
 
     @property
     def key(self) -> str:
@@ -238,14 +256,22 @@ class Option:
 
     @property
     def is_list(self) -> bool:
-        return "tuple" in str(self.field.annotation)
+        return is_list(self.annotation)
+
+    @property
+    def default(self) -> Any:
+        return self.field.default
+
+    @property
+    def description(self) -> str:
+        return self.field.metadata["description"]
 
 
 def options() -> Iterator[Option]:
     """Every leaf option of `Settings`, in declaration order."""
-    for section, section_field in Settings.model_fields.items():
-        for name, field in section_field.annotation.model_fields.items():
-            yield Option(section, name, field)
+    for section_field, section_type in fields(Settings):
+        for field, annotation in fields(section_type):
+            yield Option(section_field.name, field.name, field, annotation)
 
 
 def _split_list(value: str) -> list[str]:
@@ -300,39 +326,6 @@ def read_yaml(path: Path, what: str = "config file", flag: str = "--config") -> 
     return data
 
 
-def describe_error(exc: ValidationError, source: str, root: type[BaseModel] | None = None) -> str:
-    """Phrase the first pydantic error as one line: which key, what is wrong, what is allowed."""
-    err = exc.errors()[0]
-    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_model_at(root or Settings, err["loc"][:-1]).model_fields)
-        return f"{source}: unknown key '{key}'; allowed here: {allowed}"
-    given = err.get("input")
-    shown = "" if isinstance(given, dict) else f" (got {given!r})"
-    message = err["msg"].removeprefix("Value error, ")
-    if not err["loc"]:
-        return f"{source}: {message}"
-    return f"{source}: {key}: {message}{shown}"
-
-
-def _model_at(root: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel]:
-    """The model class that a validation error's location points into (lists and dicts skipped)."""
-    model: Any = root
-    for part in path:
-        if not hasattr(model, "model_fields") or str(part) not in model.model_fields:
-            continue
-        annotation = model.model_fields[str(part)].annotation
-        for candidate in (annotation, *getattr(annotation, "__args__", ())):
-            if hasattr(candidate, "model_fields"):
-                model = candidate
-                break
-            for inner in getattr(candidate, "__args__", ()):
-                if hasattr(inner, "model_fields"):
-                    model = inner
-                    break
-    return model
-
-
 def load_settings(
     config_file: Path | None = None, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
 ) -> Settings:
@@ -352,14 +345,14 @@ def load_settings(
     for _source, layer in layers:
         merged = _merge(merged, layer)
     try:
-        return Settings.model_validate(merged)
-    except ValidationError as exc:
-        raise ConfigError(describe_error(exc, _source_of(exc, layers))) from None
+        return build(Settings, merged)
+    except SettingError as exc:
+        raise ConfigError(exc.line(_source_of(exc, layers))) from None
 
 
-def _source_of(exc: ValidationError, layers: list[tuple[str, dict[str, Any]]]) -> str:
+def _source_of(exc: SettingError, layers: list[tuple[str, dict[str, Any]]]) -> str:
     """Name the highest-precedence source that set the offending key (for the error line)."""
-    loc = [str(part) for part in exc.errors()[0]["loc"]]
+    loc = list(exc.loc)
     for source, layer in reversed(layers):
         node: Any = layer
         for part in loc:

@@ -28,10 +28,10 @@ def metric_reference() -> str:
 def config_reference() -> str:
     lines = ["| key (YAML) | flag | environment | default | meaning |", "|---|---|---|---|---|"]
     for opt in options():
-        default = opt.field.default
+        default = opt.default
         shown = ", ".join(default) if isinstance(default, tuple) else default
         shown = "(empty)" if shown in ((), "", None) else shown
-        lines.append(f"| `{opt.key}` | `{opt.flag}` | `{opt.env}` | `{shown}` | {opt.field.description} |")
+        lines.append(f"| `{opt.key}` | `{opt.flag}` | `{opt.env}` | `{shown}` | {opt.description} |")
     return "\n".join(lines)
 
 

@@ -28,7 +28,8 @@ import anyio
 import bcrypt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from exporter.config import ConfigError, describe_error, read_yaml
+from exporter.config import ConfigError, read_yaml
+from exporter.modelerrors import describe_error
 from exporter.serving import ConnectionGuard
 
 PROBES = ("/healthz", "/readyz")

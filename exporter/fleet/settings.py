@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from exporter.cliutil import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
-from exporter.config import WebSettings
+from exporter.config import check_listen_address, listen_host, listen_port
 from exporter.health.thresholds import DEFAULT
 
 ENV_PREFIX = FLEET_ENV_PREFIX
@@ -70,7 +70,7 @@ class FleetSettings(BaseModel):
     @field_validator("listen_address")
     @classmethod
     def _check_listen(cls, value: str) -> str:
-        return WebSettings(listen_address=value).listen_address
+        return check_listen_address(value)
 
     @field_validator("prometheus_url")
     @classmethod
@@ -101,11 +101,11 @@ class FleetSettings(BaseModel):
 
     @property
     def host(self) -> str:
-        return WebSettings(listen_address=self.listen_address).host
+        return listen_host(self.listen_address)
 
     @property
     def port(self) -> int:
-        return WebSettings(listen_address=self.listen_address).port
+        return listen_port(self.listen_address)
 
 
 _FLAGS = {"listen_address": "--web.listen-address", "web_config_file": "--web.config.file"}

@@ -8,46 +8,45 @@ or out-of-range values are rejected with one line, like the rest of the configur
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from exporter.config import ConfigError, read_yaml
+from exporter.typedconfig import SettingError, build, setting
 
-from exporter.config import ConfigError, describe_error, read_yaml
 
-
-class Thresholds(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+@dataclass(frozen=True)
+class Thresholds:
     # utilization: a job holds the GPU but kernels run less than this share of the time
-    utilization_low_ratio: float = Field(0.5, gt=0, lt=1)
-    utilization_for_s: int = Field(1800, ge=1)
+    utilization_low_ratio: float = setting(0.5, gt=0, lt=1)
+    utilization_for_s: int = setting(1800, ge=1)
     # memory occupancy (used / total)
-    memory_warning_ratio: float = Field(0.95, gt=0, lt=1)
-    memory_critical_ratio: float = Field(0.99, gt=0, le=1)
-    memory_for_s: int = Field(900, ge=0)
+    memory_warning_ratio: float = setting(0.95, gt=0, lt=1)
+    memory_critical_ratio: float = setting(0.99, gt=0, le=1)
+    memory_for_s: int = setting(900, ge=0)
     # die temperature, absolute °C
-    temperature_warning_celsius: float = Field(83, gt=0, lt=120)
-    temperature_warning_for_s: int = Field(300, ge=0)
-    temperature_critical_celsius: float = Field(90, gt=0, lt=130)
-    temperature_critical_for_s: int = Field(120, ge=0)
+    temperature_warning_celsius: float = setting(83, gt=0, lt=120)
+    temperature_warning_for_s: int = setting(300, ge=0)
+    temperature_critical_celsius: float = setting(90, gt=0, lt=130)
+    temperature_critical_for_s: int = setting(120, ge=0)
     # HBM temperature: within this many °C of the board's own memory_max threshold
-    memory_temperature_margin_celsius: float = Field(5, ge=0, le=30)
-    memory_temperature_for_s: int = Field(300, ge=0)
+    memory_temperature_margin_celsius: float = setting(5, ge=0, le=30)
+    memory_temperature_for_s: int = setting(300, ge=0)
     # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
-    thermal_slowdown_ratio: float = Field(0.1, gt=0, le=1)
-    thermal_slowdown_for_s: int = Field(300, ge=0)
-    power_brake_ratio: float = Field(0.1, gt=0, le=1)
-    power_cap_ratio: float = Field(0.5, gt=0, le=1)
-    power_cap_for_s: int = Field(1800, ge=0)
-    power_limit_reduced_for_s: int = Field(3600, ge=0)
+    thermal_slowdown_ratio: float = setting(0.1, gt=0, le=1)
+    thermal_slowdown_for_s: int = setting(300, ge=0)
+    power_brake_ratio: float = setting(0.1, gt=0, le=1)
+    power_cap_ratio: float = setting(0.5, gt=0, le=1)
+    power_cap_for_s: int = setting(1800, ge=0)
+    power_limit_reduced_for_s: int = setting(3600, ge=0)
     # P-state: a busy GPU held at this state or lower performance (higher number)
-    pstate_degraded_min: int = Field(2, ge=1, le=15)
-    pstate_busy_ratio: float = Field(0.5, gt=0, lt=1)
-    pstate_for_s: int = Field(900, ge=1)
+    pstate_degraded_min: int = setting(2, ge=1, le=15)
+    pstate_busy_ratio: float = setting(0.5, gt=0, lt=1)
+    pstate_for_s: int = setting(900, ge=1)
     # CUDA runs GeForce/Quadro/TITAN boards in P2 by design ("CUDA - Force P2 State"): not a degradation there
     pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
     # XIDs (docs/alerting.md, XIDs): a critical XID seen within the window
-    xid_window_s: int = Field(600, ge=1)
+    xid_window_s: int = setting(600, ge=1)
     xid_critical: tuple[int, ...] = (
         46,
         48,
@@ -78,31 +77,31 @@ class Thresholds(BaseModel):
     xid_warning: tuple[int, ...] = (61, 94)
     xid_info: tuple[int, ...] = (63, 92)
     # NVLink and PCIe
-    nvlink_down_for_s: int = Field(300, ge=0)
-    nvlink_crc_per_second: float = Field(100, gt=0)
-    nvlink_crc_for_s: int = Field(600, ge=0)
-    pcie_replays_per_minute: float = Field(8, gt=0)
-    pcie_replays_for_s: int = Field(600, ge=0)
+    nvlink_down_for_s: int = setting(300, ge=0)
+    nvlink_crc_per_second: float = setting(100, gt=0)
+    nvlink_crc_for_s: int = setting(600, ge=0)
+    pcie_replays_per_minute: float = setting(8, gt=0)
+    pcie_replays_for_s: int = setting(600, ge=0)
     # configuration and availability
-    persistence_off_for_s: int = Field(900, ge=0)
-    gpu_lost_for_s: int = Field(60, ge=0)
-    retired_pages_limit: int = Field(63, ge=1)
+    persistence_off_for_s: int = setting(900, ge=0)
+    gpu_lost_for_s: int = setting(60, ge=0)
+    retired_pages_limit: int = setting(63, ge=1)
     # bottleneck classes from GPM activity (information, never paged), judged over this window
-    bottleneck_window_s: int = Field(300, ge=1)
-    bottleneck_tensor_ratio: float = Field(0.3, gt=0, le=1)  # tensor cores active at least this share: healthy
-    bottleneck_dram_ratio: float = Field(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
-    bottleneck_sm_busy_ratio: float = Field(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
-    bottleneck_sm_idle_ratio: float = Field(0.3, gt=0, le=1)  # SMs below this: waiting on something
-    bottleneck_nvlink_bytes_per_second: float = Field(10e9, gt=0)  # NVLink traffic that means communication
-    bottleneck_pcie_bytes_per_second: float = Field(5e9, gt=0)  # host→device traffic that means transfers
+    bottleneck_window_s: int = setting(300, ge=1)
+    bottleneck_tensor_ratio: float = setting(0.3, gt=0, le=1)  # tensor cores active at least this share: healthy
+    bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
+    bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
+    bottleneck_sm_idle_ratio: float = setting(0.3, gt=0, le=1)  # SMs below this: waiting on something
+    bottleneck_nvlink_bytes_per_second: float = setting(10e9, gt=0)  # NVLink traffic that means communication
+    bottleneck_pcie_bytes_per_second: float = setting(5e9, gt=0)  # host→device traffic that means transfers
     # the exporter itself
-    exporter_down_for_s: int = Field(300, ge=0)
-    exporter_absent_for_s: int = Field(900, ge=0)
-    nvml_down_for_s: int = Field(300, ge=0)
-    collection_stale_s: int = Field(300, ge=1)
+    exporter_down_for_s: int = setting(300, ge=0)
+    exporter_absent_for_s: int = setting(900, ge=0)
+    nvml_down_for_s: int = setting(300, ge=0)
+    collection_stale_s: int = setting(300, ge=1)
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Thresholds:
+    def validate(self) -> None:
+        """Checks across fields (typedconfig.build runs it last)."""
         if self.temperature_critical_celsius <= self.temperature_warning_celsius:
             raise ValueError("temperature_critical_celsius must be above temperature_warning_celsius")
         if self.memory_critical_ratio <= self.memory_warning_ratio:
@@ -110,7 +109,6 @@ class Thresholds(BaseModel):
         lists = [set(self.xid_critical), set(self.xid_warning), set(self.xid_info)]
         if lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]:
             raise ValueError("xid_critical, xid_warning and xid_info must not share an XID")
-        return self
 
 
 DEFAULT = Thresholds()
@@ -121,6 +119,6 @@ def load_thresholds(path: Path | None) -> Thresholds:
     if path is None:
         return DEFAULT
     try:
-        return Thresholds.model_validate(read_yaml(path, "thresholds file", "health.thresholds_file"))
-    except ValidationError as exc:
-        raise ConfigError(describe_error(exc, f"thresholds file {path}", Thresholds)) from None
+        return build(Thresholds, read_yaml(path, "thresholds file", "health.thresholds_file"))
+    except SettingError as exc:
+        raise ConfigError(exc.line(f"thresholds file {path}")) from None

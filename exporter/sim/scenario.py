@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter.config import ConfigError, describe_error, read_yaml
+from exporter.config import ConfigError, read_yaml
+from exporter.modelerrors import describe_error
 from exporter.sim.models import MODELS
 
 VALUE_KEYS = (
