@@ -34,7 +34,8 @@ def first_error(exc: RequestValidationError) -> str:
 
 
 class HeaderLimit:
-    """Refuse requests whose headers exceed 16 KiB with 431 JSON (uvicorn's httptools parser sets no limit)."""
+    """Refuse requests whose headers exceed 16 KiB with 431 JSON: a second line behind exporter/httpserver.py's
+    own limit, and the limit for an app served by another ASGI server."""
 
     def __init__(self, app: Any, limit: int = MAX_HEADER_BYTES) -> None:
         self.app, self.limit = app, limit

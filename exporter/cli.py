@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser
+from exporter.cliutil import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser, bind_listener
 from exporter.config import ConfigError, Settings, load_settings, options
 from exporter.typedconfig import as_dict, choices
 
@@ -168,57 +168,14 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
     return new
 
 
-def _graceful_server(config: Any) -> Any:
-    """A uvicorn Server that stops on SIGTERM/SIGINT and returns (exit 0) instead of re-raising the signal."""
-    import contextlib
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[override]
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server(config)
-
-
-def bind_listener(host: str, port: int) -> socket.socket | None:
-    """Bind the listen address before anything starts, so that a port in use is one line and its own exit code
-    (not "listening on …" followed by uvicorn's error and the NVML exit code)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-        print(
-            f"gpuwarden: cannot listen on {where}: {exc.strerror.lower() if exc.strerror else exc}; "
-            "choose another --web.listen-address or stop what holds it",
-            file=sys.stderr,
-        )
-        return None
-    sock.set_inheritable(True)
-    return sock
-
-
 class _NoWebConfig:
     """No web-config file: no TLS, no users (and no bcrypt or web-config models imported)."""
 
     basic_auth_users: dict[str, str] = {}
 
     @staticmethod
-    def uvicorn_ssl() -> dict[str, Any]:
-        return {}
+    def ssl_context() -> None:
+        return None
 
 
 def _web_config(settings: Settings) -> Any:
@@ -249,9 +206,8 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
 
 
 def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
-    import uvicorn
-
     from exporter.front import create_front, readiness_under
+    from exporter.httpserver import HttpServer
     from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
     from exporter.render import Renderer
     from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
@@ -277,21 +233,8 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
         web.basic_auth_users,
         guard=guard,
     )
-    server = _graceful_server(
-        uvicorn.Config(
-            app,
-            host=settings.web.host,
-            port=settings.web.port,
-            log_config=None,
-            access_log=False,
-            **web.uvicorn_ssl(),
-            timeout_graceful_shutdown=5,
-            server_header=False,
-            http=guard.protocol(),  # header deadline and size limit, admission, shedding (exporter/serving.py)
-            limit_concurrency=None,  # the guard sheds instead, never the probes
-            timeout_keep_alive=5,
-        )
-    )
+    # header deadline and size limit, admission, shedding (exporter/serving.py); in-flight requests get 5 s at exit
+    server = HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0)
     exit_code = 0
     stopped = threading.Event()
 
@@ -302,11 +245,11 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
                 grace = 0 if poller.fatal == "library_not_found" else settings.nvml.version_mismatch_grace
                 stopped.wait(grace)
                 exit_code = EXIT_FATAL
-                server.should_exit = True
+                server.stop()
                 return
 
     # Everything allocated so far lives for the whole run: keep it out of the cyclic GC's full collections,
-    # which otherwise walk FastAPI's and pydantic's object graphs and show up as scrape-latency spikes.
+    # which otherwise walk every imported module's objects and show up as scrape-latency spikes.
     gc.collect()
     gc.freeze()
     reload_requested = threading.Event()
@@ -333,7 +276,7 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
         "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
     )
     try:
-        server.run(sockets=[listener])
+        server.run(listener)
     finally:
         stopped.set()
     if exit_code:

@@ -1,9 +1,12 @@
 """What both command lines share (the exporter's and `gpuwarden fleet`'s): exit codes, a parser whose errors are
-one line, and reading one command's own environment variables. Imports nothing of NVML or HTTP."""
+one line, reading one command's own environment variables, binding the listen address. Imports nothing of NVML or
+HTTP."""
 
 from __future__ import annotations
 
 import argparse
+import socket
+import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -47,3 +50,24 @@ def check_known(variables: Mapping[str, str], known: set[str] | Mapping[str, obj
     for var in variables:
         if var not in known:
             raise ConfigError(f"environment: {var} is not a {what} setting; known: {', '.join(sorted(known))}")
+
+
+def bind_listener(host: str, port: int) -> socket.socket | None:
+    """Bind the listen address before anything starts, so that a port in use is one line and its own exit code
+    (not "listening on …" followed by the server's error and the NVML exit code)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        print(
+            f"gpuwarden: cannot listen on {where}: {exc.strerror.lower() if exc.strerror else exc}; "
+            "choose another --web.listen-address or stop what holds it",
+            file=sys.stderr,
+        )
+        return None
+    sock.set_inheritable(True)
+    return sock

@@ -8,13 +8,12 @@ whose only client is Prometheus never pays (docs/benchmarks.md, Footprint).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-import anyio
 
 from exporter.asgi import HeaderLimit
 from exporter.render import Renderer, content_type
@@ -116,7 +115,7 @@ class Front:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        api = self._api or await anyio.to_thread.run_sync(self._build)
+        api = self._api or await asyncio.get_running_loop().run_in_executor(None, self._build)
         await api(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -137,7 +136,9 @@ class Front:
         snapshot = self.snapshots()
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:  # the first scrape of a snapshot renders, in a worker thread: the loop never blocks
-            body = await anyio.to_thread.run_sync(self.renderer.render, snapshot, openmetrics, compress)
+            body = await asyncio.get_running_loop().run_in_executor(
+                None, self.renderer.render, snapshot, openmetrics, compress
+            )
         response = [(b"content-type", content_type(openmetrics).encode()), (b"content-length", str(len(body)).encode())]
         if compress:
             response += [(b"content-encoding", b"gzip"), (b"vary", b"Accept-Encoding")]

@@ -42,10 +42,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
-    for name in ("uvicorn", "uvicorn.error"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
-    logging.getLogger("uvicorn.access").disabled = True
 
 
 def set_level(level: str) -> None:

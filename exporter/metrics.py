@@ -113,9 +113,10 @@ NVML_REINIT_TOTAL = _f(
 HTTP_REJECTED_TOTAL = _f(
     "gpuwarden_http_rejected_total",
     "counter",
-    "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout, "
-    "header_too_large, evicted (oldest connection still sending headers, at the connection limit), shed (request "
-    "limit; probes never), auth_failed, auth_shed (password checks already queued).",
+    "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout (a request "
+    "not whole in time), header_too_large, evicted (oldest connection still sending a request, at the connection "
+    "limit), shed (request limit; probes never), auth_failed, auth_shed (password checks already queued), "
+    "write_timeout (a response the client did not read).",
     "reason",
     per_gpu=False,
 )

@@ -70,19 +70,19 @@ class WebConfig(BaseModel):
                 raise ValueError(f"basic_auth_users.{user} must be a bcrypt hash ($2y$...), not a plain password")
         return self
 
-    def uvicorn_ssl(self) -> dict[str, Any]:
-        """The keyword arguments uvicorn.Config takes for this TLS setup (empty without TLS)."""
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context for this setup (None without TLS): TLS 1.2 or newer, client certificates as
+        client_auth_type says."""
         tls = self.tls_server_config
         if tls is None:
-            return {}
-        options: dict[str, Any] = {
-            "ssl_certfile": str(tls.cert_file),
-            "ssl_keyfile": str(tls.key_file),
-            "ssl_cert_reqs": _CLIENT_AUTH[tls.client_auth_type],
-        }
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
+        context.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
         if tls.client_ca_file is not None:
-            options["ssl_ca_certs"] = str(tls.client_ca_file)
-        return options
+            context.load_verify_locations(str(tls.client_ca_file))
+        return context
 
 
 def load_web_config(path: Path) -> WebConfig:

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real pynvml over the simulator's fake libnvidia-ml, a poller, a real uvicorn server.
+"""Shared fixtures: the real pynvml over the simulator's fake libnvidia-ml, a poller, the real HTTP server.
 
 Nothing of gpuwarden is mocked: the only stand-in is the C library beneath pynvml (no GPU here).
 """

@@ -67,7 +67,7 @@ def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_
         gpus = server.get("/api/v1/gpus").json()["gpus"]
         series = parse_exposition(server.get("/metrics").text)
     assert sorted(gpu["index"] for gpu in gpus) == [0, 1, 3, 4, 5, 6, 7]
-    assert ready_after <= deadline_s + interval_s + 0.5, ready_after  # 0.5 s for uvicorn and the first render
+    assert ready_after <= deadline_s + interval_s + 0.5, ready_after  # 0.5 s for the server and the first render
     assert values(series, "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetUUID") == [1]
     skipped = [r.getMessage() for r in caplog.records if "skipped at discovery" in r.getMessage()]
     assert skipped == ["gpu 2 skipped at discovery: nvmlDeviceGetUUID did not answer within 1.0 s"]

@@ -1,4 +1,4 @@
-"""Entry point of `gpuwarden fleet`: settings, logging, uvicorn."""
+"""Entry point of `gpuwarden fleet`: settings, logging, the HTTP server."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"gpuwarden fleet: {str(exc).removeprefix('gpuwarden fleet: ')}", file=sys.stderr)
         return EXIT_CONFIG
-    import uvicorn
-
     from exporter import __version__, logs
+    from exporter.cliutil import EXIT_LISTEN, bind_listener
     from exporter.fleet.app import create_app
+    from exporter.httpserver import HttpServer
     from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
 
     logs.setup("info", "logfmt")
@@ -36,16 +36,9 @@ def main(argv: list[str]) -> int:
     )
     guard = ConnectionGuard(max_connections=connection_limit())
     bound_tls_costs(guard.header_timeout_s)
-    uvicorn.run(
-        create_app(settings, basic_auth_users=web.basic_auth_users, guard=guard),
-        http=guard.protocol(),  # header deadline and size limit, admission, shedding (exporter/serving.py)
-        limit_concurrency=None,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        timeout_graceful_shutdown=5,
-        **web.uvicorn_ssl(),
-    )
+    listener = bind_listener(settings.host, settings.port)
+    if listener is None:
+        return EXIT_LISTEN
+    app = create_app(settings, basic_auth_users=web.basic_auth_users, guard=guard)
+    HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0).run(listener)
     return 0

@@ -1,5 +1,5 @@
 """Helpers the tests share: a hand-moved clock, settings for the simulator, expositions parsed with
-prometheus_client's own parser, and gpuwarden's app on a real uvicorn server (no mock of gpuwarden anywhere)."""
+prometheus_client's own parser, and gpuwarden's app on its real HTTP server (no mock of gpuwarden anywhere)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 import yaml
 
 from exporter.config import Settings, load_settings
@@ -54,39 +53,55 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class ServedApp:
+    """An ASGI app on gpuwarden's HTTP server (exporter/httpserver.py) in a thread, on a loopback port."""
+
+    def __init__(self, app: Any, port: int | None = None, guard: Any = None) -> None:
+        from exporter.httpserver import HttpServer
+        from exporter.serving import ConnectionGuard
+
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = HttpServer(app, guard or ConnectionGuard(), graceful_s=1.0)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.thread = threading.Thread(target=self.server.run, args=(self.sock,), daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        if not self.server.started.wait(10):
+            raise RuntimeError("the HTTP server did not start")
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.thread.join(5)
+        self.sock.close()
+
+
 class LiveServer:
-    """gpuwarden's app on a real uvicorn server on a loopback port, with its poller running."""
+    """gpuwarden's app on its real HTTP server on a loopback port, with its poller running."""
 
     def __init__(self, poller: Poller) -> None:
         self.poller = poller
         self.renderer = Renderer(poller.settings.metrics.selection())
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         app = create_front(
             lambda: poller.snapshot,
             readiness_under(lambda: poller.settings),
             self.renderer,
             poller.settings.web.telemetry_path,
         )
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.served = ServedApp(app)
+        self.port, self.url = self.served.port, self.served.url
 
     def __enter__(self) -> LiveServer:
         self.poller.start()
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
+        self.served.start()
         self.poller.ready_once.wait(10)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(5)
+        self.served.stop()
         self.poller.stop(timeout=0.5)
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
