@@ -110,12 +110,11 @@ class Cycle:
                     conn.transport.write(b"0\r\n\r\n")
             elif body:
                 conn.transport.write(body)
-        if not more:
+        await conn.drained()  # a client that does not read holds no more than the transport's buffer, for a while
+        if not more and not self.complete:
             self.complete = True
             self.gone.set()
             conn.response_done(self)
-            return
-        await conn.drained()
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n".encode()]
@@ -189,9 +188,13 @@ class HttpConnection(asyncio.Protocol):
         self.pipeline.clear()
 
     def close(self) -> None:
+        """Close after what is buffered is written, or drop it if the client has not read it in time."""
         self._disarm()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if transport.get_write_buffer_size():
+                self.server.loop.call_later(self.server.write_timeout_s, transport.abort)
 
     def _admit(self) -> None:
         """At the connection limit, make room by closing the connection that has waited longest for a request."""

@@ -1,0 +1,164 @@
+"""exporter/httpserver.py as HTTP/1.1 over real loopback sockets: framing (keep-alive, pipelining in order, chunked
+and HEAD responses, HTTP/1.0), what it refuses (malformed requests, bodies past the limit, upgrades), an app that
+fails, a client that stops reading, and a graceful stop that lets the request in flight finish. The exporter's and
+the fleet service's own apps run on it throughout the rest of the suite; these apps are small ASGI callables so
+that each property is seen on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from exporter.httpserver import MAX_BODY_BYTES
+from exporter.serving import ConnectionGuard
+from tests.helpers.common import ServedApp, wait_for
+
+
+async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Answers with what it was asked: method, path, query, body length; /chunks streams three parts without a
+    length; /slow waits 0.5 s; /boom raises; /half starts a response and returns."""
+    path = scope["path"]
+    message = await receive()
+    if path == "/boom":
+        raise RuntimeError("the app failed")
+    if path == "/slow":
+        await asyncio.sleep(0.5)
+    if path == "/chunks":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"one ", b"two ", b"three"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/big":
+        body = b"x" * (8 * 1024 * 1024)
+        headers = [(b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    answer = f"{scope['method']} {path} {scope['query_string'].decode()} {len(message['body'])}".encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if path == "/half":
+        return
+    await send({"type": "http.response.body", "body": answer})
+
+
+@contextmanager
+def served(app: Any = echo, **server: Any):
+    guard = server.pop("guard", None) or ConnectionGuard(header_timeout_s=2.0)
+    live = ServedApp(app, guard=guard)
+    live.server.write_timeout_s = server.get("write_timeout_s", live.server.write_timeout_s)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
+    """Send bytes, read until the server closes or `wait` passes."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(data)
+        sock.settimeout(wait)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            pass
+    return b"".join(chunks)
+
+
+def test_keep_alive_serves_many_requests_on_one_connection_with_query_and_body():
+    with served() as live, httpx.Client(base_url=live.url) as client:
+        answers = [client.get("/a", params={"n": str(i)}).text for i in range(5)]
+        posted = client.post("/p", content=b"z" * 1000)
+    assert answers == [f"GET /a n={i} 0" for i in range(5)]
+    assert posted.text == "POST /p  1000"
+
+
+def test_pipelined_requests_are_answered_in_order():
+    request = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\n\r\n"
+    with served() as live:
+        answer = raw(live.port, request + b"GET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", wait=3)
+    assert re.findall(rb"GET /\w+  0", answer) == [b"GET /slow  0", b"GET /second  0", b"GET /third  0"], answer
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_a_response_without_a_length_is_chunked_and_head_sends_no_body():
+    with served() as live:
+        assert httpx.get(live.url + "/chunks").text == "one two three"
+        answer = raw(live.port, b"HEAD /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-length: 10" in head and body == b"", answer  # the length of "HEAD /x  0", not sent
+
+
+def test_http_1_0_closes_after_the_answer():
+    with served() as live:
+        started = time.monotonic()
+        answer = raw(live.port, b"GET /old HTTP/1.0\r\n\r\n", wait=5)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"GET /old  0")
+    assert time.monotonic() - started < 2  # closed by the server, not by the read timeout
+
+
+def test_malformed_requests_upgrades_and_large_bodies_are_refused_with_json():
+    with served() as live:
+        garbage = raw(live.port, b"\x16\x03\x01 not http at all\r\n\r\n")
+        upgrade = raw(live.port, b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        big = raw(
+            live.port,
+            b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1)
+            + b"z" * (MAX_BODY_BYTES + 1),
+        )
+    assert garbage.startswith(b"HTTP/1.1 400") and b'"error": "malformed request' in garbage, garbage
+    assert upgrade.startswith(b"HTTP/1.1 400") and b"upgrades are not supported" in upgrade, upgrade
+    assert big.startswith(b"HTTP/1.1 413") and b"request body exceeds" in big, big
+
+
+def test_an_app_that_fails_gets_500_and_the_connection_keeps_working_for_others():
+    with served() as live:
+        boom = httpx.get(live.url + "/boom")
+        half = raw(live.port, b"GET /half HTTP/1.1\r\nHost: x\r\n\r\n", wait=2)
+        after = httpx.get(live.url + "/fine")
+    assert boom.status_code == 500 and boom.json() == {"error": "internal server error"}
+    assert half.startswith(b"HTTP/1.1 200") and half.endswith(b"\r\n\r\n")  # head sent, then cut: no hang
+    assert after.text == "GET /fine  0"
+
+
+def test_a_client_that_stops_reading_is_cut_off_after_the_write_timeout():
+    guard = ConnectionGuard(header_timeout_s=2.0)
+    with served(guard=guard, write_timeout_s=1.0) as live:
+        sock = socket.create_connection(("127.0.0.1", live.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: guard.rejected["write_timeout"] == 1, timeout=10)
+        assert httpx.get(live.url + "/fine").text == "GET /fine  0"
+        sock.close()
+
+
+def test_stop_lets_the_request_in_flight_finish_and_refuses_new_connections():
+    live = ServedApp(echo, guard=ConnectionGuard())
+    live.start()
+    result: dict[str, Any] = {}
+
+    def slow() -> None:
+        result["answer"] = httpx.get(live.url + "/slow", timeout=5).text
+
+    client = threading.Thread(target=slow)
+    client.start()
+    time.sleep(0.2)
+    live.stop()
+    client.join(5)
+    assert result.get("answer") == "GET /slow  0"
+    try:
+        httpx.get(live.url + "/after", timeout=1)
+        raise AssertionError("the stopped server answered")
+    except httpx.TransportError:
+        pass
