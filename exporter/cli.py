@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,20 @@ def _web_config(settings: Settings) -> Any:
     return load_web_config(settings.web.config_file)
 
 
+def settle_memory() -> None:
+    """Once start-up is over: keep what it allocated out of the cyclic GC's full collections (they would walk every
+    imported module's objects and show as scrape-latency spikes), and hand the heap it freed back to the system
+    (glibc keeps freed memory mapped until asked; ~1 MiB here, more where modules were compiled from source)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to hand back this way
+        pass
+
+
 def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter import logs
 
@@ -237,41 +252,36 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
     server = HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0)
     exit_code = 0
     stopped = threading.Event()
+    reload_requested = threading.Event()
 
-    def watch_fatal() -> None:
-        nonlocal exit_code
+    def supervise() -> None:
+        """One thread for what happens beside serving: memory settled after the first snapshot, SIGHUP reloads
+        applied in order, and the exit (after the grace) once NVML is unusable for good."""
+        nonlocal settings, exit_code
+        poller.ready_once.wait(settings.poll.call_deadline * 2)
+        settle_memory()
+        exit_at: float | None = None
         while not stopped.wait(0.2):
-            if poller.fatal:
+            if reload_requested.is_set():
+                reload_requested.clear()
+                try:
+                    new = reload_settings(argv or [], settings, poller, renderer)
+                except Exception:  # a bug in one reload must not end reloading for the life of the process
+                    log.exception("reload failed, keeping the running configuration")
+                    new = settings
+                reloads["applied" if new is not settings else "rejected"] += 1
+                settings = new
+            if poller.fatal and exit_at is None:
                 grace = 0 if poller.fatal == "library_not_found" else settings.nvml.version_mismatch_grace
-                stopped.wait(grace)
+                exit_at = time.monotonic() + grace
+            if exit_at is not None and time.monotonic() >= exit_at:
                 exit_code = EXIT_FATAL
                 server.stop()
                 return
 
-    # Everything allocated so far lives for the whole run: keep it out of the cyclic GC's full collections,
-    # which otherwise walk every imported module's objects and show up as scrape-latency spikes.
-    gc.collect()
-    gc.freeze()
-    reload_requested = threading.Event()
-
-    def watch_reload() -> None:
-        nonlocal settings
-        while not stopped.is_set():
-            if not reload_requested.wait(0.5):
-                continue
-            reload_requested.clear()
-            try:
-                new = reload_settings(argv or [], settings, poller, renderer)
-            except Exception:  # a bug in one reload must not end reloading for the life of the process
-                log.exception("reload failed, keeping the running configuration")
-                new = settings
-            reloads["applied" if new is not settings else "rejected"] += 1
-            settings = new
-
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
-        threading.Thread(target=watch_reload, name="gpuwarden-reload", daemon=True).start()
-    threading.Thread(target=watch_fatal, name="gpuwarden-fatal", daemon=True).start()
+    threading.Thread(target=supervise, name="gpuwarden-supervisor", daemon=True).start()
     log.info(
         "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
     )

@@ -78,6 +78,7 @@ class Cycle:
         self.body = bytearray()
         self.body_sent = False
         self.started = self.complete = self.chunked = False
+        self._pending = b""  # the response's head, until its first body part
         self.head = scope["method"] == "HEAD"
         self.gone = asyncio.Event()  # the client disconnected, or the response is complete
 
@@ -97,19 +98,21 @@ class Cycle:
             if kind != "http.response.start":
                 raise RuntimeError(f"expected http.response.start, got {kind}")
             self.started = True
-            conn.transport.write(self._head(message["status"], message.get("headers", [])))
+            self._pending = self._head(message["status"], message.get("headers", []))  # sent with the first body
             return
         if self.complete or kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind} (response complete: {self.complete})")
         body, more = message.get("body", b""), message.get("more_body", False)
+        out, self._pending = [self._pending], b""
         if not self.head:
             if self.chunked:
                 if body:
-                    conn.transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+                    out.append(b"%x\r\n%s\r\n" % (len(body), body))
                 if not more:
-                    conn.transport.write(b"0\r\n\r\n")
+                    out.append(b"0\r\n\r\n")
             elif body:
-                conn.transport.write(body)
+                out.append(body)
+        conn.transport.write(b"".join(out) if len(out) > 1 else out[0])
         await conn.drained()  # a client that does not read holds no more than the transport's buffer, for a while
         if not more and not self.complete:
             self.complete = True
@@ -173,6 +176,10 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # a response is written as it is ready: Nagle would hold a short one for the client's delayed ACK (40 ms)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.connections.add(self)
         if len(self.server.connections) > self.guard.max_connections:
             self._admit()

@@ -127,3 +127,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         check=True,
     )
     assert site.stdout.strip() == "True"
+
+
+def test_the_binding_version_read_from_its_dist_info_folder_is_what_pip_recorded():
+    from importlib.metadata import version
+
+    from exporter.buildinfo import nvml_binding_version
+
+    assert nvml_binding_version() == version("nvidia-ml-py")

@@ -12,7 +12,6 @@ every fast poll.
 from __future__ import annotations
 
 import time
-from statistics import median
 
 from exporter.metrics import (
     BUSY_SECONDS_TOTAL,
@@ -46,7 +45,7 @@ class _Accumulator:
         previous = self.last_timestamp_us
         deltas = [(b[0] - a[0]) / 1e6 for a, b in zip(samples, samples[1:], strict=False) if b[0] > a[0]]
         if deltas:
-            self.period_s = median(deltas)
+            self.period_s = _median(deltas)
         for timestamp, value in samples:
             if previous == 0:
                 period = self.period_s  # first sample ever: its own window, by the typical period
@@ -124,3 +123,10 @@ FAST = Reader(
     (UTILIZATION_RATIO, MEMORY_BANDWIDTH_UTILIZATION_RATIO, *_COUNTERS),
     read_fast,
 )
+
+
+def _median(values: list[float]) -> float:
+    """The median (statistics.median without the statistics module, which costs 0.6 MiB of imports at start)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
