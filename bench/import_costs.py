@@ -42,7 +42,7 @@ SETS = {
     "exporter.config": "import exporter.config",
     "exporter.cli": "import exporter.cli",
     "exporter.httpserver": "import exporter.httpserver",
-    "exporter serving path": "import exporter.cli, exporter.poller, exporter.front, exporter.render, exporter.httpserver",
+    "exporter serving path": "import exporter.cli, exporter.poller, exporter.front, exporter.httpserver",
 }
 
 
