@@ -9,7 +9,8 @@ from pathlib import Path
 def nvml_binding_version() -> str:
     """Version of nvidia-ml-py, the Python binding that talks to libnvidia-ml.
 
-    Read from the name of the `nvidia_ml_py-<version>.dist-info` folder beside pynvml.py, where pip installs it:
+    Read from the name of the `nvidia_ml_py-<version>.dist-info` folder beside the binding's module, where pip
+    installs it:
     importlib.metadata would cost 0.5 MiB of imports and a scan of every folder on sys.path at start. Elsewhere
     (an egg, a zip) it falls back to importlib.metadata."""
     spec = importlib.util.find_spec("pynvml")

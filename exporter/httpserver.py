@@ -140,10 +140,13 @@ class Cycle:
         return b"".join(lines)
 
     async def fail(self) -> None:
-        """The app raised or returned without a whole response: 500 if nothing was sent, else cut the connection."""
-        if not self.started and not self.conn.transport.is_closing():
+        """The app raised or returned without a whole response: 500 if nothing was sent (a head not yet written
+        is replaced), else cut the connection."""
+        nothing_sent = not self.started or (self._pending and not self.complete)
+        if nothing_sent and not self.conn.transport.is_closing():
             self.keep_alive = False
             self.started = self.complete = True
+            self._pending = b""
             self.gone.set()
             self.conn.transport.write(_problem(500, "internal server error"))
             self.conn.response_done(self)

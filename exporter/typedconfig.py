@@ -101,6 +101,8 @@ def build(cls: type, data: Any, loc: tuple[str, ...] = ()) -> Any:
     for field, annotation in fields(cls):
         if field.name in data:
             values[field.name] = _field_value(field, annotation, data[field.name], (*loc, field.name))
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise SettingError((*loc, field.name), "Field required")
     instance = cls(**values)
     validate = getattr(instance, "validate", None)
     if validate is not None:
@@ -157,6 +159,11 @@ def convert(annotation: Any, raw: Any, loc: tuple[str, ...]) -> Any:
         if not isinstance(items, list | tuple):
             raise SettingError(loc, "Input should be a list", raw)
         return tuple(convert(item_type, item, (*loc, str(index))) for index, item in enumerate(items))
+    if origin is dict:
+        key_type, value_type = typing.get_args(annotation)
+        if not isinstance(raw, Mapping):
+            raise SettingError(loc, "Input should be a mapping", raw)
+        return {convert(key_type, key, loc): convert(value_type, value, (*loc, str(key))) for key, value in raw.items()}
     if dataclasses.is_dataclass(annotation):
         return build(annotation, raw, loc)
     scalar = _SCALARS.get(annotation)

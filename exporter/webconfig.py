@@ -21,16 +21,16 @@ import hashlib
 import json
 import ssl
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import bcrypt
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporter.config import ConfigError, read_yaml
-from exporter.modelerrors import describe_error
 from exporter.serving import ConnectionGuard
+from exporter.typedconfig import SettingError, build
 
 PROBES = ("/healthz", "/readyz")
 _CLIENT_AUTH = {
@@ -40,35 +40,32 @@ _CLIENT_AUTH = {
 }
 
 
-class TlsServerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class TlsServerConfig:
     cert_file: Path
     key_file: Path
     client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = "NoClientCert"
     client_ca_file: Path | None = None
 
-    @model_validator(mode="after")
-    def _files(self) -> TlsServerConfig:
+    def validate(self) -> None:
+        """The files exist; client verification has its CA (typedconfig.build runs it)."""
         for name in ("cert_file", "key_file", "client_ca_file"):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path} does not exist or is not a file")
         if self.client_auth_type != "NoClientCert" and self.client_ca_file is None:
             raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
-        return self
 
 
-class WebConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class WebConfig:
     tls_server_config: TlsServerConfig | None = None
-    basic_auth_users: dict[str, str] = Field(default_factory=dict)
+    basic_auth_users: dict[str, str] = field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _hashes(self) -> WebConfig:
+    def validate(self) -> None:
         for user, hashed in self.basic_auth_users.items():
             if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
                 raise ValueError(f"basic_auth_users.{user} must be a bcrypt hash ($2y$...), not a plain password")
-        return self
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server's TLS context for this setup (None without TLS): TLS 1.2 or newer, client certificates as
@@ -87,9 +84,9 @@ class WebConfig(BaseModel):
 
 def load_web_config(path: Path) -> WebConfig:
     try:
-        config = WebConfig.model_validate(read_yaml(path, "web config", "--web.config.file"))
-    except ValidationError as exc:
-        raise ConfigError(describe_error(exc, f"web config {path}", WebConfig)) from None
+        config = build(WebConfig, read_yaml(path, "web config", "--web.config.file"))
+    except SettingError as exc:
+        raise ConfigError(exc.line(f"web config {path}")) from None
     tls = config.tls_server_config
     if tls is not None:  # load once now, so a bad certificate or key is a start-up error, not a runtime one
         try:

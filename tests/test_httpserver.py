@@ -23,7 +23,8 @@ from tests.helpers.common import ServedApp, wait_for
 
 async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers with what it was asked: method, path, query, body length; /chunks streams three parts without a
-    length; /slow waits 0.5 s; /boom raises; /half starts a response and returns."""
+    length; /slow waits 0.5 s; /boom raises; /half starts a response and returns; /cut sends part of a body and
+    returns."""
     path = scope["path"]
     message = await receive()
     if path == "/boom":
@@ -35,6 +36,10 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
         for part in (b"one ", b"two ", b"three"):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return
+    if path == "/cut":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"100")]})
+        await send({"type": "http.response.body", "body": b"partial", "more_body": True})
         return
     if path == "/big":
         body = b"x" * (8 * 1024 * 1024)
@@ -126,9 +131,11 @@ def test_an_app_that_fails_gets_500_and_the_connection_keeps_working_for_others(
     with served() as live:
         boom = httpx.get(live.url + "/boom")
         half = raw(live.port, b"GET /half HTTP/1.1\r\nHost: x\r\n\r\n", wait=2)
+        cut = raw(live.port, b"GET /cut HTTP/1.1\r\nHost: x\r\n\r\n", wait=5)
         after = httpx.get(live.url + "/fine")
     assert boom.status_code == 500 and boom.json() == {"error": "internal server error"}
-    assert half.startswith(b"HTTP/1.1 200") and half.endswith(b"\r\n\r\n")  # head sent, then cut: no hang
+    assert half.startswith(b"HTTP/1.1 500") and b"internal server error" in half  # its head was never sent
+    assert cut.startswith(b"HTTP/1.1 200") and cut.endswith(b"partial")  # cut short: closed, the client sees it
     assert after.text == "GET /fine  0"
 
 

@@ -151,6 +151,8 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
             "needs client_ca_file",
         ),
         ({"tls_config": {}}, "unknown key 'tls_config'; allowed here: tls_server_config, basic_auth_users"),
+        ({"tls_server_config": {"cert_file": "CERT"}}, "tls_server_config.key_file: Field required"),
+        ({"basic_auth_users": ["admin"]}, "basic_auth_users: Input should be a mapping"),
         ({"tls_server_config": {"cert_file": "KEY", "key_file": "KEY"}}, "cannot load cert_file/key_file"),
     ],
 )
