@@ -12,5 +12,6 @@ env | grep -i "^PYTHON" >> "$out/host.txt"
 python3 bench/import_costs.py "$out/import_costs_as_installed.json" > /dev/null
 python3 bench/side_by_side.py "$out/side_by_side.json"
 python3 bench/import_costs.py "$out/import_costs_bytecode.json"
+python3 bench/startup_variants.py "$out/startup_variants.json" 7 > /dev/null
 python3 bench/startup_profile.py /tmp/startup > /dev/null 2>&1 || echo "startup profile failed"
 cp /tmp/startup/startup.json "$out/startup.json"; cp /tmp/startup/importtime.stderr "$out/importtime.txt"
