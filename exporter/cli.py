@@ -209,9 +209,14 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     listener = bind_listener(settings.web.host, settings.web.port)
     if listener is None:
         return EXIT_LISTEN
+    from exporter.nvml.session import start_init
+    from exporter.workers import WorkerPool
+
+    pool = WorkerPool()
+    started_init = start_init(pool)  # NVML starts while the poller and the HTTP stack are imported
     from exporter.poller import Poller
 
-    poller = Poller(settings)
+    poller = Poller(settings, pool=pool, started_init=started_init)
     # NVML's init and the first poll run while the HTTP stack is imported: first metrics sooner after start
     poller.start()
     try:

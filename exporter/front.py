@@ -9,6 +9,7 @@ whose only client is Prometheus never pays (docs/benchmarks.md, Footprint).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 import time
@@ -89,6 +90,9 @@ class Front:
         self._api_factory = api
         self._api: Any = None
         self._lock = threading.Lock()
+        # Renders (one per snapshot and format) and the API's one-time build: two threads, however many scrapers
+        # ask at once (the render lock serialises them anyway; more threads would only hold stacks and arenas).
+        self._work = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpuwarden-render")
 
     def _build(self) -> Any:
         with self._lock:
@@ -115,7 +119,7 @@ class Front:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        api = self._api or await asyncio.get_running_loop().run_in_executor(None, self._build)
+        api = self._api or await asyncio.get_running_loop().run_in_executor(self._work, self._build)
         await api(scope, receive, send)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -137,7 +141,7 @@ class Front:
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:  # the first scrape of a snapshot renders, in a worker thread: the loop never blocks
             body = await asyncio.get_running_loop().run_in_executor(
-                None, self.renderer.render, snapshot, openmetrics, compress
+                self._work, self.renderer.render, snapshot, openmetrics, compress
             )
         response = [(b"content-type", content_type(openmetrics).encode()), (b"content-length", str(len(body)).encode())]
         if compress:

@@ -51,8 +51,10 @@ class NvmlLifecycle:
         ledger: ErrorLedger,
         deadline: Callable[[], float],
         on_missing: Callable[[], str],
+        started_init: concurrent.futures.Future[Any] | None = None,
     ) -> None:
         self._pool, self._runner, self.ledger = pool, runner, ledger
+        self._started_init = started_init  # start_init()'s future: NVML began while the rest was imported
         self._deadline = deadline  # read at each use: a reload may change it
         self._on_missing = on_missing
         self.lock = threading.RLock()
@@ -90,8 +92,11 @@ class NvmlLifecycle:
         return self._initialise()
 
     def _initialise(self) -> bool:
+        started, self._started_init = self._started_init, None
         try:
-            answered, result = run_with_deadline(self._pool, "nvml-init", session.initialise, self._deadline())
+            answered, result = run_with_deadline(
+                self._pool, "nvml-init", session.initialise, self._deadline(), started=started
+            )
         except NvmlDownError as exc:
             self.library_down(exc.reason, initialising=True)
             return False

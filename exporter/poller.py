@@ -11,10 +11,12 @@ The parts it drives call one way and do not call back:
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from exporter import podresources
 from exporter.assembly import GpuView, HealthStep, PodsStep, SnapshotAssembler, TopologyStep
@@ -52,14 +54,21 @@ def select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
 
 
 class Poller:
-    def __init__(self, settings: Settings, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        wall_clock: Callable[[], float] = time.time,
+        pool: WorkerPool | None = None,
+        started_init: concurrent.futures.Future[Any] | None = None,
+    ) -> None:
+        """`pool` and `started_init`: a worker pool on which lifecycle.start_init already began NVML's init."""
         self.settings = settings
         self._wall = wall_clock
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
         self.readers = select_readers(settings)
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
-        self.pool = WorkerPool()
+        self.pool = pool or WorkerPool()
         self.runner = TierRunner(
             self.pool, lambda: self.readers, lambda name: getattr(self.settings.poll, name), wall_clock
         )
@@ -69,6 +78,7 @@ class Poller:
             self.ledger,
             deadline=lambda: self.settings.poll.call_deadline,
             on_missing=lambda: self.settings.nvml.on_missing,
+            started_init=started_init,
         )
         self.pods = self._pod_attribution(settings)
         self.assembler = SnapshotAssembler(

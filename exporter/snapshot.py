@@ -19,7 +19,7 @@ class Tier(enum.Enum):
     SLOW = "slow"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Sample:
     name: str
     labels: tuple[str, ...]  # values for the family's labels beyond gpu/uuid, in contract order
@@ -35,7 +35,7 @@ class NvlinkFacts:
     nvswitch_links: int = 0  # links connected to NVSwitch (field 147); 0 on direct-NVLink boards
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GpuProcess:
     """A process holding the GPU, as NVML reports it (host PID namespace)."""
 
@@ -153,7 +153,7 @@ class Verdict:
     detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, data_starved, ...)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Allocation:
     """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
 
@@ -163,7 +163,7 @@ class Allocation:
     container: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProcessView:
     """A process on a GPU with who holds it: the container found through its cgroup or the GPU's allocation."""
 
@@ -181,7 +181,7 @@ class ProcessView:
     attributed_by: str  # cgroup, allocation, or "" (unattributed)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ContainerUsage:
     """What one container's processes hold of one GPU; sm_seconds_total only grows while the container is seen."""
 
@@ -193,7 +193,7 @@ class ContainerUsage:
     processes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ProcessExit:
     """A process that left a GPU whose memory was near full at the read before: the out-of-memory pattern."""
 

@@ -116,10 +116,13 @@ class WorkerPool:
                 worker.stop()
 
 
-def run_with_deadline(pool: WorkerPool, key: str, job: Job, deadline: float) -> tuple[bool, Any]:
+def run_with_deadline(
+    pool: WorkerPool, key: str, job: Job, deadline: float, started: concurrent.futures.Future[Any] | None = None
+) -> tuple[bool, Any]:
     """Run `job` on the key's worker and wait up to `deadline` s: (True, result) or (False, None) when it did not
-    answer in time or the worker is still stuck in an earlier job. The job's exception is raised here."""
-    future = pool.submit(key, job)
+    answer in time or the worker is still stuck in an earlier job. The job's exception is raised here.
+    `started`: the same job already submitted on that key (started early); its answer is awaited instead."""
+    future = started if started is not None else pool.submit(key, job)
     if future is None:
         return False, None
     try:

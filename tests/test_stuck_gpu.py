@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers.common import parse_exposition, values
+from tests.helpers.common import parse_exposition, values, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +71,44 @@ def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_
     assert values(series, "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetUUID") == [1]
     skipped = [r.getMessage() for r in caplog.records if "skipped at discovery" in r.getMessage()]
     assert skipped == ["gpu 2 skipped at discovery: nvmlDeviceGetUUID did not answer within 1.0 s"]
+
+
+def test_nvml_init_begun_before_the_poller_is_adopted_once(sim, make_poller):
+    """The CLI starts NVML's init on the pool before importing the rest; the lifecycle waits for that answer
+    instead of initialising a second time (NVML counts inits: a second would need a second shutdown)."""
+    from exporter.config import load_settings
+    from exporter.nvml.session import start_init
+    from exporter.poller import Poller
+    from exporter.workers import WorkerPool
+
+    fake = sim("healthy")
+    pool = WorkerPool()
+    started = start_init(pool)
+    poller = Poller(load_settings(None, environ={}, flags={"poll.fast_interval": 0.2}), pool=pool, started_init=started)
+    try:
+        poller.start()
+        assert poller.ready_once.wait(10)
+        assert poller.snapshot.nvml_up and any(gpu.up for gpu in poller.snapshot.gpus)
+        assert fake.calls["nvmlInitWithFlags"] == 1
+    finally:
+        poller.stop(timeout=0.5)
+
+
+def test_an_early_nvml_init_that_hangs_is_a_counted_timeout_and_retried(sim):
+    from exporter.config import load_settings
+    from exporter.nvml.session import start_init
+    from exporter.poller import Poller
+    from exporter.workers import WorkerPool
+
+    sim({"faults": [{"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": 2.5}]})
+    pool = WorkerPool()
+    started = start_init(pool)
+    flags = {"poll.fast_interval": 0.2, "poll.call_deadline": 1.0}
+    poller = Poller(load_settings(None, environ={}, flags=flags), pool=pool, started_init=started)
+    try:
+        poller.start()
+        wait_for(lambda: poller.snapshot.nvml_error == "init_timeout", timeout=5)
+        assert poller.ledger.timeouts().get("nvmlInitWithFlags") == 1
+        wait_for(lambda: poller.snapshot.nvml_up, timeout=15)  # the hang ends; the backoff's retry succeeds
+    finally:
+        poller.stop(timeout=0.5)

@@ -182,6 +182,9 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
     # -- system ----------------------------------------------------------------------------------------
 
     def nvmlInitWithFlags(self, flags: Any) -> int:
+        for fault in self._active("hang"):  # a wedged driver at start: a hang fault on this call, any `gpu`
+            if fault.call == "nvmlInitWithFlags":
+                self._hang(fault)
         error = self._global_error(initialising=True)
         if error is not None:
             return error
