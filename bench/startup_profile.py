@@ -23,6 +23,7 @@ def run(env_extra: dict[str, str], importtime: bool, out: Path, label: str) -> d
     env = {**os.environ, **env_extra}
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "exporter",
            f"--web.listen-address=127.0.0.1:{PORT}", "--log.level=info"]  # fmt: skip
+    spawned = time.time()
     started = time.perf_counter()
     err = (out / f"{label}.stderr").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
@@ -41,7 +42,28 @@ def run(env_extra: dict[str, str], importtime: bool, out: Path, label: str) -> d
     proc.terminate()
     proc.wait(10)
     err.close()
-    return {"first_metrics_s": None if first is None else round(first, 3), "rss_mib": round(rss, 1), "threads": threads}
+    return {
+        "first_metrics_s": None if first is None else round(first, 3),
+        "rss_mib": round(rss, 1),
+        "threads": threads,
+        "ms_after_spawn": milestones(out / f"{label}.stderr", spawned),
+    }
+
+
+MILESTONES = {"nvml up": "nvml_up", "first snapshot": "first_snapshot", "listening on": "listening"}
+
+
+def milestones(stderr: Path, spawned: float) -> dict[str, float]:
+    """When the log says NVML is up, the first snapshot is out and the server listens, in ms after the spawn."""
+    import datetime
+
+    found = {}
+    for line in stderr.read_text().splitlines():
+        for text, key in MILESTONES.items():
+            if text in line and line.startswith("ts=") and key not in found:
+                stamp = datetime.datetime.strptime(line[3:27], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+                found[key] = round(1000 * (stamp.timestamp() - spawned), 1)
+    return found
 
 
 def top_imports(path: Path, count: int = 25) -> list[str]:
