@@ -11,14 +11,16 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
-from prometheus_client import ProcessCollector
-from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-
 from exporter import __version__
 from exporter.buildinfo import nvml_binding_version
+from exporter.exposition import (
+    OPENMETRICS_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
+    ProcessFamilies,
+    openmetrics_format,
+    text_format,
+)
+from exporter.exposition import Family as MetricFamily
 from exporter.metrics import (
     BOTTLENECK_INFO,
     BUILD_INFO,
@@ -55,27 +57,25 @@ from exporter.metrics import (
 from exporter.snapshot import Snapshot
 
 _BINDING_VERSION = nvml_binding_version()
-# The classic text format every scraper understands (newer prometheus_client defaults to "version=1.0.0").
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
-    cls = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-    return cls(spec.name, spec.help, labels=list(spec.all_labels))
+def _family(spec: Family) -> MetricFamily:
+    return MetricFamily(spec.name, spec.help, spec.type, spec.all_labels)
 
 
 class SnapshotCollector:
-    """A prometheus_client custom collector over one immutable snapshot (no global gauges to go stale)."""
+    """A custom collector over one immutable snapshot (no global gauges to go stale): families in, bytes out by
+    exporter/exposition.py."""
 
     def __init__(self, snapshot: Snapshot, wanted: Callable[[str], bool], own: Rows | None = None) -> None:
         self.snapshot = snapshot
         self.wanted = wanted
         self.own = own or {}  # the process's own counters (HTTP rejections, reloads), as of this render
 
-    def describe(self) -> list[Metric]:
+    def describe(self) -> list[MetricFamily]:
         return []
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[MetricFamily]:
         rows: Rows = defaultdict(list)
         _node_rows(self.snapshot, rows)
         _gpu_rows(self.snapshot, rows)
@@ -91,7 +91,7 @@ class SnapshotCollector:
             keep = keep_rows(name) if keep_rows is not None else None
             for labels, value in rows[name]:
                 if keep is None or keep(labels, value):
-                    family.add_metric(labels, value)
+                    family.add(labels, value)
             if family.samples:
                 yield family
 
@@ -195,17 +195,7 @@ def _xid_rows(snap: Snapshot, rows: Rows) -> None:
             rows[XID_LAST_TIMESTAMP_SECONDS.name].append((ids, last))
 
 
-class _Process:
-    """process_* metrics of the exporter itself, rendered with each snapshot."""
-
-    collector = ProcessCollector(registry=None)
-
-    def __init__(self, inner: SnapshotCollector) -> None:
-        self.inner = inner
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self.inner.collect()
-        yield from self.collector.collect()
+_PROCESS = ProcessFamilies()  # process_* of the exporter itself, rendered with each snapshot
 
 
 class Renderer:
@@ -242,9 +232,9 @@ class Renderer:
             if cached is None:
                 plain = self._cache.get((openmetrics, False))
                 if plain is None:
-                    collector = _Process(SnapshotCollector(snapshot, self.wanted, self.own_counters()))
-                    generate = generate_openmetrics if openmetrics else generate_latest
-                    plain = generate(collector)  # type: ignore[arg-type]
+                    families = [*SnapshotCollector(snapshot, self.wanted, self.own_counters()).collect()]
+                    families += _PROCESS.collect()
+                    plain = (openmetrics_format if openmetrics else text_format)(families)
                     self._cache[(openmetrics, False)] = plain
                     self.renders += 1
                 cached = gzip.compress(plain, compresslevel=5) if compress else plain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import threading
@@ -132,7 +133,7 @@ class Problem(BaseModel):
 
 
 def process_dict(process: ProcessView) -> dict[str, Any]:
-    return {spec: getattr(process, spec) for spec in ProcessView.__slots__}  # type: ignore[attr-defined]
+    return {field.name: getattr(process, field.name) for field in dataclasses.fields(ProcessView)}
 
 
 def gpu_dict(
