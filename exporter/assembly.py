@@ -29,9 +29,10 @@ from exporter.snapshot import (
     Verdict,
 )
 from exporter.topology import PairFacts
+from exporter.values import value_class
 
 
-@dataclass(frozen=True)
+@value_class
 class GpuView:
     """What the lifecycle knows of one GPU at publication time (a copy, taken under its lock)."""
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from exporter.values import value_class
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +27,14 @@ _MAX_READ = 64 * 1024
 RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
 
 
-@dataclass(frozen=True)
+@value_class
 class HostProcess:
     name: str  # /proc/PID/comm, "" where the host's /proc does not show the PID
     pod_uid: str | None
     container_id: str | None
 
 
-@dataclass(frozen=True)
+@value_class
 class PodDirectory:
     namespace: str
     pod: str

@@ -7,14 +7,15 @@ this table (tests/test_docs.py fails when it drifts). Per-GPU families get `gpu`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import Literal
+
+from exporter.values import value_class
 
 GPU_LABELS = ("gpu", "uuid")
 
 
-@dataclass(frozen=True)
+@value_class
 class Family:
     name: str
     type: Literal["gauge", "counter"]
@@ -620,7 +621,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in _FAMILIES}
 # family, or the rows of a family whose label (or value) matches.
 
 
-@dataclass(frozen=True)
+@value_class
 class Member:
     family: Family
     label: str | None = None  # None: the whole family
@@ -642,7 +643,7 @@ class Member:
         return current in self.values
 
 
-@dataclass(frozen=True)
+@value_class
 class Group:
     name: str
     description: str

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from exporter.metrics import Family
+from exporter.values import value_class
 
 
 class Tier(enum.Enum):
@@ -19,14 +20,14 @@ class Tier(enum.Enum):
     SLOW = "slow"
 
 
-@dataclass(frozen=True)
+@value_class
 class Sample:
     name: str
     labels: tuple[str, ...]  # values for the family's labels beyond gpu/uuid, in contract order
     value: float
 
 
-@dataclass(frozen=True)
+@value_class
 class NvlinkFacts:
     """What discovery learns about a GPU's NVLinks: the topology matrix is built from these, not from NVML."""
 
@@ -35,7 +36,7 @@ class NvlinkFacts:
     nvswitch_links: int = 0  # links connected to NVSwitch (field 147); 0 on direct-NVLink boards
 
 
-@dataclass(frozen=True)
+@value_class
 class GpuProcess:
     """A process holding the GPU, as NVML reports it (host PID namespace)."""
 
@@ -47,7 +48,7 @@ class GpuProcess:
     gpu_instance: int | None = None  # MIG GPU instance the process runs in
 
 
-@dataclass(frozen=True)
+@value_class
 class GpuInfo:
     """Static and slowly changing facts about one GPU (the `info` of the JSON API; never a Prometheus label set),
     and the processes the fast tier last saw on it (served attributed, through Snapshot.processes).
@@ -110,7 +111,7 @@ class SampleWriter:
         self.info.update(facts)
 
 
-@dataclass(frozen=True)
+@value_class
 class TierReading:
     """One tier's result for one GPU."""
 
@@ -119,7 +120,7 @@ class TierReading:
     finished_at: float
 
 
-@dataclass(frozen=True)
+@value_class
 class GpuSnapshot:
     index: int
     uuid: str
@@ -132,7 +133,7 @@ class GpuSnapshot:
     updated_at: dict[str, float]  # tier name → unix time of its last successful read
 
 
-@dataclass(frozen=True)
+@value_class
 class PeerLink:
     peer_index: int
     peer_uuid: str
@@ -140,7 +141,7 @@ class PeerLink:
     nvlinks: int
 
 
-@dataclass(frozen=True)
+@value_class
 class Verdict:
     """One health check's judgement of one GPU."""
 
@@ -153,7 +154,7 @@ class Verdict:
     detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, data_starved, ...)
 
 
-@dataclass(frozen=True)
+@value_class
 class Allocation:
     """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
 
@@ -163,7 +164,7 @@ class Allocation:
     container: str
 
 
-@dataclass(frozen=True)
+@value_class
 class ProcessView:
     """A process on a GPU with who holds it: the container found through its cgroup or the GPU's allocation."""
 
@@ -181,7 +182,7 @@ class ProcessView:
     attributed_by: str  # cgroup, allocation, or "" (unattributed)
 
 
-@dataclass(frozen=True)
+@value_class
 class ContainerUsage:
     """What one container's processes hold of one GPU; sm_seconds_total only grows while the container is seen."""
 
@@ -193,7 +194,7 @@ class ContainerUsage:
     processes: int
 
 
-@dataclass(frozen=True)
+@value_class
 class ProcessExit:
     """A process that left a GPU whose memory was near full at the read before: the out-of-memory pattern."""
 
@@ -209,7 +210,7 @@ class ProcessExit:
     at: float  # unix time the exit was seen
 
 
-@dataclass(frozen=True)
+@value_class
 class Snapshot:
     id: int
     taken_at: float

@@ -18,41 +18,42 @@ from exporter.nvml.device import GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier, TierReading
+from exporter.values import value_class
 from exporter.workers import WorkerPool
 
 
-@dataclass(frozen=True)
+@value_class
 class Read:
     reading: TierReading
 
 
-@dataclass(frozen=True)
+@value_class
 class Waiting:
     """Submitted, not answered yet, still inside the call deadline."""
 
 
-@dataclass(frozen=True)
+@value_class
 class Stuck:
     call: str  # the NVML call it is inside
     newly: bool  # True the first cycle past the deadline (count and log once)
 
 
-@dataclass(frozen=True)
+@value_class
 class Lost:
     reason: str
 
 
-@dataclass(frozen=True)
+@value_class
 class LibraryDown:
     reason: str
 
 
-@dataclass(frozen=True)
+@value_class
 class Fatal:
     reason: str
 
 
-@dataclass(frozen=True)
+@value_class
 class Failed:
     """The read raised something unexpected (a bug): logged by the poller, the GPU keeps its last values."""
 

@@ -21,7 +21,7 @@ import hashlib
 import json
 import ssl
 import threading
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ import bcrypt
 from exporter.config import ConfigError, read_yaml
 from exporter.serving import ConnectionGuard
 from exporter.typedconfig import SettingError, build
+from exporter.values import value_class
 
 PROBES = ("/healthz", "/readyz")
 _CLIENT_AUTH = {
@@ -40,7 +41,7 @@ _CLIENT_AUTH = {
 }
 
 
-@dataclass(frozen=True)
+@value_class
 class TlsServerConfig:
     cert_file: Path
     key_file: Path
@@ -57,7 +58,7 @@ class TlsServerConfig:
             raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
 
 
-@dataclass(frozen=True)
+@value_class
 class WebConfig:
     tls_server_config: TlsServerConfig | None = None
     basic_auth_users: dict[str, str] = field(default_factory=dict)

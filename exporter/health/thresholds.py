@@ -8,14 +8,14 @@ or out-of-range values are rejected with one line, like the rest of the configur
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.config import ConfigError, read_yaml
 from exporter.typedconfig import SettingError, build, setting
+from exporter.values import value_class
 
 
-@dataclass(frozen=True)
+@value_class
 class Thresholds:
     # utilization: a job holds the GPU but kernels run less than this share of the time
     utilization_low_ratio: float = setting(0.5, gt=0, lt=1)

@@ -9,7 +9,6 @@ Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from t
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -24,6 +23,7 @@ from exporter.nvml.errors import (
     error_code,
     error_name,
 )
+from exporter.values import value_class
 
 MIN_WINDOW_S = 0.1  # NVIDIA asks for at least 100 ms between two samples
 NOT_SUPPORTED_REASON = "not_supported"
@@ -37,7 +37,7 @@ class GpmUnavailable(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@value_class
 class Window:
     seconds: float
     values: dict[int, float]  # metric id → value over the window (percent, or MiB/s)
