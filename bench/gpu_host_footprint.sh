@@ -1,6 +1,7 @@
 #!/bin/bash
-# The footprint runs on a lent GPU host, in one call: import costs as installed, gpuwarden and nvitop-exporter
-# side by side (as installed, then from bytecode), import costs and the start-up profile from bytecode.
+# The footprint runs on a lent GPU host, in one call: import costs as installed; the start-up race (10 interleaved
+# starts of each exporter, as installed then from bytecode); gpuwarden and nvitop-exporter side by side (as
+# installed, then from bytecode); import costs and the start-up profile from bytecode.
 #   bash bench/gpu_host_footprint.sh OUTDIR      (the wheels of both exporters in .whl/, see docs/benchmarks.md)
 set -u
 out=${1:?OUTDIR}
@@ -10,8 +11,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/hos
 python3 --version >> "$out/host.txt"
 env | grep -i "^PYTHON" >> "$out/host.txt"
 python3 bench/import_costs.py "$out/import_costs_as_installed.json" > /dev/null
+python3 bench/startup_variants.py "$out/startup_race.json" 10 > /dev/null
+find /tmp/site "$PWD/exporter" -name __pycache__ -type d -prune -exec rm -rf {} +   # as installed again
 python3 bench/side_by_side.py "$out/side_by_side.json"
 python3 bench/import_costs.py "$out/import_costs_bytecode.json"
-python3 bench/startup_variants.py "$out/startup_variants.json" 7 > /dev/null
 python3 bench/startup_profile.py /tmp/startup > /dev/null 2>&1 || echo "startup profile failed"
 cp /tmp/startup/startup.json "$out/startup.json"; cp /tmp/startup/importtime.stderr "$out/importtime.txt"

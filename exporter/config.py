@@ -57,6 +57,8 @@ _section = value_class
 
 @_section
 class WebSettings:
+    """Where and how the HTTP server listens, and what a client may hold of it."""
+
     listen_address: str = setting(
         ":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).", check=check_listen_address
     )
@@ -88,6 +90,8 @@ class WebSettings:
 
 @_section
 class PollSettings:
+    """The tiers' cadences and the deadline after which a GPU's reads are abandoned."""
+
     fast_interval: float = setting(1.0, ge=0.1, le=60, description="Seconds between fast-tier polls.")
     slow_interval: float = setting(15.0, ge=1, le=3600, description="Seconds between slow-tier polls.")
     samples_interval: float = setting(
@@ -114,6 +118,8 @@ class PollSettings:
 
 @_section
 class NvmlSettings:
+    """Which NVML (the driver's or the simulator's) and which optional parts of it are read."""
+
     backend: Literal["nvml", "sim"] = setting("nvml", description="`nvml`: the real driver; `sim`: simulator.")
     scenario: str | None = setting(
         None, description="Simulator scenario: a shipped name (see `gpuwarden scenarios`) or a YAML path."
@@ -137,6 +143,8 @@ class NvmlSettings:
 
 @_section
 class MetricsSettings:
+    """What /metrics exports: name globs and opt-in collector groups."""
+
     include: tuple[str, ...] = setting(
         (), description="Metric-name globs to export (empty = all). Comma-separated in env and flags."
     )
@@ -158,6 +166,8 @@ class MetricsSettings:
 
 @_section
 class HealthSettings:
+    """Where operators override the health thresholds."""
+
     thresholds_file: Path | None = setting(
         None, description="YAML file overriding health thresholds (keys of exporter/health/thresholds.py)."
     )
@@ -165,6 +175,8 @@ class HealthSettings:
 
 @_section
 class PodsSettings:
+    """Pod attribution through the kubelet's pod-resources API."""
+
     attribution: bool = setting(
         True,
         description="Read the kubelet pod-resources API to label GPUs with the pods holding them "
@@ -183,6 +195,8 @@ class PodsSettings:
 
 @_section
 class ProcessesSettings:
+    """Who holds the GPU: the host paths that name processes and their pods, and per-PID series."""
+
     proc_root: Path | None = setting(
         None,
         description="The host's /proc, to name GPU processes and find their pods from their cgroups: /proc on bare "
@@ -206,12 +220,16 @@ class ProcessesSettings:
 
 @_section
 class LogSettings:
+    """Log level and line format."""
+
     level: Literal["debug", "info", "warn", "error"] = setting("info", description="Log level.")
     format: Literal["logfmt", "json"] = setting("logfmt", description="Log line format.")
 
 
 @_section
 class Settings:
+    """Every option of the exporter, one section per concern; built and checked by load_settings."""
+
     web: WebSettings = setting(WebSettings())
     poll: PollSettings = setting(PollSettings())
     nvml: NvmlSettings = setting(NvmlSettings())

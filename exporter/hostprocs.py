@@ -29,6 +29,8 @@ RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at mo
 
 @value_class
 class HostProcess:
+    """What the host's /proc says of a PID: its name and the pod and container of its cgroup."""
+
     name: str  # /proc/PID/comm, "" where the host's /proc does not show the PID
     pod_uid: str | None
     container_id: str | None
@@ -36,6 +38,8 @@ class HostProcess:
 
 @value_class
 class PodDirectory:
+    """A pod as the kubelet's log directory names it, with its containers."""
+
     namespace: str
     pod: str
     containers: tuple[str, ...]  # container names with a log directory

@@ -17,6 +17,8 @@ GPU_LABELS = ("gpu", "uuid")
 
 @value_class
 class Family:
+    """One metric family of the contract: name, type, help, labels, unit and whether it is per GPU."""
+
     name: str
     type: Literal["gauge", "counter"]
     help: str
@@ -623,6 +625,8 @@ FAMILIES: dict[str, Family] = {family.name: family for family in _FAMILIES}
 
 @value_class
 class Member:
+    """A family, or some of its rows, that belongs to a collector group."""
+
     family: Family
     label: str | None = None  # None: the whole family
     values: frozenset[str] = frozenset()  # the label's values this group holds ("!x": every value but x)
@@ -645,6 +649,8 @@ class Member:
 
 @value_class
 class Group:
+    """An opt-in collector group: its name, what it adds, and its members."""
+
     name: str
     description: str
     members: tuple[Member, ...]

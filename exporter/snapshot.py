@@ -22,6 +22,8 @@ class Tier(enum.Enum):
 
 @value_class
 class Sample:
+    """One series of a GPU: the family name, its extra label values and the value."""
+
     name: str
     labels: tuple[str, ...]  # values for the family's labels beyond gpu/uuid, in contract order
     value: float
@@ -122,6 +124,8 @@ class TierReading:
 
 @value_class
 class GpuSnapshot:
+    """One GPU as of one publication: identity, state, samples and its static facts."""
+
     index: int
     uuid: str
     up: bool
@@ -135,6 +139,8 @@ class GpuSnapshot:
 
 @value_class
 class PeerLink:
+    """How this GPU reaches one peer: the topology level and the NVLinks between them."""
+
     peer_index: int
     peer_uuid: str
     level: str  # NV18, PIX, PXB, PHB, NODE, SYS
@@ -212,6 +218,8 @@ class ProcessExit:
 
 @value_class
 class Snapshot:
+    """Everything /metrics and the JSON API serve, as of one publication; never changed once published."""
+
     id: int
     taken_at: float
     nvml_up: bool

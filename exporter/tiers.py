@@ -24,6 +24,8 @@ from exporter.workers import WorkerPool
 
 @value_class
 class Read:
+    """The tier answered: its reading."""
+
     reading: TierReading
 
 
@@ -34,22 +36,30 @@ class Waiting:
 
 @value_class
 class Stuck:
+    """The tier's reads are still inside an NVML call past the deadline."""
+
     call: str  # the NVML call it is inside
     newly: bool  # True the first cycle past the deadline (count and log once)
 
 
 @value_class
 class Lost:
+    """The GPU fell off the bus (or is otherwise gone) during the read."""
+
     reason: str
 
 
 @value_class
 class LibraryDown:
+    """NVML itself stopped answering (driver unloaded, library missing)."""
+
     reason: str
 
 
 @value_class
 class Fatal:
+    """NVML cannot be used again by this process (the driver changed under it)."""
+
     reason: str
 
 
@@ -65,6 +75,8 @@ Outcome = Read | Waiting | Stuck | Lost | LibraryDown | Fatal | Failed
 
 @dataclass
 class _Pending:
+    """A read handed to a GPU's worker, and when: so a late answer is not mistaken for a new one."""
+
     future: concurrent.futures.Future[Any]
     started: float
     abandoned: bool = False

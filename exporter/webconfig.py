@@ -43,6 +43,8 @@ _CLIENT_AUTH = {
 
 @value_class
 class TlsServerConfig:
+    """The `tls_server_config` section: certificate, key and client verification."""
+
     cert_file: Path
     key_file: Path
     client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = "NoClientCert"
@@ -60,6 +62,8 @@ class TlsServerConfig:
 
 @value_class
 class WebConfig:
+    """A web-config file: TLS and the basic-auth users (bcrypt hashes)."""
+
     tls_server_config: TlsServerConfig | None = None
     basic_auth_users: dict[str, str] = field(default_factory=dict)
 

@@ -17,6 +17,8 @@ from exporter.values import value_class
 
 @value_class
 class Thresholds:
+    """Every health threshold and duration, with its default; operators override them by file."""
+
     # utilization: a job holds the GPU but kernels run less than this share of the time
     utilization_low_ratio: float = setting(0.5, gt=0, lt=1)
     utilization_for_s: int = setting(1800, ge=1)

@@ -39,6 +39,8 @@ class GpmUnavailable(Exception):
 
 @value_class
 class Window:
+    """GPM metrics over the window between two samples, and those that did not answer."""
+
     seconds: float
     values: dict[int, float]  # metric id → value over the window (percent, or MiB/s)
     failed: dict[int, str]  # metric id → error name, for metrics that did not answer

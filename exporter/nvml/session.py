@@ -35,6 +35,8 @@ class GpuSkipped(Exception):
 
 @value_class
 class DriverFacts:
+    """The driver's, NVML's and CUDA's versions, as the driver reports them."""
+
     driver_version: str
     nvml_version: str
     cuda_driver_version: str

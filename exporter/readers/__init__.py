@@ -15,6 +15,8 @@ from exporter.values import value_class
 
 @value_class
 class Reader:
+    """One reader: its name, tier, the families it fills and the function that reads a GPU."""
+
     name: str
     tier: Tier
     families: tuple[Family, ...]  # every family `read` may write (SampleWriter enforces it)
