@@ -21,7 +21,7 @@ VARIANTS: dict[str, list[str]] = {}  # name → command line, started beside the
 
 
 def race(count: int) -> dict:
-    names = [*side_by_side.EXPORTERS, *VARIANTS]
+    names = list(dict.fromkeys([*side_by_side.EXPORTERS, *VARIANTS]))  # each once, however often it is called
     for name, cmd in VARIANTS.items():
         side_by_side.EXPORTERS[name] = (cmd, b"gpuwarden_gpu_up")
     times: dict[str, list[float]] = {name: [] for name in names}
