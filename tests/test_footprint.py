@@ -5,14 +5,9 @@ Seen through `python -X importtime`, which lists every module the process import
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import httpx
 
-from tests.helpers.common import free_port
-from tests.helpers.stack import wait_ready
+from tests.helpers.stack import running_cli
 
 KEPT_OUT = {
     "pydantic": "settings are exporter/typedconfig.py dataclasses",
@@ -33,46 +28,18 @@ def _imported(stderr: str) -> set[str]:
 
 
 def test_scrapes_and_probes_load_none_of_the_libraries_kept_out_and_the_api_loads_them_when_asked():
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/healthz")
+    with running_cli(python_flags=("-X", "importtime")) as (url, proc):
         metrics = httpx.get(url + "/metrics")
         assert metrics.status_code == 200 and b"gpuwarden_build_info" in metrics.content
         assert httpx.get(url + "/readyz").status_code == 503  # no GPU here: not ready, and says so
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    loaded = _imported(stderr)
+    loaded = _imported(proc.stderr.read())
     assert "exporter.httpserver" in loaded and "exporter.exposition" in loaded, "the listing itself is broken"
     offenders = {name: why for name, why in KEPT_OUT.items() if name in loaded}
     assert not offenders, offenders
 
 
 def test_the_api_loads_fastapi_on_its_first_request_and_answers():
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/healthz")
+    with running_cli(python_flags=("-X", "importtime")) as (url, proc):
         answer = httpx.get(url + "/api/v1/gpus", timeout=30)
         assert answer.status_code == 200 and answer.json()["nvml_up"] is False
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
-    assert {"fastapi", "pydantic"} <= _imported(stderr)
+    assert {"fastapi", "pydantic"} <= _imported(proc.stderr.read())

@@ -180,13 +180,14 @@ def stack(tmp: Path):
 
 
 @contextmanager
-def running_cli(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+def running_cli(*args: str, python_flags: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
     """`gpuwarden ARGS --web.listen-address 127.0.0.1:PORT` as its own process, with no GPUWARDEN_* from the
-    environment: yields its base URL (once /healthz answers) and the process (stderr piped, for its log)."""
+    environment: yields its base URL (once /healthz answers) and the process (stderr piped, for its log; what is
+    left of it can be read once the block ends). `python_flags` go to the interpreter (e.g. -X importtime)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"],
+        [sys.executable, *python_flags, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
