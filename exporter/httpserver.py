@@ -13,7 +13,8 @@ Per connection:
 - the request line and headers counted as the parser hands them over: past the limit 431 and close;
 - admission: at the connection limit the oldest connection still waiting for a request is closed;
 - shedding: past the request limit new requests get 503, except the probes;
-- a response the client does not read within WRITE_TIMEOUT_S is abandoned and the connection closed.
+- a response the client does not read is abandoned and the connection dropped: a streamed one after
+  WRITE_TIMEOUT_S without progress, a whole one when the idle deadline finds it still unread.
 """
 
 from __future__ import annotations
@@ -113,8 +114,11 @@ class Cycle:
             elif body:
                 out.append(body)
         conn.transport.write(b"".join(out) if len(out) > 1 else out[0])
-        await conn.drained()  # a client that does not read holds no more than the transport's buffer, for a while
-        if not more and not self.complete:
+        if more:
+            await conn.drained()  # a streaming app waits while the client is not reading
+        elif not self.complete:
+            # The last part is left to the transport: a client that does not read it is cut off by the idle
+            # deadline (counted as write_timeout), so an unread response is held for seconds, never for good.
             self.complete = True
             self.gone.set()
             conn.response_done(self)
@@ -233,6 +237,10 @@ class HttpConnection(asyncio.Protocol):
     def _timed_out(self) -> None:
         self._timer = None
         self.guard.waiting.pop(self, None)
+        if self.transport.get_write_buffer_size():  # idle because it is not reading what it was sent
+            self.guard.reject("write_timeout")
+            self.transport.abort()
+            return
         self.guard.reject("header_timeout")
         self.close()
 
@@ -388,12 +396,16 @@ class HttpConnection(asyncio.Protocol):
         """Wait while the client is not reading; give up on it after the server's write timeout."""
         if self._writable.is_set():
             return
+        timer = self.server.loop.call_later(self.server.write_timeout_s, self._write_timed_out)
         try:
-            await asyncio.wait_for(self._writable.wait(), self.server.write_timeout_s)
-        except TimeoutError:
-            self.guard.reject("write_timeout")
-            if self.transport is not None:
-                self.transport.abort()
+            await self._writable.wait()  # set again by resume_writing, or by connection_lost after an abort
+        finally:
+            timer.cancel()
+
+    def _write_timed_out(self) -> None:
+        self.guard.reject("write_timeout")
+        if self.transport is not None:
+            self.transport.abort()
 
 
 def _what(cycle: Cycle) -> tuple[str, str]:
