@@ -210,15 +210,23 @@ class HttpConnection(asyncio.Protocol):
             if transport.get_write_buffer_size():
                 self.server.loop.call_later(self.server.write_timeout_s, transport.abort)
 
+    def drop(self) -> None:
+        """Drop a connection that has nothing owed to it (idle past its deadline, evicted): no graceful TLS
+        shutdown, which would keep the connection and its TLS state for the peer's close_notify, and an idle or
+        slowloris peer never sends one (1,500 of them held +214 MiB that way, bench/hostile_clients.py --tls)."""
+        self._disarm()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
     def _admit(self) -> None:
         """At the connection limit, make room by closing the connection that has waited longest for a request."""
         for oldest in self.guard.waiting:
             if oldest is not self:
                 self.guard.reject("evicted")
-                oldest.close()
+                oldest.drop()
                 return
         self.guard.reject("evicted")  # every other connection is busy with a request: this one goes
-        self.close()
+        self.drop()
 
     # -- the request deadline ------------------------------------------------------------------------------------
 
@@ -242,7 +250,7 @@ class HttpConnection(asyncio.Protocol):
             self.transport.abort()
             return
         self.guard.reject("header_timeout")
-        self.close()
+        self.drop()
 
     # -- bytes in ------------------------------------------------------------------------------------------------
 
@@ -451,6 +459,8 @@ class HttpServer:
             sock=sock,
             ssl=self.ssl_context,
             ssl_handshake_timeout=self.guard.header_timeout_s if self.ssl_context else None,
+            # a TLS close waits this long for the peer's close_notify (asyncio's default is 30 s)
+            ssl_shutdown_timeout=self.guard.header_timeout_s if self.ssl_context else None,
             backlog=2048,
         )
         handled = []
