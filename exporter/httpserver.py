@@ -83,6 +83,9 @@ class Cycle:
         self.head = scope["method"] == "HEAD"
         self.gone = asyncio.Event()  # the client disconnected, or the response is complete
 
+    def request_line(self) -> tuple[str, str]:
+        return self.scope["method"], self.scope["path"]
+
     async def receive(self) -> dict[str, Any]:
         if not self.body_sent:
             self.body_sent = True
@@ -368,12 +371,12 @@ class HttpConnection(asyncio.Protocol):
         try:
             await self.server.app(cycle.scope, cycle.receive, cycle.send)
         except Exception:
-            log.exception("request %s %s failed", cycle.scope["method"], cycle.scope["path"])
+            log.exception("request %s %s failed", *cycle.request_line())
             await cycle.fail()
             return
         if not cycle.complete:
             if cycle.started:
-                log.error("%s %s: the app returned before its response was complete", *_what(cycle))
+                log.error("%s %s: the app returned before its response was complete", *cycle.request_line())
             await cycle.fail()
 
     def response_done(self, cycle: Cycle) -> None:
@@ -416,10 +419,6 @@ class HttpConnection(asyncio.Protocol):
             self.transport.abort()
 
 
-def _what(cycle: Cycle) -> tuple[str, str]:
-    return cycle.scope["method"], cycle.scope["path"]
-
-
 class HttpServer:
     """Serve one ASGI app on a bound socket until SIGTERM/SIGINT or stop(); in-flight requests get `graceful_s`."""
 
@@ -454,6 +453,15 @@ class HttpServer:
         self._stop = asyncio.Event()
         if self._stop_requested:
             return
+        lifespan = Lifespan(self.app)
+        await lifespan.startup()
+        try:
+            await self._serve(sock)
+        finally:
+            await lifespan.shutdown()
+
+    async def _serve(self, sock: socket.socket) -> None:
+        assert self._stop is not None
         server = await self.loop.create_server(
             lambda: HttpConnection(self),
             sock=sock,
@@ -490,3 +498,37 @@ class HttpServer:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
+
+
+class Lifespan:
+    """The app's ASGI lifespan: startup before the first connection, shutdown after the last (the fleet service
+    closes its Prometheus client there). An app that does not speak the protocol (it raises on the scope) is served
+    without it, as uvicorn's "auto" mode does."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": {}}
+        self._task = asyncio.get_running_loop().create_task(self._run(scope))
+        await self._step("startup")
+
+    async def shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            await self._step("shutdown")
+
+    async def _run(self, scope: dict[str, Any]) -> None:
+        try:
+            await self.app(scope, self._inbox.get, self._answers.put)
+        except Exception:  # noqa: BLE001 - an app without lifespan support raises on the scope
+            log.debug("the app does not handle ASGI lifespan; serving without it", exc_info=True)
+        await self._answers.put({"type": "lifespan.unsupported"})
+
+    async def _step(self, phase: str) -> None:
+        await self._inbox.put({"type": f"lifespan.{phase}"})
+        answer = await self._answers.get()
+        if answer["type"] == f"lifespan.{phase}.failed":
+            raise RuntimeError(f"the app's lifespan {phase} failed: {answer.get('message', '')}")

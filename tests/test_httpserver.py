@@ -181,3 +181,27 @@ def test_stop_lets_the_request_in_flight_finish_and_refuses_new_connections():
         raise AssertionError("the stopped server answered")
     except httpx.TransportError:
         pass
+
+
+def test_the_apps_lifespan_runs_before_the_first_connection_and_after_the_last():
+    """The fleet service closes its Prometheus client in its lifespan shutdown; an app without lifespan support
+    (echo raises on the scope) is served all the same, as every other test here shows."""
+    events: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                phase = message["type"].removeprefix("lifespan.")
+                events.append(phase)
+                await send({"type": f"lifespan.{phase}.complete"})
+                if phase == "shutdown":
+                    return
+        await echo(scope, receive, send)
+
+    live = ServedApp(app, guard=ConnectionGuard())
+    live.start()
+    assert events == ["startup"]
+    assert httpx.get(live.url + "/x").text == "GET /x  0"
+    live.stop()
+    assert events == ["startup", "shutdown"]
