@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exporter.asgi import HeaderLimit
 from exporter.render import Renderer, content_type
 from exporter.serving import ConnectionGuard
 from exporter.snapshot import Snapshot
@@ -158,7 +157,8 @@ def create_front(
     basic_auth_users: dict[str, str] | None = None,
     guard: ConnectionGuard | None = None,
 ) -> Any:
-    """The ASGI app the exporter serves: header limit, then basic auth (probes exempt), then the front."""
+    """The ASGI app the exporter serves: basic auth (probes exempt), then the front (the server has already
+    bounded the request)."""
 
     def api() -> Any:
         from exporter.server import create_app
@@ -170,4 +170,4 @@ def create_front(
         from exporter.webconfig import BasicAuth
 
         app = BasicAuth(app, users=basic_auth_users, guard=guard)
-    return HeaderLimit(app)
+    return app

@@ -72,9 +72,6 @@ class SnapshotCollector:
         self.wanted = wanted
         self.own = own or {}  # the process's own counters (HTTP rejections, reloads), as of this render
 
-    def describe(self) -> list[MetricFamily]:
-        return []
-
     def collect(self) -> Iterator[MetricFamily]:
         rows: Rows = defaultdict(list)
         _node_rows(self.snapshot, rows)

@@ -22,11 +22,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.asgi import MAX_HEADER_BYTES
-
 log = logging.getLogger(__name__)
 
 PROBES = frozenset({"/healthz", "/readyz"})
+MAX_HEADER_BYTES = 16 * 1024  # a request's line and headers, counted as they arrive
 REJECT_REASONS = (
     "header_timeout",
     "header_too_large",
@@ -43,7 +42,7 @@ class ConnectionGuard:
     """Limits and counters shared by every connection of one server (the protocol reads them on the event loop)."""
 
     header_timeout_s: float = 5.0
-    max_header_bytes: int = MAX_HEADER_BYTES  # the same limit as the ASGI check of apps served without this guard
+    max_header_bytes: int = MAX_HEADER_BYTES
     max_connections: int = 1000
     max_requests: int = 256
     rejected: Counter[str] = field(default_factory=Counter)

@@ -58,10 +58,6 @@ def setting(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def description(field: dataclasses.Field[Any]) -> str:
-    return field.metadata.get("description", "")
-
-
 def hints(cls: type) -> dict[str, Any]:
     """The resolved field types of a settings class (cached: resolving them is the slow part)."""
     cached = cls.__dict__.get("__resolved_hints__")

@@ -29,11 +29,10 @@ import anyio
 import bcrypt
 
 from exporter.config import ConfigError, read_yaml
-from exporter.serving import ConnectionGuard
+from exporter.serving import PROBES, ConnectionGuard
 from exporter.typedconfig import SettingError, build
 from exporter.values import value_class
 
-PROBES = ("/healthz", "/readyz")
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from exporter import __version__
 from exporter.apidocs import add_offline_docs
-from exporter.asgi import HeaderLimit, jsonable_errors, problem
+from exporter.asgi import jsonable_errors, problem
 from exporter.fleet import planner
 from exporter.fleet.prometheus import PrometheusClient, PrometheusError
 from exporter.fleet.settings import FleetSettings, parse_duration
@@ -265,5 +265,4 @@ def create_app(
     add_offline_docs(app)
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
-    app.add_middleware(HeaderLimit)  # added last: runs first
     return app
