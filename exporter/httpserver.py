@@ -169,6 +169,8 @@ class HttpConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Any = None
         self.scheme = "http"
+        self.server_address: tuple[Any, ...] | None = None  # the scope's "server" and "client", read once
+        self.client_address: tuple[Any, ...] | None = None
         self.current: Cycle | None = None
         self.pipeline: deque[Cycle] = deque()
         self._url = bytearray()
@@ -186,6 +188,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         self.scheme = "https" if transport.get_extra_info("sslcontext") is not None else "http"
+        sockname, peername = transport.get_extra_info("sockname"), transport.get_extra_info("peername")
+        self.server_address = tuple(sockname[:2]) if isinstance(sockname, tuple) else None
+        self.client_address = tuple(peername[:2]) if isinstance(peername, tuple) else None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # a response is written as it is ready: Nagle would hold a short one for the client's delayed ACK (40 ms)
@@ -310,14 +315,12 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(400, "malformed request target")
             raise httptools.HttpParserError("bad url") from None
         raw_path = parsed.path or b"/"
-        sockname = self.transport.get_extra_info("sockname")
-        peername = self.transport.get_extra_info("peername")
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": self.parser.get_http_version(),
-            "server": tuple(sockname[:2]) if isinstance(sockname, tuple) else None,
-            "client": tuple(peername[:2]) if isinstance(peername, tuple) else None,
+            "server": self.server_address,
+            "client": self.client_address,
             "scheme": self.scheme,
             "method": self.parser.get_method().decode("ascii"),
             "root_path": "",

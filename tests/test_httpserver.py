@@ -205,3 +205,24 @@ def test_the_apps_lifespan_runs_before_the_first_connection_and_after_the_last()
     assert httpx.get(live.url + "/x").text == "GET /x  0"
     live.stop()
     assert events == ["startup", "shutdown"]
+
+
+def test_the_scope_names_both_ends_the_scheme_and_the_decoded_path():
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError("no lifespan here")
+        seen.append(scope)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    with served(app) as live, httpx.Client() as client:
+        assert client.get(live.url + "/p%20q?x=1").status_code == 204
+        assert client.get(live.url + "/again").status_code == 204  # the same connection: its ends read once
+    first, second = seen
+    assert (first["path"], first["raw_path"], first["query_string"]) == ("/p q", b"/p%20q", b"x=1")
+    for scope in seen:
+        assert scope["server"] == ("127.0.0.1", live.port) and scope["client"][0] == "127.0.0.1"
+        assert scope["scheme"] == "http"
+    assert first["client"] == second["client"]
