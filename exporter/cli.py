@@ -272,10 +272,12 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
         """One thread for what happens beside serving: memory settled after the first snapshot, SIGHUP reloads
         applied in order, and the exit (after the grace) once NVML is unusable for good."""
         nonlocal settings, exit_code
-        poller.ready_once.wait(settings.poll.call_deadline * 2)
-        settle_memory()
+        settle_by: float | None = time.monotonic() + settings.poll.call_deadline * 2
         exit_at: float | None = None
         while not stopped.wait(0.2):
+            if settle_by is not None and (poller.ready_once.is_set() or time.monotonic() >= settle_by):
+                settle_memory()  # once, when start-up is over (a first snapshot, or no GPU to wait for)
+                settle_by = None
             if reload_requested.is_set():
                 reload_requested.clear()
                 try:

@@ -99,3 +99,20 @@ def test_readyz_judges_freshness_by_the_reloaded_fast_interval(tmp_path):
         proc.terminate()
         logs = proc.communicate(timeout=10)[1]
     assert "configuration reloaded" in logs
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="SIGHUP is POSIX")
+def test_a_reload_during_a_hung_start_is_applied_without_waiting_for_the_first_snapshot(tmp_path):
+    """NVML's init hangs past the call deadline (5 s): the first snapshot waits for it, SIGHUP must not."""
+    scenario = write_yaml(
+        tmp_path / "hung.yaml",
+        {"name": "hung", "faults": [{"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": 30}]},
+    )
+    lines: list[str] = []
+    with running_cli("--sim", "--nvml.scenario", str(scenario)) as (_, proc):
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGHUP)
+        asked = time.monotonic()
+        wait_for(lambda: any("configuration reloaded" in line for line in lines), timeout=10)
+        assert time.monotonic() - asked < 3, "the reload waited for the first snapshot"
