@@ -54,10 +54,13 @@ def get(conn: http.client.HTTPConnection) -> bytes:
     return body
 
 
+CWD: dict[str, Path] = {}  # where an exporter other than this checkout's starts from (startup_variants.py --against)
+
+
 def start(name: str) -> tuple[subprocess.Popen, float]:
     cmd, marker = EXPORTERS[name]
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=CWD.get(name, ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     while time.perf_counter() - started < 30:
         try:
             conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=2)

@@ -1,9 +1,12 @@
 """First metrics with GPU data, gpuwarden and nvitop-exporter started in turn N times each (interleaved, so that
 drift on the host touches both alike), as installed and then from bytecode: the start-up comparison with enough
 starts for a median. Variants of the start-up can be added to VARIANTS to measure a change before making it
-(two were measured this way on 2026-11-26; docs/benchmarks.md, Footprint).
+(two were measured this way on 2026-11-26; docs/benchmarks.md, Footprint). `--against DIR` races another tree of
+gpuwarden (DIR holds its `exporter/`, e.g. the previous release) as "gpuwarden-before", started from DIR exactly as
+this checkout's is started from the repository root: a change's effect measured in one run on one host.
+`--bytecode-only` skips the as-installed round.
 
-    python3 bench/startup_variants.py OUT.json [N]
+    python3 bench/startup_variants.py OUT.json [N] [--against DIR] [--bytecode-only]
 """
 
 from __future__ import annotations
@@ -35,10 +38,24 @@ def race(count: int) -> dict:
 
 
 def main() -> None:
-    out, count = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    args = sys.argv[1:]
+    bytecode_only = "--bytecode-only" in args
+    args = [arg for arg in args if arg != "--bytecode-only"]
+    if "--against" in args:
+        at = args.index("--against")
+        against = Path(args[at + 1]).resolve()
+        del args[at : at + 2]
+        VARIANTS["gpuwarden-before"] = side_by_side.EXPORTERS["gpuwarden"][0]
+        side_by_side.CWD["gpuwarden-before"] = against
+    out, count = Path(args[0]), int(args[1]) if len(args) > 1 else 10
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "starts": count}
-    results["as_installed"] = race(count)
+    if not bytecode_only:
+        results["as_installed"] = race(count)
     results["compiled"] = side_by_side.compile_packages()
+    if "gpuwarden-before" in VARIANTS:
+        import compileall
+
+        compileall.compile_dir(str(side_by_side.CWD["gpuwarden-before"] / "exporter"), quiet=1, workers=0)
     results["bytecode"] = race(count)
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=1))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from exporter import podresources, topology
@@ -29,7 +29,7 @@ from exporter.snapshot import (
     Verdict,
 )
 from exporter.topology import PairFacts
-from exporter.values import value_class
+from exporter.values import record_class, value_class
 
 
 @value_class
@@ -45,7 +45,7 @@ class GpuView:
     readings: dict[Tier, TierReading]
 
 
-@dataclass
+@record_class
 class Draft:
     """A snapshot being assembled: the steps fill in their fields, then it is frozen into a Snapshot."""
 

@@ -19,8 +19,10 @@ import resource
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from exporter.values import record_class
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,7 @@ REJECT_REASONS = (
 )
 
 
-@dataclass
+@record_class
 class ConnectionGuard:
     """Limits and counters shared by every connection of one server (the protocol reads them on the event loop)."""
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from exporter.nvml.device import GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier, TierReading
-from exporter.values import value_class
+from exporter.values import record_class, value_class
 from exporter.workers import WorkerPool
 
 
@@ -73,7 +72,7 @@ class Failed:
 Outcome = Read | Waiting | Stuck | Lost | LibraryDown | Fatal | Failed
 
 
-@dataclass
+@record_class
 class _Pending:
     """A read handed to a GPU's worker, and when: so a late answer is not mistaken for a new one."""
 

@@ -6,9 +6,10 @@ driver, topology). Served as /api/v1/diagnosis; the texts follow docs/runbooks.m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from exporter.snapshot import Snapshot
+from exporter.values import value_class
 
 # check → (likely cause, recommended action)
 ADVICE: dict[str, tuple[str, str]] = {
@@ -128,7 +129,7 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
-@dataclass(frozen=True)
+@value_class
 class Finding:
     gpu: int | None
     uuid: str | None

@@ -13,7 +13,7 @@ Measured cost on H200: ~2.4 millicores per GPU at 1 s.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from exporter.metrics import (
     GPM_DRAM_ACTIVE_SECONDS_TOTAL,
@@ -36,6 +36,7 @@ from exporter.nvml.device import GpuDevice
 from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, GpmWindow, Window, check_support
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
+from exporter.values import record_class
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -63,7 +64,7 @@ INSTANCE_METRICS.remove(nvml.NVML_GPM_METRIC_SM_OCCUPANCY)
 PIPES = ("tensor", "fp64", "fp32", "fp16")
 
 
-@dataclass
+@record_class
 class InstanceGpm:
     """One MIG GPU instance's window and totals (nvmlGpmMigSampleGet), owned by the GPU's fast-tier thread."""
 
@@ -73,7 +74,7 @@ class InstanceGpm:
     totals: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@record_class
 class GpmState:
     """One GPU's GPM: its window (sample buffers), the metrics that answer, and the accumulated totals."""
 
