@@ -91,9 +91,12 @@ def check_config(args: list[str]) -> int:
 def list_scenarios() -> int:
     from exporter.sim.scenario import load_scenario, shipped_scenarios
 
-    for name in sorted(shipped_scenarios()):
-        first_line = load_scenario(name).description.strip().split(". ")[0]
-        print(f"{name:24} {first_line}")
+    names = sorted(shipped_scenarios())
+    lines = [f"{name:24} {load_scenario(name).description.strip().split('. ')[0]}" for name in names]
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:  # `gpuwarden scenarios | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
     return 0
 
 
@@ -119,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         from exporter.fleet.main import main as fleet
 
         return fleet(argv[1:])
+    # Start-up allocates ~100,000 objects that nearly all live for good: the cyclic GC's collections during it
+    # (about a tenth of the import time) find nothing to free. settle_memory() turns it back on after the first
+    # snapshot, with one full collection; whatever ends start-up early turns it back on here.
+    gc.disable()
+    try:
+        return _load_and_serve(argv)
+    finally:
+        gc.enable()
+
+
+def _load_and_serve(argv: list[str]) -> int:
     try:
         settings = settings_from_argv(argv)
         from exporter.health.thresholds import load_thresholds
@@ -192,11 +206,12 @@ DEFAULT_SWITCH_INTERVAL_S = sys.getswitchinterval()
 
 
 def settle_memory() -> None:
-    """Once start-up is over: the GIL's usual switch interval back; what start-up allocated kept out of the cyclic
-    GC's full collections (they would walk every imported module's objects and show as scrape-latency spikes);
-    the heap it freed handed back to the system (glibc keeps freed memory mapped until asked; ~1 MiB here, more
-    where modules were compiled from source)."""
+    """Once start-up is over: the GIL's usual switch interval back; the cyclic GC on again (main() turned it off)
+    and what start-up allocated kept out of its full collections (they would walk every imported module's objects
+    and show as scrape-latency spikes); the heap it freed handed back to the system (glibc keeps freed memory
+    mapped until asked; ~1 MiB here, more where modules were compiled from source)."""
     sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
+    gc.enable()
     gc.collect()
     gc.freeze()
     try:

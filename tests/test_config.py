@@ -155,6 +155,21 @@ def test_scenarios_subcommand_lists_shipped_scenarios():
     assert result.returncode == 0 and "gpu-lost" in result.stdout and "legacy-pcie" in result.stdout
 
 
+def test_scenarios_into_a_closed_pipe_exits_quietly():
+    """`gpuwarden scenarios | head -1`: the reader is gone before the list is written; no traceback."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "exporter", "scenarios"], stdout=write_end, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == ""
+
+
 def test_library_missing_exits_when_configured(tmp_path):
     scenario = write_yaml(tmp_path / "missing.yaml", {"name": "missing", "faults": [{"kind": "library_missing"}]})
     result = run_cli(

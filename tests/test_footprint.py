@@ -5,8 +5,14 @@ Seen through `python -X importtime`, which lists every module the process import
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+
 import httpx
 
+from exporter.cli import DEFAULT_SWITCH_INTERVAL_S, main, settle_memory
+from tests.helpers.common import free_port
 from tests.helpers.stack import running_cli
 
 KEPT_OUT = {
@@ -43,3 +49,53 @@ def test_the_api_loads_fastapi_on_its_first_request_and_answers():
         answer = httpx.get(url + "/api/v1/gpus", timeout=30)
         assert answer.status_code == 200 and answer.json()["nvml_up"] is False
     assert {"fastapi", "pydantic"} <= _imported(proc.stderr.read())
+
+
+# The real CLI on the simulator, with a thread started where serving begins that reports, once /readyz says ready,
+# whether the cyclic GC was off during start-up and is on again (and start-up's objects frozen) afterwards.
+WATCH_GC = """
+import gc, os, sys, threading, time, urllib.request
+import exporter.cli as cli
+
+def watch(url, disabled_at_start):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/readyz", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.05)
+    while not (gc.isenabled() and gc.get_freeze_count()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(disabled_at_start, gc.isenabled(), gc.get_freeze_count() > 0, flush=True)
+    os._exit(0)
+
+serve = cli.serve
+def watched_serve(settings, argv=None):
+    url = "http://" + settings.web.listen_address
+    threading.Thread(target=watch, args=(url, not gc.isenabled()), daemon=True).start()
+    return serve(settings, argv)
+
+cli.serve = watched_serve
+cli.main(["--sim", "--nvml.scenario=healthy", "--web.listen-address=127.0.0.1:" + sys.argv[1]])
+"""
+
+
+def test_the_cyclic_gc_is_off_during_start_up_and_on_again_once_the_first_snapshot_is_out():
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH_GC, str(free_port())], capture_output=True, text=True, timeout=90
+    )
+    assert done.stdout.split() == ["True", "True", "True"], done.stdout + done.stderr[-2000:]
+
+
+def test_settle_memory_and_an_early_exit_leave_the_gc_on():
+    gc.disable()
+    try:
+        settle_memory()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        assert sys.getswitchinterval() == DEFAULT_SWITCH_INTERVAL_S
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert main(["--poll.fast-interval=often"]) == 2  # a config error ends start-up: the GC is not left off
+    assert gc.isenabled()
