@@ -250,7 +250,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
 
 
 def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
-    from exporter.front import create_front, readiness_under
+    from exporter.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front, readiness_under
     from exporter.httpserver import HttpServer
     from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
     from exporter.render import Renderer
@@ -276,6 +276,8 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
         settings.web.telemetry_path,
         web.basic_auth_users,
         guard=guard,
+        # the first fast cycle publishes within the call deadline whatever NVML does (a hung init included)
+        first_snapshot_wait_s=min(settings.poll.call_deadline, FIRST_SNAPSHOT_WAIT_MAX_S),
     )
     # header deadline and size limit, admission, shedding (exporter/serving.py); in-flight requests get 5 s at exit
     server = HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0)

@@ -74,6 +74,10 @@ async def _json(send: Any, status: int, body: dict[str, Any], head: bool) -> Non
     await send({"type": "http.response.body", "body": b"" if head else data})
 
 
+FIRST_SNAPSHOT_POLL_S = 0.001
+FIRST_SNAPSHOT_WAIT_MAX_S = 5.0  # half of Prometheus' default scrape timeout: the scrape still gets an answer
+
+
 class Front:
     """Scrapes and probes answered here; the rest by the lazily built API app."""
 
@@ -84,8 +88,11 @@ class Front:
         renderer: Renderer,
         path: str,
         api: Callable[[], Any],
+        first_snapshot_wait_s: float = 0.0,
     ) -> None:
         self.snapshots, self.ready, self.renderer, self.path = snapshots, ready, renderer, path
+        self.first_snapshot_wait_s = first_snapshot_wait_s
+        self._first_watch: asyncio.Future[None] | None = None
         self._api_factory = api
         self._api: Any = None
         self._lock = threading.Lock()
@@ -131,12 +138,29 @@ class Front:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    async def _first_snapshot(self) -> Snapshot:
+        """A scrape that arrives before the poller's first snapshot waits for it (up to first_snapshot_wait_s), so
+        that the first sample Prometheus stores after a restart says what the GPUs are, not a body without them.
+        However many scrapes wait, one task on the loop watches for the snapshot (every millisecond): start-up
+        only, no thread held, and no per-request polling to take the GIL from the poller."""
+        if self._first_watch is None or self._first_watch.done():
+            self._first_watch = asyncio.ensure_future(self._watch_first_snapshot())
+        await asyncio.wait((self._first_watch,), timeout=self.first_snapshot_wait_s)
+        return self.snapshots()
+
+    async def _watch_first_snapshot(self) -> None:
+        deadline = time.monotonic() + self.first_snapshot_wait_s
+        while self.snapshots().id == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(FIRST_SNAPSHOT_POLL_S)
+
     async def _metrics(self, scope: dict[str, Any], send: Any, head: bool) -> None:
         headers = dict(scope["headers"])
         openmetrics, compress = negotiate(
             headers.get(b"accept", b"").decode("latin-1"), headers.get(b"accept-encoding", b"").decode("latin-1")
         )
         snapshot = self.snapshots()
+        if snapshot.id == 0 and self.first_snapshot_wait_s > 0:
+            snapshot = await self._first_snapshot()
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:  # the first scrape of a snapshot renders, in a worker thread: the loop never blocks
             body = await asyncio.get_running_loop().run_in_executor(
@@ -156,16 +180,17 @@ def create_front(
     telemetry_path: str = "/metrics",
     basic_auth_users: dict[str, str] | None = None,
     guard: ConnectionGuard | None = None,
+    first_snapshot_wait_s: float = 0.0,
 ) -> Any:
     """The ASGI app the exporter serves: basic auth (probes exempt), then the front (the server has already
-    bounded the request)."""
+    bounded the request). Scrapes before the first snapshot wait for it up to `first_snapshot_wait_s`."""
 
     def api() -> Any:
         from exporter.server import create_app
 
         return create_app(snapshots, ready, telemetry_path)
 
-    app: Any = Front(snapshots, ready, renderer, telemetry_path, api)
+    app: Any = Front(snapshots, ready, renderer, telemetry_path, api, first_snapshot_wait_s)
     if basic_auth_users:
         from exporter.webconfig import BasicAuth
 

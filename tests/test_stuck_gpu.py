@@ -112,3 +112,42 @@ def test_an_early_nvml_init_that_hangs_is_a_counted_timeout_and_retried(sim):
         wait_for(lambda: poller.snapshot.nvml_up, timeout=15)  # the hang ends; the backoff's retry succeeds
     finally:
         poller.stop(timeout=0.5)
+
+
+def _first_scrape(init_hang_s: float, call_deadline: float, tmp_path, scrapers: int = 1) -> tuple[float, dict]:
+    """The real CLI whose NVML init hangs `init_hang_s`, scraped by `scrapers` at once as soon as it answers
+    /healthz: how long the scrapes took, and what they said."""
+    import concurrent.futures
+
+    import httpx
+
+    from tests.helpers.common import write_yaml
+    from tests.helpers.stack import running_cli
+
+    hang = {"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": init_hang_s}
+    scenario = write_yaml(tmp_path / "slow-init.yaml", {"name": "slow-init", "faults": [hang]})
+    flags = ("--sim", "--nvml.scenario", str(scenario), "--poll.call-deadline", str(call_deadline))
+    with running_cli(*flags) as (url, _), concurrent.futures.ThreadPoolExecutor(scrapers) as pool:
+        asked = time.monotonic()
+        bodies = list(pool.map(lambda _: httpx.get(url + "/metrics", timeout=30).text, range(scrapers)))
+        took = time.monotonic() - asked
+    assert all("gpuwarden_nvml_up " in body for body in bodies), "every scrape waiting together gets the snapshot"
+    return took, parse_exposition(bodies[0])
+
+
+def test_a_scrape_during_start_up_waits_for_the_first_snapshot_and_gets_the_gpus(tmp_path):
+    """A restart must not give Prometheus a first sample without the GPUs: the scrape that arrives while NVML
+    initialises (1.5 s here) is answered with the first snapshot."""
+    took, series = _first_scrape(init_hang_s=1.5, call_deadline=4, tmp_path=tmp_path, scrapers=20)
+    assert values(series, "gpuwarden_nvml_up") == [1.0]
+    assert values(series, "gpuwarden_gpu_up") and all(v == 1.0 for v in values(series, "gpuwarden_gpu_up"))
+    assert 0.5 < took < 4
+
+
+def test_a_start_up_scrape_waits_no_longer_than_the_call_deadline(tmp_path):
+    """NVML's init hangs for good: the scrape is answered once the first snapshot says so (init_timeout),
+    within the call deadline and a cycle, not held until Prometheus gives up."""
+    took, series = _first_scrape(init_hang_s=60, call_deadline=1, tmp_path=tmp_path)
+    assert values(series, "gpuwarden_nvml_up") == [0.0]
+    assert ("gpuwarden_nvml_error_info", frozenset({("error", "init_timeout")})) in series
+    assert took < 3
