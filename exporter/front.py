@@ -74,6 +74,16 @@ async def _json(send: Any, status: int, body: dict[str, Any], head: bool) -> Non
     await send({"type": "http.response.body", "body": b"" if head else data})
 
 
+def _wait_within(headers: dict[bytes, bytes], wait_s: float) -> float:
+    """How long a start-up scrape may wait: `wait_s`, and no more than 80 % of the scrape timeout Prometheus sends
+    (X-Prometheus-Scrape-Timeout-Seconds), so that the wait never turns the scrape into a failed one (up 0)."""
+    try:
+        timeout = float(headers.get(b"x-prometheus-scrape-timeout-seconds", b"inf"))
+    except ValueError:
+        return wait_s
+    return min(wait_s, 0.8 * timeout) if timeout > 0 else wait_s
+
+
 FIRST_SNAPSHOT_POLL_S = 0.001
 FIRST_SNAPSHOT_WAIT_MAX_S = 5.0  # half of Prometheus' default scrape timeout: the scrape still gets an answer
 
@@ -138,14 +148,15 @@ class Front:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _first_snapshot(self) -> Snapshot:
+    async def _first_snapshot(self, wait_s: float) -> Snapshot:
         """A scrape that arrives before the poller's first snapshot waits for it (up to first_snapshot_wait_s), so
         that the first sample Prometheus stores after a restart says what the GPUs are, not a body without them.
         However many scrapes wait, one task on the loop watches for the snapshot (every millisecond): start-up
         only, no thread held, and no per-request polling to take the GIL from the poller."""
         if self._first_watch is None or self._first_watch.done():
             self._first_watch = asyncio.ensure_future(self._watch_first_snapshot())
-        await asyncio.wait((self._first_watch,), timeout=self.first_snapshot_wait_s)
+        if wait_s > 0:
+            await asyncio.wait((self._first_watch,), timeout=wait_s)
         return self.snapshots()
 
     async def _watch_first_snapshot(self) -> None:
@@ -160,7 +171,7 @@ class Front:
         )
         snapshot = self.snapshots()
         if snapshot.id == 0 and self.first_snapshot_wait_s > 0:
-            snapshot = await self._first_snapshot()
+            snapshot = await self._first_snapshot(_wait_within(headers, self.first_snapshot_wait_s))
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:  # the first scrape of a snapshot renders, in a worker thread: the loop never blocks
             body = await asyncio.get_running_loop().run_in_executor(
