@@ -1,6 +1,6 @@
 """gpuwarden and nvitop-exporter side by side on one GPU host: time to first metrics with GPU data, resident
 memory, CPU at 1 s scrapes, sequential and 16-client scrape latency. Each exporter runs alone (never both at
-once), three starts each for the start-up time.
+once); the start-up time is the median of five starts each, taken in turn.
 
     python3 bench/side_by_side.py OUT.json        # on the GPU host; nvitop-exporter 1.7.2 installed beside ours
 
@@ -130,13 +130,24 @@ def top_mappings(pid: int, count: int = 12) -> list[tuple[str, float]]:
     return sorted(((n, round(s, 1)) for n, s in sizes.items()), key=lambda kv: -kv[1])[:count]
 
 
-def measure(name: str) -> dict:
-    starts = []
-    for _ in range(3):
-        proc, first = start(name)
-        starts.append(round(first, 3))
-        stop(proc)
-        time.sleep(1)
+STARTS = 5
+
+
+def interleaved_starts(count: int = STARTS) -> dict[str, list[float]]:
+    """First metrics of each exporter, started in turn (A, B, A, B, ...): drift on the host touches both alike.
+    Three starts of one exporter and then three of the other could not tell apart a 20 ms difference on a host
+    whose start-up times spread over 40 ms (2026-11-26, run 14)."""
+    starts: dict[str, list[float]] = {name: [] for name in EXPORTERS}
+    for _ in range(count):
+        for name in EXPORTERS:
+            proc, first = start(name)
+            starts[name].append(round(first, 3))
+            stop(proc)
+            time.sleep(0.5)
+    return starts
+
+
+def measure(name: str, starts: list[float]) -> dict:
     proc, _ = start(name)
     try:
         time.sleep(5)
@@ -199,9 +210,10 @@ def main() -> None:
         if round_name == "bytecode":
             results["compiled"] = compile_packages()
         results[round_name] = {}
+        starts = interleaved_starts()
         for name in EXPORTERS:
             try:
-                results[round_name][name] = measure(name)
+                results[round_name][name] = measure(name, starts[name])
             except Exception as exc:  # noqa: BLE001 - record the failure, run the other
                 results[round_name][name] = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
             print(json.dumps({round_name: {name: results[round_name][name]}}), flush=True)
