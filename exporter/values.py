@@ -76,11 +76,13 @@ def _init_source(cls: type) -> tuple[str, dict[str, Any]]:
                 else (f"=_default{index}" if field.default is not dataclasses.MISSING else "")
             )
             (keyword if field.kw_only else positional).append(f"{field.name}{default}")
-        body.append(f" d[{field.name!r}] = {value}")
+        body.append(f" __value_dict__[{field.name!r}] = {value}")
     if hasattr(cls, "__post_init__"):
-        body.append(" self.__post_init__()")
-    parameters = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
-    return f"def __init__({parameters}):\n d = self.__dict__\n" + "\n".join(body) + "\n", names
+        body.append(" __value_self__.__post_init__()")
+    # the instance and its __dict__ under names no field can have (a field may be called `self` or `d`)
+    parameters = ", ".join(["__value_self__", *positional, *(["*", *keyword] if keyword else [])])
+    head = f"def __init__({parameters}):\n __value_dict__ = __value_self__.__dict__\n"
+    return head + "\n".join(body) + "\n", names
 
 
 def _build(cls: type[T], frozen: bool) -> type[T]:

@@ -101,3 +101,12 @@ def test_value_class_frozen_replace_and_unsupported_fields():
         @value_class
         class Partial:
             x: int = dataclasses.field(default=0, compare=False)
+
+
+def test_fields_named_like_the_generated_code_s_locals():
+    @value_class
+    class Odd:
+        self: int
+        d: str = "x"
+
+    assert Odd(1, "y").self == 1 and Odd(1, "y").d == "y" and Odd(self=2).d == "x"
