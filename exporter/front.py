@@ -149,14 +149,13 @@ class Front:
                 return
 
     async def _first_snapshot(self, wait_s: float) -> Snapshot:
-        """A scrape that arrives before the poller's first snapshot waits for it (up to first_snapshot_wait_s), so
+        """A scrape that arrives before the poller's first snapshot waits for it (up to `wait_s`), so
         that the first sample Prometheus stores after a restart says what the GPUs are, not a body without them.
         However many scrapes wait, one task on the loop watches for the snapshot (every millisecond): start-up
         only, no thread held, and no per-request polling to take the GIL from the poller."""
         if self._first_watch is None or self._first_watch.done():
             self._first_watch = asyncio.ensure_future(self._watch_first_snapshot())
-        if wait_s > 0:
-            await asyncio.wait((self._first_watch,), timeout=wait_s)
+        await asyncio.wait((self._first_watch,), timeout=wait_s)
         return self.snapshots()
 
     async def _watch_first_snapshot(self) -> None:
@@ -170,8 +169,8 @@ class Front:
             headers.get(b"accept", b"").decode("latin-1"), headers.get(b"accept-encoding", b"").decode("latin-1")
         )
         snapshot = self.snapshots()
-        if snapshot.id == 0 and self.first_snapshot_wait_s > 0:
-            snapshot = await self._first_snapshot(_wait_within(headers, self.first_snapshot_wait_s))
+        if snapshot.id == 0 and (wait_s := _wait_within(headers, self.first_snapshot_wait_s)) > 0:
+            snapshot = await self._first_snapshot(wait_s)
         body = self.renderer.cached(snapshot, openmetrics, compress)
         if body is None:  # the first scrape of a snapshot renders, in a worker thread: the loop never blocks
             body = await asyncio.get_running_loop().run_in_executor(

@@ -59,23 +59,20 @@ def _init_source(cls: type) -> tuple[str, dict[str, Any]]:
         has_factory = field.default_factory is not dataclasses.MISSING
         if has_factory:
             names[f"_factory{index}"] = field.default_factory
-        if field.default is not dataclasses.MISSING:
+            fallback: str | None = f"_factory{index}()"  # what the field holds when not given
+        elif field.default is not dataclasses.MISSING:
             names[f"_default{index}"] = field.default
-        if not field.init:
-            value = f"_factory{index}()" if has_factory else f"_default{index}"
-            if not has_factory and field.default is dataclasses.MISSING:
-                continue  # neither given nor defaulted: left unset, as dataclasses leave it
-        elif has_factory:
-            value = f"_factory{index}() if {field.name} is _HAS_FACTORY else {field.name}"
+            fallback = f"_default{index}"
         else:
-            value = field.name
+            fallback = None
         if field.init:
-            default = (
-                "=_HAS_FACTORY"
-                if has_factory
-                else (f"=_default{index}" if field.default is not dataclasses.MISSING else "")
-            )
+            default = "=_HAS_FACTORY" if has_factory else (f"={fallback}" if fallback else "")
             (keyword if field.kw_only else positional).append(f"{field.name}{default}")
+            value = f"{fallback} if {field.name} is _HAS_FACTORY else {field.name}" if has_factory else field.name
+        elif fallback is None:
+            continue  # neither given nor defaulted: left unset, as dataclasses leave it
+        else:
+            value = fallback
         body.append(f" __value_dict__[{field.name!r}] = {value}")
     if hasattr(cls, "__post_init__"):
         body.append(" __value_self__.__post_init__()")

@@ -11,7 +11,7 @@ import pytest
 from exporter.metrics import FAMILIES
 from exporter.render import Renderer
 from exporter.sim.scenario import shipped_scenarios
-from tests.helpers.common import ManualClock, parse_exposition
+from tests.helpers.common import parse_exposition, polled
 
 SOURCE = Path(__file__).resolve().parent.parent / "exporter"
 
@@ -57,12 +57,7 @@ def test_metric_names_follow_the_conventions():
 def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
     seen: set[str] = set()
     for name in sorted(shipped_scenarios()):
-        clock = ManualClock()
-        fake = sim(name, clock=clock)
-        poller = make_poller(processes={"per_pid_series": True})
-        for _ in range(10):
-            poller.poll_once()
-            clock.advance(1.0)
+        poller, fake = polled(sim, make_poller, name, 10, processes={"per_pid_series": True})
         if name == "ecc-uncorrectable":
             poller.xid.record(poller.snapshot.gpus[0].uuid, 48, 1.0)  # events need the watcher thread
             poller.poll_once()

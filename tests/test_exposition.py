@@ -26,7 +26,7 @@ from exporter.exposition import (
 from exporter.metrics import GROUPS, Selection
 from exporter.render import SnapshotCollector
 from exporter.sim.scenario import shipped_scenarios
-from tests.helpers.common import ManualClock, parse_exposition
+from tests.helpers.common import parse_exposition, polled
 
 
 class _Registry:
@@ -51,12 +51,7 @@ def assert_same_bytes(families: list[Family]) -> None:
 
 @pytest.mark.parametrize("scenario", sorted(shipped_scenarios()))
 def test_every_scenario_renders_as_prometheus_client_renders_it(sim, make_poller, scenario):
-    clock = ManualClock()
-    fake = sim(scenario, clock=clock)
-    poller = make_poller(processes={"per_pid_series": True})
-    for _ in range(5):
-        poller.poll_once()
-        clock.advance(1.0)
+    poller, fake = polled(sim, make_poller, scenario, 5, processes={"per_pid_series": True})
     families = list(SnapshotCollector(poller.snapshot, Selection((), (), tuple(GROUPS))).collect())
     fake.close()
     assert sum(len(family.samples) for family in families) > (2 if scenario == "driver-not-loaded" else 20)

@@ -146,6 +146,18 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
         time.sleep(step)
 
 
+def polled(sim, make_poller, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario
+    """A poller (from the make_poller fixture) after `polls` polls of `scenario`, one a second of a manual clock;
+    and the fake library under it (close it to end the scenario before the test does)."""
+    clock = ManualClock()
+    fake = sim(scenario, clock=clock)
+    poller = make_poller(**sections)
+    for _ in range(polls):
+        poller.poll_once()
+        clock.advance(1.0)
+    return poller, fake
+
+
 def poll_series(sim, scenario, seconds: int, **sections):  # noqa: ANN001, ANN201 - the sim fixture, a scenario
     """Run a poller over the simulator for `seconds` of a manual clock, one poll a second; the poller (stopped) and
     each second's exposition (every series: the tests check content, not the collector groups)."""
