@@ -133,6 +133,25 @@ class NvmlSettings:
         description="Read profiling-class activity (SM, tensor, DRAM, NVLink, PCIe) from NVML GPM on GPUs that "
         "have it (Hopper and newer); off: no gpuwarden_gpm_* series, PCIe bytes from the driver's counters.",
     )
+    gpm_isolation: Literal["process", "thread"] = setting(
+        "process",
+        description="Where GPM's calls run: `process`, a supervised child process, so that a crash in the driver's "
+        "GPM code costs only the GPM series; `thread`, in the exporter (one GPM call at a time either way).",
+    )
+    gpm_crash_limit: int = setting(
+        3,
+        ge=1,
+        le=100,
+        description="Consecutive crashes or hangs of the GPM child process after which GPM is turned off "
+        '(gpuwarden_gpm_unavailable_info{reason="crashed"}) until the backoff passes.',
+    )
+    gpm_crash_backoff: float = setting(
+        600.0,
+        ge=1,
+        le=86400,
+        description="Seconds GPM stays off after repeated crashes before one new child is tried; doubles after each "
+        "failed try, up to an hour.",
+    )
     version_mismatch_grace: float = setting(
         10.0,
         ge=0,

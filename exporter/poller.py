@@ -27,6 +27,7 @@ from exporter.health.thresholds import load_thresholds
 from exporter.hostprocs import HostProcesses
 from exporter.lifecycle import NvmlLifecycle
 from exporter.metrics import family_filter
+from exporter.nvml import gpm_sampler
 from exporter.nvml.device import ErrorLedger, GpuDevice
 from exporter.processes import ProcessesStep
 from exporter.readers import Reader, all_readers
@@ -66,6 +67,8 @@ class Poller:
         self._wall = wall_clock
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
         self.readers = select_readers(settings)
+        gpm_sampler.reset()
+        self._configure_gpm(settings)
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
         self.pool = pool or WorkerPool()
@@ -120,9 +123,15 @@ class Poller:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    @staticmethod
+    def _configure_gpm(settings: Settings) -> None:
+        nvml = settings.nvml
+        gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
+
     def reconfigure(self, settings: Settings) -> None:
         """Apply a reloaded configuration: intervals, deadlines, metric selection and thresholds take effect at
         the next cycle. Each attribute is swapped whole, so a cycle sees the old or the new value, never a mix."""
+        self._configure_gpm(settings)
         self.readers = select_readers(settings)
         self.health.thresholds = load_thresholds(settings.health.thresholds_file)
         if settings.pods != self.settings.pods:
@@ -152,6 +161,7 @@ class Poller:
             self.pods.stop()
         for thread in self._threads:
             thread.join(timeout)
+        gpm_sampler.reset()  # the GPM child process ends with the poller
         self.nvml.shutdown()
         self.pool.stop()
 

@@ -1,14 +1,17 @@
 """GPM (GPU Performance Monitoring): profiling-class activity over a window between two samples, without DCGM.
 
 A sample buffer is an opaque driver object; a public exporter that sampled inside scrapes, with buffers shared by
-concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` therefore belongs to one
-GPU and is used only by that GPU's fast-tier worker thread; nothing else touches it.
+concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` belongs to one GPU.
+Every GPM call in the process also holds `GPM_CALLS`: on driver 580.159.04 two threads inside nvmlGpmMetricsGet at
+once, one per GPU, segfaulted the process (docs/nvml.md, GPM: the crash under training). The windows are driven by
+exporter.nvml.gpm_sampler, in a child process by default.
 Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from two samples 1.2-3.6 ms.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 import pynvml
@@ -25,6 +28,7 @@ from exporter.nvml.errors import (
 )
 from exporter.values import value_class
 
+GPM_CALLS = threading.Lock()  # one GPM call at a time in this process, whichever GPU (see the module docstring)
 MIN_WINDOW_S = 0.1  # NVIDIA asks for at least 100 ms between two samples
 NOT_SUPPORTED_REASON = "not_supported"
 
@@ -49,7 +53,8 @@ class Window:
 def check_support(handle: Any) -> None:
     """Raise GpmUnavailable unless this GPU supports GPM (Hopper and newer, not every SKU)."""
     try:
-        support = calls.nvmlGpmQueryDeviceSupport(handle)
+        with GPM_CALLS:
+            support = calls.nvmlGpmQueryDeviceSupport(handle)
     except pynvml.NVMLError as exc:
         raise GpmUnavailable(_reason(exc)) from None
     if not support.isSupportedDevice:
@@ -67,7 +72,8 @@ class GpmWindow:
         self.gpu_instance = gpu_instance  # a MIG GPU instance of the GPU: samples that slice only
         self.max_window_s = max_window_s
         try:
-            self._samples = [calls.nvmlGpmSampleAlloc(), calls.nvmlGpmSampleAlloc()]
+            with GPM_CALLS:
+                self._samples = [calls.nvmlGpmSampleAlloc(), calls.nvmlGpmSampleAlloc()]
         except pynvml.NVMLError as exc:
             raise GpmUnavailable(_reason(exc)) from None
         self._last: int | None = None  # index of the buffer holding the previous sample
@@ -94,15 +100,16 @@ class GpmWindow:
 
     def free(self) -> None:
         for sample in self._samples:
-            with contextlib.suppress(pynvml.NVMLError):
+            with GPM_CALLS, contextlib.suppress(pynvml.NVMLError):
                 calls.nvmlGpmSampleFree(sample)
         self._samples = []
 
     def _get(self, sample: Any) -> None:
-        if self.gpu_instance is None:
-            calls.nvmlGpmSampleGet(self.handle, sample)
-        else:
-            calls.nvmlGpmMigSampleGet(self.handle, self.gpu_instance, sample)
+        with GPM_CALLS:
+            if self.gpu_instance is None:
+                calls.nvmlGpmSampleGet(self.handle, sample)
+            else:
+                calls.nvmlGpmMigSampleGet(self.handle, self.gpu_instance, sample)
 
     @staticmethod
     def _metrics(first: Any, second: Any, metric_ids: list[int], seconds: float) -> Window | None:
@@ -113,7 +120,8 @@ class GpmWindow:
         for position, metric in enumerate(metric_ids):
             request.metrics[position].metricId = metric
         try:
-            calls.nvmlGpmMetricsGet(request)
+            with GPM_CALLS:
+                calls.nvmlGpmMetricsGet(request)
         except pynvml.NVMLError as exc:
             _raise_for(exc)
             return None  # transient: this window is lost, the next one counts

@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 
 _monotonic: Callable[[], float] = time.monotonic
+_child_spec: dict[str, Any] | None = {"backend": "nvml"}
 
 
 def monotonic() -> float:
@@ -22,10 +23,17 @@ def monotonic() -> float:
     return _monotonic()
 
 
-def install(library: Any, clock: Callable[[], float] | None = None) -> None:
-    """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock."""
-    global _monotonic
+def child_spec() -> dict[str, Any] | None:
+    """How a child process loads the same library (exporter.nvml.gpm_child), or None where it cannot."""
+    return _child_spec
+
+
+def install(library: Any, clock: Callable[[], float] | None = None, child_spec: dict[str, Any] | None = None) -> None:
+    """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock;
+    `child_spec`: how a child process installs the same one (None: it cannot)."""
+    global _monotonic, _child_spec
     _monotonic = clock or time.monotonic
+    _child_spec = {"backend": "nvml"} if library is None else child_spec
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library
         pynvml._nvmlGetFunctionPointer_cache.clear()

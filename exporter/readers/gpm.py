@@ -1,7 +1,10 @@
 """Profiling-class activity from NVML GPM (fast tier): SM, occupancy, tensor and FP pipes, DRAM, NVLink bytes.
 
-Each fast poll takes one GPM sample (at least 100 ms apart) on the GPU's own worker thread, which alone owns its
-sample buffers (exporter/nvml/gpm.py says why); the metrics over the window between two samples are accumulated as
+Each fast poll takes one GPM sample (at least 100 ms apart) through the GPM sampler, by default a supervised child
+process that owns every sample buffer and makes one GPM call at a time (exporter/nvml/gpm_sampler.py says why); a
+sampler that crashed reports `gpuwarden_gpm_unavailable_info{reason="crashed"}` and counts
+`gpuwarden_collect_errors_total{call="gpm_sampler"}`, while every other family is served. The metrics over the
+window between two samples are accumulated as
 activity × seconds, so `rate()` of each counter over any range divided by the rate of
 `gpuwarden_gpm_window_seconds_total` is the true mean. A GPU without GPM (pre-Hopper) has no profiling series and
 one `collect_errors` entry, and is not asked again until re-discovery; NO_PERMISSION logs one line naming the cause
@@ -32,8 +35,10 @@ from exporter.metrics import (
     PCIE_BYTES_TOTAL,
 )
 from exporter.nvml import calls as nvml
+from exporter.nvml import gpm_sampler
 from exporter.nvml.device import GpuDevice
-from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, GpmWindow, Window, check_support
+from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, Window
+from exporter.nvml.gpm_sampler import GpmSamplerDown
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 from exporter.values import record_class
@@ -66,19 +71,19 @@ PIPES = ("tensor", "fp64", "fp32", "fp16")
 
 @record_class
 class InstanceGpm:
-    """One MIG GPU instance's window and totals (nvmlGpmMigSampleGet), owned by the GPU's fast-tier thread."""
+    """One MIG GPU instance's totals (its window is the sampler's), read on the GPU's fast-tier thread."""
 
     mig_uuid: str
-    window: GpmWindow | None
+    open: bool  # False: this slice cannot be sampled (counted once, not asked again)
     metric_ids: list[int] = field(default_factory=lambda: list(INSTANCE_METRICS))
     totals: dict[str, float] = field(default_factory=dict)
 
 
 @record_class
 class GpmState:
-    """One GPU's GPM: its window (sample buffers), the metrics that answer, and the accumulated totals."""
+    """One GPU's GPM: whether it is sampled, the metrics that answer, and the accumulated totals."""
 
-    window: GpmWindow | None = None
+    open: bool = False  # sampled each fast poll (its window lives in the sampler)
     unavailable: str | None = None
     supported: bool = False  # the GPU answered the support query: its MIG instances may be sampled too
     metric_ids: list[int] = field(default_factory=lambda: list(METRICS))
@@ -93,30 +98,22 @@ def _state(dev: GpuDevice) -> GpmState:
         state = dev.state["gpm"] = GpmState()
     if state.handle is not None and state.handle is not dev.handle:
         # Re-discovered (a reset, a driver re-init): new handle, new buffers, new windows, support asked again.
-        _close_instances(state, set())
-        if state.window is not None:
-            state.window.free()
-        state.window, state.unavailable, state.supported, state.handle = None, None, False, None
+        _close_instances(dev, state, set())
+        gpm_sampler.current().close(dev.uuid)
+        state.open, state.unavailable, state.supported, state.handle = False, None, False, None
     return state
 
 
 def _open(dev: GpuDevice, state: GpmState) -> None:
     state.handle = dev.handle
-    try:
-        check_support(dev.handle)
-        state.supported = True
-        state.window = GpmWindow(dev.handle)
-    except GpmUnavailable as exc:
-        _unavailable(dev, state, exc.reason)
+    state.open = True  # support is asked with the first sample
 
 
 def _unavailable(dev: GpuDevice, state: GpmState, reason: str) -> None:
-    if state.window is not None:
-        state.window.free()
-    state.window, state.unavailable = None, reason
+    state.open, state.unavailable = False, reason
     if reason in (NOT_SUPPORTED_REASON, "no_permission"):
         state.supported = False  # the slices of a GPU without GPM, or without permission, answer the same
-        _close_instances(state, set())
+        _close_instances(dev, state, set())
     dev.ledger.error("nvmlGpmQueryDeviceSupport", reason)
     if reason == "no_permission":
         log.warning(
@@ -134,19 +131,25 @@ def serves_pcie_bytes(dev: GpuDevice) -> bool:
     driver's byte-counter fields 197/198, which counted 0.78 GB of 367 GB copied host→device on an H100 (driver
     580.159.04, docs/validation/2026-11-26-h100-profiling): one source per quantity, the one that was measured true."""
     state: GpmState | None = dev.state.get("gpm")
-    return state is not None and state.window is not None
+    return state is not None and state.open  # a crashed sampler keeps the source: the counter pauses, never mixes
 
 
 def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     state = _state(dev)
     if state.handle is None:
         _open(dev, state)
-    if state.window is not None:
+    if state.open:
         try:
-            window = state.window.advance(state.metric_ids)
+            window = gpm_sampler.current().advance(dev.uuid, dev.handle, None, state.metric_ids)
         except GpmUnavailable as exc:
             _unavailable(dev, state, exc.reason)
+        except GpmSamplerDown as exc:  # no GPM this cycle; asked again next cycle
+            state.unavailable = exc.reason
+            if exc.counted:
+                dev.ledger.error("gpm_sampler", exc.reason)
+            _write(state.totals, out)  # the counters keep their last totals: rate() sees no window, not a reset
         else:
+            state.unavailable, state.supported = None, True
             if window is not None:
                 _accumulate(dev, state.metric_ids, state.totals, window)
             _write(state.totals, out)
@@ -160,37 +163,34 @@ def _read_instances(dev: GpuDevice, state: GpmState, out: SampleWriter) -> None:
     """Each MIG GPU instance the slow tier found, sampled on its own window; instances destroyed since are
     dropped with their series, new ones start a window."""
     current: tuple[tuple[int, str], ...] = dev.state.get("mig_instances", ())
-    _close_instances(state, {gpu_instance for gpu_instance, _ in current})
+    _close_instances(dev, state, {gpu_instance for gpu_instance, _ in current})
+    sampler = gpm_sampler.current()
     for gpu_instance, mig_uuid in current:
         instance = state.instances.get(gpu_instance)
         if instance is None or instance.mig_uuid != mig_uuid:
-            if instance is not None and instance.window is not None:
-                instance.window.free()
-            try:
-                window: GpmWindow | None = GpmWindow(dev.handle, gpu_instance=gpu_instance)
-            except GpmUnavailable as exc:
-                window = None
-                dev.ledger.error(f"nvmlGpmMigSampleGet_{gpu_instance}", exc.reason)
-            instance = state.instances[gpu_instance] = InstanceGpm(mig_uuid, window)
-        if instance.window is None:
+            if instance is not None:
+                sampler.close(dev.uuid, gpu_instance)
+            instance = state.instances[gpu_instance] = InstanceGpm(mig_uuid, True)
+        if not instance.open:
             continue
         try:
-            window_read = instance.window.advance(instance.metric_ids)
+            window_read = sampler.advance(dev.uuid, dev.handle, gpu_instance, instance.metric_ids)
         except GpmUnavailable as exc:  # this slice cannot be sampled: counted once, not asked again
-            instance.window.free()
-            instance.window = None
+            instance.open = False
             dev.ledger.error(f"nvmlGpmMigSampleGet_{gpu_instance}", exc.reason)
+            continue
+        except GpmSamplerDown:  # counted on the whole GPU's request
+            _write_instance(str(gpu_instance), mig_uuid, instance.totals, out)
             continue
         if window_read is not None:
             _accumulate(dev, instance.metric_ids, instance.totals, window_read)
         _write_instance(str(gpu_instance), mig_uuid, instance.totals, out)
 
 
-def _close_instances(state: GpmState, keep: set[int]) -> None:
+def _close_instances(dev: GpuDevice, state: GpmState, keep: set[int]) -> None:
     for gpu_instance in [g for g in state.instances if g not in keep]:
-        window = state.instances.pop(gpu_instance).window
-        if window is not None:
-            window.free()
+        state.instances.pop(gpu_instance)
+        gpm_sampler.current().close(dev.uuid, gpu_instance)
 
 
 def _accumulate(dev: GpuDevice, metric_ids: list[int], totals: dict[str, float], window: Window) -> None:

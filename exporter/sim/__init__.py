@@ -12,11 +12,16 @@ DEFAULT_SCENARIO = "training"
 
 
 def install_simulator(
-    scenario: str | Scenario | None = None, clock: Callable[[], float] | None = None
+    scenario: str | Scenario | None = None, clock: Callable[[], float] | None = None, start: float | None = None
 ) -> FakeNvmlLibrary:
-    """Load the scenario (name, path or model) and put its fake library beneath pynvml."""
+    """Load the scenario (name, path or model) and put its fake library beneath pynvml.
+
+    `start`: the scenario's time zero on the host's monotonic clock (a GPM child process joins its parent's
+    timeline). A scenario loaded by name or path on the host's clock can be reproduced in a child process."""
+    name = None if isinstance(scenario, Scenario) else (scenario or DEFAULT_SCENARIO)
     if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario or DEFAULT_SCENARIO)
-    fake = FakeNvmlLibrary(scenario, clock=clock)
-    library.install(fake.library, clock=fake.now)
+        scenario = load_scenario(name)
+    fake = FakeNvmlLibrary(scenario, clock=clock, start=start)
+    spec = None if name is None or clock is not None else {"backend": "sim", "scenario": name, "start": fake.start}
+    library.install(fake.library, clock=fake.now, child_spec=spec)
     return fake

@@ -4,17 +4,28 @@ the metrics struct filled with the scenario's values averaged over the window be
 A scenario sets `sm_active`, `tensor_active`, `dram_active`, … directly; where it does not they follow its
 `utilization` (graphics = utilization, SM = 0.9 × utilization, occupancy = 0.5 ×, FP32 = 0.3 ×, tensor and FP64 0,
 DRAM = `memory_utilization`), so every shipped scenario stays consistent. Faults use the usual `error` and
-`not_supported` kinds with the GPM symbols as `call` (NO_PERMISSION, a failing sample, no GPM).
+`not_supported` kinds with the GPM symbols as `call` (NO_PERMISSION, a failing sample, no GPM), and `crash`, which
+kills the process inside the call with SIGSEGV, as the real library does.
+
+As strict as the driver (docs/nvml.md, GPM): where the real libnvidia-ml corrupts memory or segfaults, this one raises
+`SimulatedMemoryCorruption`:
+- a sample used or freed after it was freed;
+- two GPM calls in flight at once in one process, on the same sample or on different GPUs (driver 580.159.04
+  segfaulted with two threads inside nvmlGpmMetricsGet, one per GPU). Each call holds the library for
+  `GPM_CALL_SECONDS`, about what the real calls take, so an unserialised caller overlaps as it would on a GPU host.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any
 
 import pynvml
 
 from exporter.sim.fake_device import mig_gpu_instance_id
-from exporter.sim.fakecommon import OK, _out, _pointer_value, _set_pointer, _val
+from exporter.sim.fakecommon import OK, SimulatedMemoryCorruption, _out, _pointer_value, _set_pointer, _val
 
 _GPM_SAMPLE_BASE = 0x7F0000A00000
 _MIB = 1024 * 1024
@@ -33,6 +44,7 @@ _KEYS = {
     pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "nvlink_tx_bytes_per_second",
 }
 _FROM_UTILIZATION = {"graphics_active": 1.0, "sm_active": 0.9, "sm_occupancy": 0.5, "fp32_active": 0.3}
+GPM_CALL_SECONDS = 0.002  # nvmlGpmMetricsGet took 1.2-3.6 ms for 12 metrics on H200 (docs/nvml.md, GPM)
 
 
 class GpmSymbols:
@@ -40,6 +52,10 @@ class GpmSymbols:
 
     # sample id → (GPU, MIG GPU instance or None for the whole GPU, time taken); set by the library
     _gpm_sample_table: dict[int, tuple[int, int | None, float] | None]
+    _gpm_freed: set[int]
+    _gpm_in_flight: dict[int, str]
+    _gpm_next_sample: int
+    gpm_call_seconds: float
 
     def _gpm_samples(self) -> dict[int, tuple[int, int | None, float] | None]:
         return self._gpm_sample_table
@@ -56,14 +72,30 @@ class GpmSymbols:
     def nvmlGpmSampleAlloc(self, ref: Any) -> int:
         with self._lock:
             samples = self._gpm_samples()
-            sample_id = len(samples) + 1
+            self._gpm_next_sample += 1  # ids are never reused, so a freed one stays recognisable
+            sample_id = self._gpm_next_sample
             samples[sample_id] = None
         _set_pointer(ref, _GPM_SAMPLE_BASE + sample_id * 0x10)
         return OK
 
     def nvmlGpmSampleFree(self, sample: Any) -> int:
-        self._gpm_samples()[self._sample_id(sample)] = None
+        sample_id = self._sample_id(sample)
+        with self._gpm_call("nvmlGpmSampleFree", [sample_id], None):
+            if sample_id not in self._gpm_samples():
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT
+            del self._gpm_samples()[sample_id]
+            self._gpm_freed.add(sample_id)
         return OK
+
+    def _gpm_call(self, symbol: str, sample_ids: list[int], index: int | None) -> _GpmCall:
+        return _GpmCall(self, symbol, sample_ids, index)
+
+    def _gpm_crash(self, symbol: str, index: int | None) -> None:
+        """A `crash` fault on this call: die as a segfault in the driver's library does (faulthandler, if on,
+        prints the stacks first)."""
+        for fault in self._active("crash", index):
+            if fault.call == symbol:
+                os.kill(os.getpid(), signal.SIGSEGV)
 
     def _sample_id(self, sample: Any) -> int:
         return (_pointer_value(sample) - _GPM_SAMPLE_BASE) // 0x10
@@ -76,16 +108,17 @@ class GpmSymbols:
 
     def _gpm_take(self, handle: Any, gpu_instance: int | None, sample: Any, symbol: str) -> int:
         index, code = self._device(handle, symbol)
-        if code != OK:
-            return code
-        if not self._gpm_supported():
-            return pynvml.NVML_ERROR_NOT_SUPPORTED
-        if gpu_instance is not None and self._mig_slot(index, gpu_instance) is None:
-            return pynvml.NVML_ERROR_NOT_FOUND  # no such GPU instance (destroyed, or MIG off)
         sample_id = self._sample_id(sample)
-        if sample_id not in self._gpm_samples():
-            return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        self._gpm_samples()[sample_id] = (index, gpu_instance, self.now())
+        with self._gpm_call(symbol, [sample_id], index if index >= 0 else None):
+            if code != OK:
+                return code
+            if not self._gpm_supported():
+                return pynvml.NVML_ERROR_NOT_SUPPORTED
+            if gpu_instance is not None and self._mig_slot(index, gpu_instance) is None:
+                return pynvml.NVML_ERROR_NOT_FOUND  # no such GPU instance (destroyed, or MIG off)
+            if sample_id not in self._gpm_samples():
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT
+            self._gpm_samples()[sample_id] = (index, gpu_instance, self.now())
         return OK
 
     def _mig_slot(self, index: int, gpu_instance: int) -> int | None:
@@ -95,8 +128,12 @@ class GpmSymbols:
     def nvmlGpmMetricsGet(self, ref: Any) -> int:
         request = _out(ref)
         samples = self._gpm_samples()
-        first = samples.get(self._sample_id(request.sample1))
-        second = samples.get(self._sample_id(request.sample2))
+        ids = [self._sample_id(request.sample1), self._sample_id(request.sample2)]
+        first, second = samples.get(ids[0]), samples.get(ids[1])
+        with self._gpm_call("nvmlGpmMetricsGet", ids, first[0] if first else None):
+            return self._fill_metrics(request, first, second)
+
+    def _fill_metrics(self, request: Any, first: Any, second: Any) -> int:
         if first is None or second is None or first[:2] != second[:2]:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
         index, gpu_instance = first[0], first[1]
@@ -134,3 +171,37 @@ class GpmSymbols:
         if key in self.model.idle:
             return self.scenario.value(index, key, t)
         return 0.0
+
+
+class _GpmCall:
+    """One GPM call in flight: refuses freed samples and a second GPM call at once (see the module docstring),
+    and runs a `crash` fault."""
+
+    _guard = threading.Lock()
+
+    def __init__(self, fake: Any, symbol: str, sample_ids: list[int], index: int | None) -> None:
+        self.fake, self.symbol, self.sample_ids, self.index = fake, symbol, sample_ids, index
+
+    def __enter__(self) -> None:
+        freed = [s for s in self.sample_ids if s in self.fake._gpm_freed]
+        if freed:
+            raise SimulatedMemoryCorruption(
+                f"{self.symbol} on GPM sample {freed[0]} after nvmlGpmSampleFree: the real library reads freed memory"
+            )
+        with self._guard:
+            busy = self.fake._gpm_in_flight
+            if busy:
+                other = next(iter(busy.values()))
+                raise SimulatedMemoryCorruption(
+                    f"{self.symbol} called while {other} is in flight on another thread: concurrent GPM calls "
+                    "segfault the real library (driver 580.159.04); serialise them"
+                )
+            busy[threading.get_ident()] = self.symbol
+        self.fake._gpm_crash(self.symbol, self.index)
+        hold = self.fake.gpm_call_seconds
+        if hold:
+            threading.Event().wait(hold)
+
+    def __exit__(self, *exc: object) -> None:
+        with self._guard:
+            self.fake._gpm_in_flight.pop(threading.get_ident(), None)

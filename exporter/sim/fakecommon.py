@@ -30,6 +30,10 @@ _NVLINK_ECC = list(range(148, 160))
 _UINT, _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
+class SimulatedMemoryCorruption(RuntimeError):
+    """What the real libnvidia-ml would turn into corrupted memory or a segfault, raised loudly instead."""
+
+
 class _Hang(Exception):
     pass
 

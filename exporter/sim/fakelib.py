@@ -18,7 +18,7 @@ import pynvml
 
 from exporter.sim.fake_device import DeviceSymbols
 from exporter.sim.fake_events import EventSymbols
-from exporter.sim.fake_gpm import GpmSymbols
+from exporter.sim.fake_gpm import GPM_CALL_SECONDS, GpmSymbols
 from exporter.sim.fake_health import HealthSymbols
 from exporter.sim.fake_readings import ReadingSymbols
 from exporter.sim.fakecommon import (
@@ -50,12 +50,14 @@ class _SymbolTable:
 class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols, GpmSymbols):
     """A simulated GPU node; `.library` stands in for the CDLL object pynvml loads (see the module docstring)."""
 
-    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, clock: Callable[[], float] | None = None, start: float | None = None
+    ) -> None:
         self.scenario = scenario
         self.model: GpuModel = MODELS[scenario.node.model]
         self.count = scenario.node.count
         self._clock = clock or time.monotonic
-        self._start = self._clock()
+        self._start = self._clock() if start is None else start
         self._lock = threading.Lock()
         self._initialised = 0
         self._closing = threading.Event()
@@ -67,6 +69,10 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
         self._pcie_bytes = [[1.7e9, 1.6e9] for _ in range(self.count)]
         self._event_sets: dict[int, dict[str, Any]] = {}
         self._gpm_sample_table: dict[int, tuple[int, int | None, float] | None] = {}
+        self._gpm_freed: set[int] = set()  # freed sample ids (never reused: a use after free is caught)
+        self._gpm_in_flight: dict[int, str] = {}  # thread id → the GPM call it is inside
+        self._gpm_next_sample = 0
+        self.gpm_call_seconds = GPM_CALL_SECONDS
         self._next_event_set = 0
         self.missing_lookups: Counter[str] = Counter()  # symbols pynvml asked for that this driver lacks
         self.library = _SymbolTable(
@@ -86,6 +92,11 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
 
     def now(self) -> float:
         return self._clock() - self._start
+
+    @property
+    def start(self) -> float:
+        """The scenario's time zero on its clock."""
+        return self._start
 
     def _wrap(self, name: str, method: Callable[..., int]) -> Callable[..., int]:
         def symbol(*args: Any) -> int:

@@ -75,6 +75,7 @@ FaultKind = Literal[
     # windows: active from `at` until `until` (or for `duration` every `every` seconds)
     "gpu_lost",
     "hang",
+    "crash",  # the process dies inside `call` as on a segfault in the driver's library (SIGSEGV)
     "error",
     "not_supported",
     "driver_unloaded",
@@ -95,6 +96,7 @@ FaultKind = Literal[
 _WINDOW_KINDS = {
     "gpu_lost",
     "hang",
+    "crash",
     "error",
     "not_supported",
     "driver_unloaded",
@@ -236,6 +238,7 @@ class Fault(_Strict):
     def _kind_fields(self) -> Fault:
         need: dict[str, tuple[str, ...]] = {
             "hang": ("call",),
+            "crash": ("call",),
             "error": ("call", "code"),
             "xid": ("xid",),
             "ecc": ("type",),

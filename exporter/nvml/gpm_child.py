@@ -1,0 +1,109 @@
+"""The GPM sampler process: owns every GPM sample buffer and answers one request at a time (one GPM call in flight).
+
+Started by exporter.nvml.gpm_sampler.ChildProcessSampler as `python -X faulthandler -m exporter.nvml.gpm_child SPEC`
+(SPEC: JSON from exporter.nvml.library.child_spec). It loads the same library as its parent (the driver's, or the
+simulator's scenario on the parent's timeline), initialises NVML, prints {"ready": true}, then reads one JSON request
+per line on stdin and writes one JSON answer per line on stdout:
+- {"op": "advance", "uuid", "gi", "metrics"} → {"window": null | {"seconds", "values", "failed"}}, or
+  {"error": "unavailable" | "lost" | "down" | "fatal", "reason"};
+- {"op": "close", "uuid", "gi"} → {"closed": n}: the windows of a re-discovered GPU or a destroyed MIG slice.
+It exits when stdin closes (the parent is gone). A native crash kills only this process; faulthandler prints the
+stacks on stderr, where the parent reads the name of the call.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pynvml
+
+from exporter.nvml import calls
+from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
+from exporter.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
+
+
+class Child:
+    """The child's state: a handle per GPU UUID and a window per (UUID, MIG GPU instance)."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, Any] = {}
+        self.windows: dict[tuple[str, int | None], GpmWindow] = {}
+
+    def handle(self, uuid: str) -> Any:
+        if uuid not in self.handles:
+            self.handles[uuid] = calls.nvmlDeviceGetHandleByUUID(uuid)
+        return self.handles[uuid]
+
+    def advance(self, uuid: str, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
+        key = (uuid, gpu_instance)
+        window = self.windows.get(key)
+        if window is None:
+            handle = self.handle(uuid)
+            if gpu_instance is None:
+                check_support(handle)
+            window = self.windows[key] = GpmWindow(handle, gpu_instance=gpu_instance)
+        return window.advance(metric_ids)
+
+    def close(self, uuid: str, gpu_instance: int | None) -> int:
+        keys = [k for k in self.windows if k[0] == uuid and (gpu_instance is None or k[1] == gpu_instance)]
+        for key in keys:
+            self.windows.pop(key).free()
+        if gpu_instance is None:
+            self.handles.pop(uuid, None)  # re-discovered: open it again by UUID
+        return len(keys)
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+        uuid, gpu_instance = request["uuid"], request.get("gi")
+        if request["op"] == "close":
+            return {"closed": self.close(uuid, gpu_instance)}
+        try:
+            window = self.advance(uuid, gpu_instance, [int(m) for m in request["metrics"]])
+        except GpmUnavailable as exc:
+            window = self.windows.pop((uuid, gpu_instance), None)
+            if window is not None:
+                window.free()
+            return {"error": "unavailable", "reason": exc.reason}
+        except pynvml.NVMLError as exc:  # opening the handle by UUID
+            self.handles.pop(uuid, None)
+            return {"error": "lost", "reason": error_name(error_code(exc))}
+        except GpuLostError as exc:
+            self.close(uuid, None)
+            return {"error": "lost", "reason": exc.reason}
+        except NvmlDownError as exc:
+            return {"error": "down", "reason": exc.reason}
+        except NvmlFatalError as exc:
+            return {"error": "fatal", "reason": str(exc)}
+        if window is None:
+            return {"window": None}
+        return {"window": {"seconds": window.seconds, "values": window.values, "failed": window.failed}}
+
+
+def install(spec: dict[str, Any]) -> None:
+    if spec.get("backend") == "sim":
+        from exporter.sim import install_simulator  # the simulator only where the parent runs one
+
+        install_simulator(spec.get("scenario"), start=float(spec["start"]))
+
+
+def main() -> int:
+    install(json.loads(sys.argv[1]))
+    out = sys.stdout
+    try:
+        calls.nvmlInitWithFlags(calls.NVML_INIT_FLAG_NO_GPUS)
+    except pynvml.NVMLError as exc:
+        out.write(json.dumps({"ready": False, "reason": error_name(error_code(exc))}) + "\n")
+        out.flush()
+        return 3
+    out.write('{"ready": true}\n')
+    out.flush()
+    child = Child()
+    for line in sys.stdin:
+        out.write(json.dumps(child.answer(json.loads(line))) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
