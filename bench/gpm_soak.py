@@ -63,6 +63,23 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: torchrun's ranks and their DataLoader workers are not all in its process group
+    (the first soak's SIGKILL of the group left ranks running)."""
+    found, queue = [], [pid]
+    while queue:
+        for child in children(queue.pop()):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    for victim in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
 def children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -120,6 +137,24 @@ class Watch:
                 self.rss.append((round(now), rss_mib(self.pid), rss_mib(kids[0]) if kids else None))
 
 
+def summarise(watch: Watch, exporter: subprocess.Popen, alive: bool, started: float, jobs: list[dict]) -> dict:
+    return {
+        "passed": alive and not watch.scrape_failures and not watch.ready_failures and watch.longest_gpm_gap <= 10,
+        "exporter_alive_throughout": alive,
+        "exporter_returncode": exporter.returncode,
+        "seconds_of_jobs": round(time.monotonic() - started),
+        "scrapes": watch.scrapes,
+        "scrape_failures": watch.scrape_failures,
+        "readyz_failures": watch.ready_failures,
+        "failures": watch.failures[:50],
+        "gpm_window_seconds_total": watch.last_window,
+        "longest_gpm_gap_s": round(watch.longest_gpm_gap, 1),
+        "gpm_sampler_lines": sorted(watch.sampler_lines),
+        "rss_mib_exporter_child": watch.rss,
+        "jobs": jobs,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=600)
@@ -164,9 +199,8 @@ def main() -> int:
             if killed and time.monotonic() >= deadline:
                 break
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            kill_tree(p.pid)  # also a job that ended: ranks stuck in teardown would hold the GPUs
+            p.wait()
         jobs.append(
             {
                 "job": name,
@@ -177,6 +211,8 @@ def main() -> int:
             }
         )
         n += 1
+        partial = summarise(watch, exporter, exporter.poll() is None, started, jobs)
+        (out / "summary.json").write_text(json.dumps(partial, indent=1))  # kept if the run is cut short
         time.sleep(3)
     time.sleep(5)
     watch.stop.set()
@@ -186,21 +222,7 @@ def main() -> int:
         exporter.send_signal(signal.SIGTERM)
         exporter.wait(15)
     log.close()
-    summary = {
-        "passed": alive and not watch.scrape_failures and not watch.ready_failures and watch.longest_gpm_gap <= 10,
-        "exporter_alive_throughout": alive,
-        "exporter_returncode": exporter.returncode,
-        "seconds_of_jobs": round(time.monotonic() - started),
-        "scrapes": watch.scrapes,
-        "scrape_failures": watch.scrape_failures,
-        "readyz_failures": watch.ready_failures,
-        "failures": watch.failures[:50],
-        "gpm_window_seconds_total": watch.last_window,
-        "longest_gpm_gap_s": round(watch.longest_gpm_gap, 1),
-        "gpm_sampler_lines": sorted(watch.sampler_lines),
-        "rss_mib_exporter_child": watch.rss,
-        "jobs": jobs,
-    }
+    summary = summarise(watch, exporter, alive, started, jobs)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("rss_mib_exporter_child", "jobs")}, indent=1))
     return 0 if summary["passed"] else 1

@@ -94,12 +94,22 @@ def transformer(args: argparse.Namespace) -> None:
             torch.save({"model": state, "optimizer": optimizer.state_dict(), "step": step}, args.checkpoint_path)
         if step % 20 == 0 and rank == 0:
             print(f"step {step} loss {loss.item():.3f} {time.monotonic() - started:.0f}s", flush=True)
-        if time.monotonic() - started > args.seconds:
+        if _time_is_up(time.monotonic() - started > args.seconds, device, distributed):
             break
     torch.cuda.synchronize()
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _time_is_up(mine: bool, device: torch.device, distributed: bool) -> bool:
+    """Every rank stops at the same step: one rank leaving on its own clock leaves the others in an all-reduce
+    that never completes (the hang the first soak hit at teardown)."""
+    if not distributed:
+        return mine
+    flag = torch.tensor([1.0 if mine else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def fill(args: argparse.Namespace) -> None:
