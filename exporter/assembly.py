@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from exporter import podresources, topology
@@ -29,10 +29,9 @@ from exporter.snapshot import (
     Verdict,
 )
 from exporter.topology import PairFacts
-from exporter.values import record_class, value_class
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class GpuView:
     """What the lifecycle knows of one GPU at publication time (a copy, taken under its lock)."""
 
@@ -45,7 +44,7 @@ class GpuView:
     readings: dict[Tier, TierReading]
 
 
-@record_class
+@dataclass
 class Draft:
     """A snapshot being assembled: the steps fill in their fields, then it is frozen into a Snapshot."""
 

@@ -201,16 +201,11 @@ def _web_config(settings: Settings) -> Any:
     return load_web_config(settings.web.config_file)
 
 
-STARTUP_SWITCH_INTERVAL_S = 0.0005
-DEFAULT_SWITCH_INTERVAL_S = sys.getswitchinterval()
-
-
 def settle_memory() -> None:
-    """Once start-up is over: the GIL's usual switch interval back; the cyclic GC on again (main() turned it off)
+    """Once start-up is over: the cyclic GC on again (main() turned it off)
     and what start-up allocated kept out of its full collections (they would walk every imported module's objects
     and show as scrape-latency spikes); the heap it freed handed back to the system (glibc keeps freed memory
     mapped until asked; ~1 MiB here, more where modules were compiled from source)."""
-    sys.setswitchinterval(DEFAULT_SWITCH_INTERVAL_S)
     gc.enable()
     gc.collect()
     gc.freeze()
@@ -233,9 +228,6 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from exporter.nvml.session import start_init
     from exporter.workers import WorkerPool
 
-    # Until the first snapshot, the poller's short Python steps between NVML calls compete for the GIL with the
-    # imports of the main thread: hand it over every 0.5 ms instead of every 5 (settle_memory restores it).
-    sys.setswitchinterval(STARTUP_SWITCH_INTERVAL_S)
     pool = WorkerPool()
     started_init = start_init(pool)  # NVML starts while the poller and the HTTP stack are imported
     from exporter.poller import Poller

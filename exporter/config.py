@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from exporter.cliutil import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
 from exporter.typedconfig import SettingError, build, fields, is_list, setting
-from exporter.values import value_class
 
 ENV_PREFIX = EXPORTER_ENV_PREFIX
 
@@ -52,7 +52,7 @@ def listen_port(listen_address: str) -> int:
     return int(listen_address.rpartition(":")[2])
 
 
-_section = value_class
+_section = dataclass(frozen=True)
 
 
 @_section
@@ -270,7 +270,7 @@ class Settings:
 _FLAG_OVERRIDES = {"web.config_file": "--web.config.file"}
 
 
-@value_class
+@dataclass(frozen=True)
 class Option:
     """One leaf setting, with the names it goes by in each source."""
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
-from exporter.values import value_class
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ _MAX_READ = 64 * 1024
 RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
 
 
-@value_class
+@dataclass(frozen=True)
 class HostProcess:
     """What the host's /proc says of a PID: its name and the pod and container of its cgroup."""
 
@@ -36,7 +35,7 @@ class HostProcess:
     container_id: str | None
 
 
-@value_class
+@dataclass(frozen=True)
 class PodDirectory:
     """A pod as the kubelet's log directory names it, with its containers."""
 

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import topology
@@ -22,7 +22,6 @@ from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from exporter.nvml.session import GpuSkipped
 from exporter.snapshot import Tier, TierReading
 from exporter.tiers import Failed, Fatal, LibraryDown, Lost, Outcome, Read, Stuck, TierRunner, Waiting
-from exporter.values import record_class
 from exporter.workers import WorkerPool, run_with_deadline
 
 log = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 
 
-@record_class
+@dataclass
 class GpuState:
     device: GpuDevice
     up: bool = True

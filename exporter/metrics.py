@@ -7,15 +7,14 @@ this table (tests/test_docs.py fails when it drifts). Per-GPU families get `gpu`
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import Literal
-
-from exporter.values import value_class
 
 GPU_LABELS = ("gpu", "uuid")
 
 
-@value_class
+@dataclass(frozen=True)
 class Family:
     """One metric family of the contract: name, type, help, labels, unit and whether it is per GPU."""
 
@@ -623,7 +622,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in _FAMILIES}
 # family, or the rows of a family whose label (or value) matches.
 
 
-@value_class
+@dataclass(frozen=True)
 class Member:
     """A family, or some of its rows, that belongs to a collector group."""
 
@@ -647,7 +646,7 @@ class Member:
         return current in self.values
 
 
-@value_class
+@dataclass(frozen=True)
 class Group:
     """An opt-in collector group: its name, what it adds, and its members."""
 

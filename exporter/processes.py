@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import dataclass, field
 
 from exporter.hostprocs import HostProcesses
 from exporter.metrics import MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
 from exporter.snapshot import Allocation, ContainerUsage, GpuSnapshot, ProcessExit, ProcessView
-from exporter.values import record_class
 
 MAX_WINDOW_S = 30.0  # a longer gap between two reads (a stall, a restart) is not credited to anyone
 EXIT_MEMORY_RATIO = 0.95  # a GPU this full when a process leaves it: the exit is remembered as a likely OOM
@@ -28,7 +27,7 @@ Key = tuple[str, str, str]  # namespace, pod, container
 UNATTRIBUTED: Key = ("", "", "")
 
 
-@record_class
+@dataclass
 class _GpuState:
     fast_at: float = 0.0  # the fast reading last accounted, so a snapshot published twice is not counted twice
     sm_seconds: dict[Key, float] = field(default_factory=dict)  # per container, while the container is seen

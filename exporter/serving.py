@@ -19,10 +19,8 @@ import resource
 import threading
 import time
 from collections import Counter
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
-
-from exporter.values import record_class
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +37,7 @@ REJECT_REASONS = (
 )
 
 
-@record_class
+@dataclass
 class ConnectionGuard:
     """Limits and counters shared by every connection of one server (the protocol reads them on the event loop)."""
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.metrics import Family
-from exporter.values import value_class
 
 
 class Tier(enum.Enum):
@@ -20,7 +19,7 @@ class Tier(enum.Enum):
     SLOW = "slow"
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One series of a GPU: the family name, its extra label values and the value."""
 
@@ -29,7 +28,7 @@ class Sample:
     value: float
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class NvlinkFacts:
     """What discovery learns about a GPU's NVLinks: the topology matrix is built from these, not from NVML."""
 
@@ -38,7 +37,7 @@ class NvlinkFacts:
     nvswitch_links: int = 0  # links connected to NVSwitch (field 147); 0 on direct-NVLink boards
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     """A process holding the GPU, as NVML reports it (host PID namespace)."""
 
@@ -50,7 +49,7 @@ class GpuProcess:
     gpu_instance: int | None = None  # MIG GPU instance the process runs in
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class GpuInfo:
     """Static and slowly changing facts about one GPU (the `info` of the JSON API; never a Prometheus label set),
     and the processes the fast tier last saw on it (served attributed, through Snapshot.processes).
@@ -113,7 +112,7 @@ class SampleWriter:
         self.info.update(facts)
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class TierReading:
     """One tier's result for one GPU."""
 
@@ -122,7 +121,7 @@ class TierReading:
     finished_at: float
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class GpuSnapshot:
     """One GPU as of one publication: identity, state, samples and its static facts."""
 
@@ -137,7 +136,7 @@ class GpuSnapshot:
     updated_at: dict[str, float]  # tier name → unix time of its last successful read
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class PeerLink:
     """How this GPU reaches one peer: the topology level and the NVLinks between them."""
 
@@ -147,7 +146,7 @@ class PeerLink:
     nvlinks: int
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """One health check's judgement of one GPU."""
 
@@ -160,7 +159,7 @@ class Verdict:
     detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, data_starved, ...)
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
 
@@ -170,7 +169,7 @@ class Allocation:
     container: str
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class ProcessView:
     """A process on a GPU with who holds it: the container found through its cgroup or the GPU's allocation."""
 
@@ -188,7 +187,7 @@ class ProcessView:
     attributed_by: str  # cgroup, allocation, or "" (unattributed)
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class ContainerUsage:
     """What one container's processes hold of one GPU; sm_seconds_total only grows while the container is seen."""
 
@@ -200,7 +199,7 @@ class ContainerUsage:
     processes: int
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class ProcessExit:
     """A process that left a GPU whose memory was near full at the read before: the out-of-memory pattern."""
 
@@ -216,7 +215,7 @@ class ProcessExit:
     at: float  # unix time the exit was seen
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything /metrics and the JSON API serve, as of one publication; never changed once published."""
 

@@ -11,29 +11,29 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.nvml.device import GpuDevice
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier, TierReading
-from exporter.values import record_class, value_class
 from exporter.workers import WorkerPool
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Read:
     """The tier answered: its reading."""
 
     reading: TierReading
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Waiting:
     """Submitted, not answered yet, still inside the call deadline."""
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Stuck:
     """The tier's reads are still inside an NVML call past the deadline."""
 
@@ -41,28 +41,28 @@ class Stuck:
     newly: bool  # True the first cycle past the deadline (count and log once)
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Lost:
     """The GPU fell off the bus (or is otherwise gone) during the read."""
 
     reason: str
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class LibraryDown:
     """NVML itself stopped answering (driver unloaded, library missing)."""
 
     reason: str
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Fatal:
     """NVML cannot be used again by this process (the driver changed under it)."""
 
     reason: str
 
 
-@value_class
+@dataclass(frozen=True, slots=True)
 class Failed:
     """The read raised something unexpected (a bug): logged by the poller, the GPU keeps its last values."""
 
@@ -72,7 +72,7 @@ class Failed:
 Outcome = Read | Waiting | Stuck | Lost | LibraryDown | Fatal | Failed
 
 
-@record_class
+@dataclass(slots=True)
 class _Pending:
     """A read handed to a GPU's worker, and when: so a late answer is not mistaken for a new one."""
 

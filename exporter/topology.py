@@ -7,11 +7,12 @@ so P2P-over-NVLink status plus the active link counts give it (docs/nvml.md, Top
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from exporter.nvml import calls as nvml
 from exporter.nvml.device import GpuDevice
 from exporter.readers.nvlink import NVSWITCH_REMOTE_BUS_ID
 from exporter.snapshot import GpuSnapshot, NvlinkFacts, PeerLink
-from exporter.values import value_class
 
 PCIE_LEVELS = {
     nvml.NVML_TOPOLOGY_INTERNAL: "PIX",
@@ -23,7 +24,7 @@ PCIE_LEVELS = {
 }
 
 
-@value_class
+@dataclass(frozen=True)
 class PairFacts:
     """What is static about a GPU pair: its PCIe level and whether P2P over NVLink works."""
 

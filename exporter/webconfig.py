@@ -21,7 +21,7 @@ import hashlib
 import json
 import ssl
 import threading
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +31,6 @@ import bcrypt
 from exporter.config import ConfigError, read_yaml
 from exporter.serving import PROBES, ConnectionGuard
 from exporter.typedconfig import SettingError, build
-from exporter.values import value_class
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -40,7 +39,7 @@ _CLIENT_AUTH = {
 }
 
 
-@value_class
+@dataclass(frozen=True)
 class TlsServerConfig:
     """The `tls_server_config` section: certificate, key and client verification."""
 
@@ -59,7 +58,7 @@ class TlsServerConfig:
             raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
 
 
-@value_class
+@dataclass(frozen=True)
 class WebConfig:
     """A web-config file: TLS and the basic-auth users (bcrypt hashes)."""
 
@@ -102,6 +101,8 @@ def load_web_config(path: Path) -> WebConfig:
             ) from None
     return config
 
+
+BCRYPT_MAX_BYTES = 72  # bcrypt's input limit: longer passwords raise ValueError in bcrypt 5
 
 # bcrypt costs ~50-100 ms of one core by design. Checks run on their own small pool, never on the event loop or the
 # pool that renders scrapes, and a flood of failing checks is refused once this many are running or queued.
@@ -149,11 +150,14 @@ class BasicAuth:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
+        secret = password.encode()
         hashed = self.users.get(user)
-        if hashed is None:
-            bcrypt.checkpw(password.encode(), self._dummy)  # the same time as a known user's wrong password
+        if hashed is None or len(secret) > BCRYPT_MAX_BYTES:
+            # An unknown user, or a password bcrypt cannot hash (bcrypt 5 raises for over 72 bytes; no hash can
+            # match it): a wrong password, at the same cost as a known user's.
+            bcrypt.checkpw(secret[:BCRYPT_MAX_BYTES], self._dummy)
             return False
-        if not bcrypt.checkpw(password.encode(), hashed):
+        if not bcrypt.checkpw(secret, hashed):
             return False
         with self._lock:
             if len(self._verified) > 1024:

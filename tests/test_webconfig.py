@@ -95,13 +95,16 @@ def test_tls_with_basic_auth(tmp_path, pki):
             assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic"), path
         wrong = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "nope"))
         assert wrong.status_code == 401
+        started = time.monotonic()
+        too_long = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "x" * 100))  # over bcrypt's 72 bytes
+        assert too_long.status_code == 401 and time.monotonic() - started >= 0.9  # the refusal delay, not a 500
         ok = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "s3cret-pass"))
         assert ok.status_code == 200 and "gpuwarden_gpu_up" in ok.text
         with pytest.raises(httpx.TransportError):  # plain HTTP to a TLS port fails, it does not leak data
             httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     finally:
         logs = stop(proc)
-    assert "s3cret-pass" not in logs and hashed not in logs and "Traceback" not in logs
+    assert "s3cret-pass" not in logs and hashed not in logs and "Traceback" not in logs and "x" * 100 not in logs
 
 
 def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from exporter.health.thresholds import Thresholds
 from exporter.metrics import (
@@ -43,7 +43,6 @@ from exporter.metrics import (
     UTILIZATION_SAMPLED_SECONDS_TOTAL,
 )
 from exporter.snapshot import GpuSnapshot, Verdict
-from exporter.values import record_class
 
 OK, WARNING, CRITICAL = 0, 1, 2
 CHECKS = (
@@ -165,7 +164,7 @@ def _throttle(reason: str) -> tuple[str, tuple[str, ...]]:
 Values = dict[tuple[str, tuple[str, ...]], float]
 
 
-@record_class
+@dataclass
 class CheckContext:
     """What one check sees of one GPU: its current values, its history, the node's XIDs and the evaluator's
     memory of sustained conditions."""

@@ -6,10 +6,9 @@ driver, topology). Served as /api/v1/diagnosis; the texts follow docs/runbooks.m
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from exporter.snapshot import Snapshot
-from exporter.values import value_class
 
 # check → (likely cause, recommended action)
 ADVICE: dict[str, tuple[str, str]] = {
@@ -129,7 +128,7 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
 }
 
 
-@value_class
+@dataclass(frozen=True)
 class Finding:
     gpu: int | None
     uuid: str | None

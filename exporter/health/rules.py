@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from exporter.health.thresholds import DEFAULT, Thresholds
-from exporter.values import record_class, value_class
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RULES_FILE = ROOT / "alert_rules" / "gpuwarden.rules.yaml"
@@ -23,7 +22,7 @@ RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.m
 SELECTOR = 'job="gpuwarden"'
 
 
-@value_class
+@dataclass(frozen=True)
 class Rule:
     alert: str
     expr: str
@@ -34,7 +33,7 @@ class Rule:
     action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
 
 
-@record_class
+@dataclass
 class Group:
     name: str
     rules: list[Rule] = field(default_factory=list)

@@ -8,14 +8,14 @@ or out-of-range values are rejected with one line, like the rest of the configur
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from exporter.config import ConfigError, read_yaml
 from exporter.typedconfig import SettingError, build, setting
-from exporter.values import value_class
 
 
-@value_class
+@dataclass(frozen=True)
 class Thresholds:
     """Every health threshold and duration, with its default; operators override them by file."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml
@@ -26,7 +27,6 @@ from exporter.nvml.errors import (
     error_code,
     error_name,
 )
-from exporter.values import value_class
 
 GPM_CALLS = threading.Lock()  # one GPM call at a time in this process, whichever GPU (see the module docstring)
 MIN_WINDOW_S = 0.1  # NVIDIA asks for at least 100 ms between two samples
@@ -41,7 +41,7 @@ class GpmUnavailable(Exception):
         self.reason = reason
 
 
-@value_class
+@dataclass(frozen=True)
 class Window:
     """GPM metrics over the window between two samples, and those that did not answer."""
 

@@ -11,13 +11,13 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pynvml
 
 from exporter.nvml import calls
 from exporter.nvml.errors import ErrorKind, GpuLostError, NvmlDownError, classify, error_code, error_name
-from exporter.values import value_class
 
 if TYPE_CHECKING:
     from exporter.workers import WorkerPool
@@ -33,7 +33,7 @@ class GpuSkipped(Exception):
         self.reason = reason
 
 
-@value_class
+@dataclass(frozen=True)
 class DriverFacts:
     """The driver's, NVML's and CUDA's versions, as the driver reports them."""
 

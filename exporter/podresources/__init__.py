@@ -12,11 +12,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 
 from exporter.snapshot import Allocation
-from exporter.values import value_class
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ CALL_TIMEOUT_S = 5.0
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
 
 
-@value_class
+@dataclass(frozen=True)
 class AttributionView:
     """The last refresh: immutable, swapped whole, read by the poller without a lock."""
 

@@ -6,14 +6,14 @@ Adding a metric means touching one reader and the contract in exporter/metrics.p
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from exporter.metrics import Family
 from exporter.nvml.device import GpuDevice
 from exporter.snapshot import SampleWriter, Tier
-from exporter.values import value_class
 
 
-@value_class
+@dataclass(frozen=True)
 class Reader:
     """One reader: its name, tier, the families it fills and the function that reads a GPU."""
 

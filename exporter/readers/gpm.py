@@ -16,7 +16,7 @@ Measured cost on H200: ~2.4 millicores per GPU at 1 s.
 from __future__ import annotations
 
 import logging
-from dataclasses import field
+from dataclasses import dataclass, field
 
 from exporter.metrics import (
     GPM_DRAM_ACTIVE_SECONDS_TOTAL,
@@ -41,7 +41,6 @@ from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, Window
 from exporter.nvml.gpm_sampler import GpmSamplerDown
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
-from exporter.values import record_class
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -69,7 +68,7 @@ INSTANCE_METRICS.remove(nvml.NVML_GPM_METRIC_SM_OCCUPANCY)
 PIPES = ("tensor", "fp64", "fp32", "fp16")
 
 
-@record_class
+@dataclass
 class InstanceGpm:
     """One MIG GPU instance's totals (its window is the sampler's), read on the GPU's fast-tier thread."""
 
@@ -79,7 +78,7 @@ class InstanceGpm:
     totals: dict[str, float] = field(default_factory=dict)
 
 
-@record_class
+@dataclass
 class GpmState:
     """One GPU's GPM: whether it is sampled, the metrics that answer, and the accumulated totals."""
 
