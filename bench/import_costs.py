@@ -41,8 +41,8 @@ SETS = {
     "nvitop_exporter+init": f"import nvitop_exporter, pynvml; {INIT}",
     "exporter.config": "import exporter.config",
     "exporter.cli": "import exporter.cli",
-    "exporter.httpserver": "import exporter.httpserver",
-    "exporter serving path": "import exporter.cli, exporter.poller, exporter.front, exporter.httpserver",
+    "exporter.webserver": "import exporter.webserver",
+    "exporter serving path": "import exporter.cli, exporter.poller, exporter.front, exporter.webserver",
 }
 
 

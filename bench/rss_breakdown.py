@@ -28,7 +28,7 @@ def main() -> None:
     out["prometheus_client"] = child("import prometheus_client")
     out["pydantic"] = child("import pydantic")
     out["exporter_config"] = child("import exporter.config")
-    out["http_server"] = child("import exporter.httpserver")
+    out["http_server"] = child("import exporter.webserver")
     code = """
 import tracemalloc, time
 tracemalloc.start(1)
@@ -37,7 +37,7 @@ from exporter.poller import Poller
 settings = load_settings(None, environ={}, flags={})
 poller = Poller(settings)
 poller.start()
-import exporter.httpserver, exporter.front, exporter.render
+import exporter.webserver, exporter.front, exporter.render
 time.sleep(6)
 snap = tracemalloc.take_snapshot()
 stats = snap.statistics('filename')[:15]

@@ -243,10 +243,10 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
 
 def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
     from exporter.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front, readiness_under
-    from exporter.httpserver import HttpServer
     from exporter.metrics import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
     from exporter.render import Renderer
     from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
+    from exporter.webserver import HttpServer
 
     guard = ConnectionGuard(
         header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)

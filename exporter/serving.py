@@ -1,5 +1,5 @@
-"""What a client can hold of the server: the limits exporter/httpserver.py enforces per connection, and their
-counters.
+"""What a client can hold of the server: the limits exporter/webserver.py enforces per connection (on uvicorn), and
+their counters.
 
 An idle or slowloris connection, a 100 MB header or a flood of requests must never take the probes or an
 authorised scrape down with it. The limits: a deadline for each request to arrive; a header size limit counted as
@@ -34,6 +34,9 @@ REJECT_REASONS = (
     "auth_failed",
     "auth_shed",
     "write_timeout",
+    "body_too_large",
+    "pipeline",
+    "bad_request",
 )
 
 

@@ -23,8 +23,8 @@ def main(argv: list[str]) -> int:
     from exporter import __version__, logs
     from exporter.cliutil import EXIT_LISTEN, bind_listener
     from exporter.fleet.app import create_app
-    from exporter.httpserver import HttpServer
     from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
+    from exporter.webserver import HttpServer
 
     logs.setup("info", "logfmt")
     log.info(

@@ -54,11 +54,11 @@ def free_port() -> int:
 
 
 class ServedApp:
-    """An ASGI app on gpuwarden's HTTP server (exporter/httpserver.py) in a thread, on a loopback port."""
+    """An ASGI app on gpuwarden's HTTP server (exporter/webserver.py, uvicorn) in a thread, on a loopback port."""
 
     def __init__(self, app: Any, port: int | None = None, guard: Any = None) -> None:
-        from exporter.httpserver import HttpServer
         from exporter.serving import ConnectionGuard
+        from exporter.webserver import HttpServer
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
