@@ -52,6 +52,8 @@ UVICORN_INTERNALS = (
     "logger",
     "data_received",
     "on_message_begin",
+    "on_url",
+    "on_header",
     "on_headers_complete",
     "on_body",
     "on_message_complete",
@@ -85,6 +87,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.logger = _QUIET_LOGGER
         self._request_bytes = 0
+        self._header_bytes = 0  # the request line and headers as parsed
         self._headers_complete = False
         self._deadline: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
@@ -149,17 +152,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if self._deadline is None and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
             self._await_request()
-        limit = self.guard.max_header_bytes
-        if not self._headers_complete and self._request_bytes > limit:  # over the limit before this read
+        if self._request_bytes > self._allowed():  # this request was over its limit before this read
             self._refuse_size()
             return
         self._request_bytes += len(data)
-        if self._request_bytes > limit + MAX_BODY_BYTES:  # headers, or a body or trailers, that do not end
+        # One read (at most 256 KiB) is parsed before it is judged: it may hold many small pipelined requests,
+        # each of which resets the count when it completes.
+        super().data_received(data)
+        if not self.transport.is_closing() and self._request_bytes > self._allowed():
             self._refuse_size()
-            return
-        super().data_received(data)  # one read (at most 256 KiB) is parsed before the headers' size is judged
-        if not self.transport.is_closing() and not self._headers_complete and self._request_bytes > limit:
-            self._refuse_size()
+
+    def _allowed(self) -> int:
+        """Bytes the request in progress may have sent: its headers, then its body and trailers too."""
+        limit = self.guard.max_header_bytes
+        return limit + MAX_BODY_BYTES if self._headers_complete else limit
 
     def _refuse_size(self) -> None:
         if self._headers_complete:
@@ -186,12 +192,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._header_bytes = 0
         if self._deadline is None:  # a pipelined request parsed from the same bytes: it gets its own deadline
             self._await_request()
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self.transport.is_closing():
             return  # a request parsed from the same read as one that was refused
+        if self._header_bytes > self.guard.max_header_bytes:  # headers that arrived whole in one read
+            self._refuse_size()
+            return
         self._headers_complete = True
         length = next((value for name, value in self.headers if name == b"content-length"), b"0")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:
@@ -221,7 +239,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._cancel_deadline()
-        self._request_bytes, self._headers_complete = 0, False
+        self._request_bytes, self._headers_complete = 0, False  # the next pipelined request counts from here
         super().on_message_complete()
 
     def on_response_complete(self) -> None:

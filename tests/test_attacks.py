@@ -1,0 +1,150 @@
+"""One unauthenticated client against the real exporter (uvicorn + GuardedHttpProtocol) over loopback: each attack
+that grew the home-made server's memory by gigabytes, bounded in time, with probes answering within 1 s throughout
+and RSS growth asserted under 64 MiB; and the HTTP/1.1 behaviours the home-made server got wrong, as uvicorn has them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import urllib.parse
+
+import httpx
+import pytest
+
+from tests.helpers.common import rss_mib
+from tests.helpers.stack import running_cli
+
+RSS_BOUND_MIB = 64
+
+
+def probe_while(url: str, attack, seconds: float) -> list[float]:  # noqa: ANN001 - a callable taking a stop event
+    """Run `attack(stop)` in a thread for `seconds` while /readyz and /metrics are asked every 0.2 s; their times."""
+    stop = threading.Event()
+    thread = threading.Thread(target=attack, args=(stop,), daemon=True)
+    thread.start()
+    times = []
+    deadline = time.monotonic() + seconds
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            for path in ("/readyz", "/metrics"):
+                started = time.monotonic()
+                assert client.get(url + path).status_code == 200, path
+                times.append(time.monotonic() - started)
+            time.sleep(0.2)
+    stop.set()
+    thread.join(10)
+    return times
+
+
+def connect(url: str) -> socket.socket:
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
+    return sock
+
+
+def send_until(sock: socket.socket, stop: threading.Event, data: bytes) -> None:
+    sock.settimeout(0.5)
+    while not stop.is_set():
+        try:
+            sock.sendall(data)
+        except TimeoutError:
+            continue  # the server stopped reading: that is the point
+        except OSError:
+            return  # the server closed it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    ["pipelined_unread", "endless_trailers", "tiny_pipelined_flood"],
+)
+def test_one_client_cannot_grow_memory_or_stall_the_probes(name):
+    with running_cli("--sim", "--nvml.scenario", "healthy", "--web.header-timeout", "2") as (url, proc):
+        httpx.get(url + "/metrics")  # warm: the first render's allocations are not the attack's
+        before = rss_mib(proc.pid)
+
+        def pipelined_unread(stop: threading.Event) -> None:
+            with connect(url) as sock:
+                send_until(sock, stop, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 50)
+
+        def endless_trailers(stop: threading.Event) -> None:
+            with connect(url) as sock:
+                sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+                send_until(sock, stop, b"a: b\r\n" * 1000)
+
+        def tiny_pipelined_flood(stop: threading.Event) -> None:
+            socks = [connect(url) for _ in range(20)]
+            try:
+                for sock in socks:
+                    sock.settimeout(2)
+                    with contextlib.suppress(OSError):  # closed at the pipeline cap
+                        sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n" * 7281)
+                stop.wait()
+            finally:
+                for sock in socks:
+                    sock.close()
+
+        attack = {
+            "pipelined_unread": pipelined_unread,
+            "endless_trailers": endless_trailers,
+            "tiny_pipelined_flood": tiny_pipelined_flood,
+        }[name]
+        times = probe_while(url, attack, 4.0)
+        growth = rss_mib(proc.pid) - before
+        counts = httpx.get(url + "/metrics").text
+    assert max(times) < 1.0, times
+    assert growth < RSS_BOUND_MIB, growth
+    rejected = [line for line in counts.splitlines() if line.startswith("gpuwarden_http_rejected_total")]
+    expected = {
+        "pipelined_unread": ("write_timeout", "pipeline"),
+        "endless_trailers": ("body_too_large",),
+        "tiny_pipelined_flood": ("pipeline",),
+    }[name]
+    assert any(any(f'reason="{r}"' in line and not line.endswith(" 0.0") for r in expected) for line in rejected)
+
+
+def exchange(url: str, data: bytes, wait: float = 2.0) -> bytes:
+    with connect(url) as sock:
+        sock.sendall(data)
+        sock.settimeout(wait)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            pass
+    return b"".join(chunks)
+
+
+def test_conformance_as_uvicorn_has_it():
+    with running_cli("--sim", "--nvml.scenario", "healthy") as (url, _):
+        # Expect: 100-continue gets an answer before the body is sent (a final one: no endpoint takes a body)
+        with connect(url) as sock:
+            sock.sendall(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+            sock.settimeout(2)
+            assert sock.recv(100).startswith((b"HTTP/1.1 100 Continue", b"HTTP/1.1 405"))
+        # a Date header
+        assert "date" in httpx.get(url + "/healthz").headers
+        # a request followed by bytes on Connection: close gets its answer
+        answer = exchange(url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGARBAGE")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        # an h2c upgrade (curl --http2 on plain HTTP) is served as HTTP/1.1
+        answer = exchange(
+            url,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\nUpgrade: h2c\r\n"
+            b"HTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        # HTTP/1.0 keep-alive (ab -k): the answer comes at once (uvicorn then closes; ab opens a new connection)
+        with connect(url) as sock:
+            sock.settimeout(2)
+            started = time.monotonic()
+            sock.sendall(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200") and time.monotonic() - started < 1.0, answer
