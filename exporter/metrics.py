@@ -118,7 +118,8 @@ HTTP_REJECTED_TOTAL = _f(
     "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout (a request "
     "not whole in time), header_too_large, evicted (oldest connection still sending a request, at the connection "
     "limit), shed (request limit; probes never), auth_failed, auth_shed (password checks already queued), "
-    "write_timeout (a response the client did not read).",
+    "write_timeout (a response the client did not read), body_too_large, pipeline (more than 16 requests queued on "
+    "a connection), bad_request (malformed HTTP).",
     "reason",
     per_gpu=False,
 )

@@ -52,8 +52,6 @@ UVICORN_INTERNALS = (
     "logger",
     "data_received",
     "on_message_begin",
-    "on_url",
-    "on_header",
     "on_headers_complete",
     "on_body",
     "on_message_complete",
@@ -87,7 +85,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.logger = _QUIET_LOGGER
         self._request_bytes = 0
-        self._header_bytes = 0  # the request line and headers as parsed
         self._headers_complete = False
         self._deadline: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
@@ -192,22 +189,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes = 0
         if self._deadline is None:  # a pipelined request parsed from the same bytes: it gets its own deadline
             self._await_request()
-
-    def on_url(self, url: bytes) -> None:
-        self._header_bytes += len(url)
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self.transport.is_closing():
             return  # a request parsed from the same read as one that was refused
-        if self._header_bytes > self.guard.max_header_bytes:  # headers that arrived whole in one read
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.guard.max_header_bytes:  # headers that arrived whole in one read
             self._refuse_size()
             return
         self._headers_complete = True
