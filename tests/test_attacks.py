@@ -14,7 +14,7 @@ import urllib.parse
 import httpx
 import pytest
 
-from tests.helpers.common import rss_mib
+from tests.helpers.common import raw, rss_mib
 from tests.helpers.stack import running_cli
 
 RSS_BOUND_MIB = 64
@@ -108,16 +108,7 @@ def test_one_client_cannot_grow_memory_or_stall_the_probes(name):
 
 
 def exchange(url: str, data: bytes, wait: float = 2.0) -> bytes:
-    with connect(url) as sock:
-        sock.sendall(data)
-        sock.settimeout(wait)
-        chunks = []
-        try:
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        except OSError:
-            pass
-    return b"".join(chunks)
+    return raw(urllib.parse.urlsplit(url).port, data, wait)
 
 
 def test_conformance_as_uvicorn_has_it():

@@ -19,7 +19,7 @@ import httpx
 
 from exporter.serving import ConnectionGuard
 from exporter.webserver import MAX_BODY_BYTES
-from tests.helpers.common import ServedApp, wait_for
+from tests.helpers.common import ServedApp, raw, wait_for
 
 
 async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -71,20 +71,6 @@ def served(app: Any = echo, **server: Any):
         yield live
     finally:
         live.stop()
-
-
-def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
-    """Send bytes, read until the server closes or `wait` passes."""
-    with socket.create_connection(("127.0.0.1", port)) as sock:
-        sock.sendall(data)
-        sock.settimeout(wait)
-        chunks = []
-        try:
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        except OSError:
-            pass
-    return b"".join(chunks)
 
 
 def test_keep_alive_serves_many_requests_on_one_connection_with_query_and_body():

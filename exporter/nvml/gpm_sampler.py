@@ -233,7 +233,7 @@ class ChildProcessSampler:
             log.error(
                 "GPM off for %.0f s: its sampler process %s %d times in a row (last: %s%s); every other metric is "
                 "unaffected. This is a driver fault: upgrade the NVIDIA driver, or set nvml.gpm: false to stop "
-                "retrying (docs/runbooks.md, GpuwardenGpmUnavailable)",
+                "retrying (docs/nvml.md, GPM: the crash under training)",
                 self._backoff,
                 how,
                 self._consecutive,

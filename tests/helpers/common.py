@@ -47,6 +47,20 @@ def settings(**sections: dict[str, Any]) -> Settings:
     return load_settings(None, environ={}, flags=flags)
 
 
+def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
+    """Send bytes to a loopback port, read until the server closes or `wait` passes."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(data)
+        sock.settimeout(wait)
+        chunks = []
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            pass
+    return b"".join(chunks)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
