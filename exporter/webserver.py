@@ -25,6 +25,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -82,6 +83,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     guard: ConnectionGuard  # set by protocol_for()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._count_handshake()  # at accept: a TLS connection is counted from here, its handshake included
         super().__init__(*args, **kwargs)
         self.logger = _QUIET_LOGGER
         self._request_bytes = 0
@@ -91,7 +93,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     # -- connection --------------------------------------------------------------------------------------------
 
+    def _count_handshake(self) -> None:
+        """asyncio makes the protocol at accept but calls connection_made only after a TLS handshake, so a client
+        that never finishes one costs memory (~100 KiB each) the connection limit never saw. Past `max_handshakes`
+        in progress the new connection is dropped at accept (asyncio closes a socket whose protocol factory
+        raises). A handshake that fails never tells the protocol, so entries older than the handshake deadline,
+        which asyncio enforces, are forgotten."""
+        guard = self.guard
+        now = time.monotonic()
+        expired = now - guard.header_timeout_s - 1.0
+        for key, since in list(guard.handshaking.items()):
+            if since > expired:
+                break
+            del guard.handshaking[key]
+        if len(guard.handshaking) >= guard.max_handshakes:
+            guard.reject("handshake_limit")
+            raise ConnectionRefusedError("too many TLS handshakes in progress")
+        guard.handshaking[id(self)] = now
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.guard.handshaking.pop(id(self), None)
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
