@@ -52,6 +52,11 @@ class GpmSamplerDown(Exception):
         self.reason, self.counted = reason, counted
 
 
+class GpmSamplerStarting(Exception):
+    """The sampler process has not finished starting: nothing is known of the GPU yet (not even its support), so the
+    caller changes nothing this cycle."""
+
+
 class GpmSampler(Protocol):
     def advance(self, uuid: str, handle: Any, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
         """Sample one GPU (or MIG instance) now: the window since its previous sample, or None while there is none.
@@ -125,7 +130,7 @@ class ChildProcessSampler:
     def advance(self, uuid: str, handle: Any, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
         answer = self._request({"op": "advance", "uuid": uuid, "gi": gpu_instance, "metrics": metric_ids})
         if answer is None:
-            return None  # the child is still starting: no window this cycle
+            raise GpmSamplerStarting  # no answer about this GPU yet: its support is still unknown
         if "window" in answer:
             window = answer["window"]
             if window is None:

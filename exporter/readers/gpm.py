@@ -38,7 +38,7 @@ from exporter.nvml import calls as nvml
 from exporter.nvml import gpm_sampler
 from exporter.nvml.device import GpuDevice
 from exporter.nvml.gpm import NOT_SUPPORTED_REASON, GpmUnavailable, Window
-from exporter.nvml.gpm_sampler import GpmSamplerDown
+from exporter.nvml.gpm_sampler import GpmSamplerDown, GpmSamplerStarting
 from exporter.readers import Reader
 from exporter.snapshot import SampleWriter, Tier
 
@@ -142,6 +142,8 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
             window = gpm_sampler.current().advance(dev.uuid, dev.handle, None, state.metric_ids)
         except GpmUnavailable as exc:
             _unavailable(dev, state, exc.reason)
+        except GpmSamplerStarting:
+            pass  # asked again next cycle; nothing learned, nothing written
         except GpmSamplerDown as exc:  # no GPM this cycle; asked again next cycle
             state.unavailable = exc.reason
             if exc.counted:
@@ -178,7 +180,7 @@ def _read_instances(dev: GpuDevice, state: GpmState, out: SampleWriter) -> None:
             instance.open = False
             dev.ledger.error(f"nvmlGpmMigSampleGet_{gpu_instance}", exc.reason)
             continue
-        except GpmSamplerDown:  # counted on the whole GPU's request
+        except (GpmSamplerDown, GpmSamplerStarting):  # counted on the whole GPU's request
             _write_instance(str(gpu_instance), mig_uuid, instance.totals, out)
             continue
         if window_read is not None:
