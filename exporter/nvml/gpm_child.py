@@ -6,7 +6,7 @@ simulator's scenario on the parent's timeline), initialises NVML, prints {"ready
 per line on stdin and writes one JSON answer per line on stdout:
 - {"op": "advance", "uuid", "gi", "metrics"} → {"window": null | {"seconds", "values", "failed"}}, or
   {"error": "unavailable" | "lost" | "down" | "fatal", "reason"};
-- {"op": "close", "uuid", "gi"} → {"closed": n}: the windows of a re-discovered GPU or a destroyed MIG slice.
+- {"op": "close", "uuid", "gi"} → {"closed": true}: the windows of a re-discovered GPU or a destroyed MIG slice.
 It exits when stdin closes (the parent is gone). A native crash kills only this process; faulthandler prints the
 stacks on stderr, where the parent reads the name of the call.
 """
@@ -21,49 +21,37 @@ import pynvml
 
 from exporter.nvml import calls
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
-from exporter.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
+from exporter.nvml.gpm import GpmUnavailable
+from exporter.nvml.gpm_sampler import InProcessSampler
 
 
 class Child:
-    """The child's state: a handle per GPU UUID and a window per (UUID, MIG GPU instance)."""
+    """The child's state: a handle per GPU UUID; the windows are an InProcessSampler's (the same code as
+    `nvml.gpm_isolation: thread`), alone in this process."""
 
     def __init__(self) -> None:
         self.handles: dict[str, Any] = {}
-        self.windows: dict[tuple[str, int | None], GpmWindow] = {}
+        self.sampler = InProcessSampler()
 
     def handle(self, uuid: str) -> Any:
         if uuid not in self.handles:
             self.handles[uuid] = calls.nvmlDeviceGetHandleByUUID(uuid)
         return self.handles[uuid]
 
-    def advance(self, uuid: str, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
-        key = (uuid, gpu_instance)
-        window = self.windows.get(key)
-        if window is None:
-            handle = self.handle(uuid)
-            if gpu_instance is None:
-                check_support(handle)
-            window = self.windows[key] = GpmWindow(handle, gpu_instance=gpu_instance)
-        return window.advance(metric_ids)
-
-    def close(self, uuid: str, gpu_instance: int | None) -> int:
-        keys = [k for k in self.windows if k[0] == uuid and (gpu_instance is None or k[1] == gpu_instance)]
-        for key in keys:
-            self.windows.pop(key).free()
+    def close(self, uuid: str, gpu_instance: int | None) -> None:
+        self.sampler.close(uuid, gpu_instance)
         if gpu_instance is None:
             self.handles.pop(uuid, None)  # re-discovered: open it again by UUID
-        return len(keys)
 
     def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         uuid, gpu_instance = request["uuid"], request.get("gi")
         if request["op"] == "close":
-            return {"closed": self.close(uuid, gpu_instance)}
+            self.close(uuid, gpu_instance)
+            return {"closed": True}
         try:
-            window = self.advance(uuid, gpu_instance, [int(m) for m in request["metrics"]])
-        except GpmUnavailable as exc:
-            window = self.windows.pop((uuid, gpu_instance), None)
-            if window is not None:
-                window.free()
+            metrics = [int(m) for m in request["metrics"]]
+            window = self.sampler.advance(uuid, self.handle(uuid), gpu_instance, metrics)
+        except GpmUnavailable as exc:  # the sampler has dropped that window
             return {"error": "unavailable", "reason": exc.reason}
         except pynvml.NVMLError as exc:  # opening the handle by UUID
             self.handles.pop(uuid, None)

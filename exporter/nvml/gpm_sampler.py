@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from exporter.nvml import library
 from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
@@ -35,8 +35,8 @@ from exporter.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
 log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT_S = 3.0  # a GPM sample and 12 metrics take under 4 ms; a child that takes this long is wedged
-START_TIMEOUT_S = 10.0
-EXIT_GRACE_S = 0.5  # interpreter start, pynvml import and nvmlInit
+START_TIMEOUT_S = 10.0  # interpreter start, pynvml import and nvmlInit
+EXIT_GRACE_S = 0.5  # a child whose end of the pipe closed has exited within this, or is killed (hung)
 MAX_BACKOFF_S = 3600.0
 CRASHED, HUNG = "crashed", "hung"
 _LAST_NVML_FRAME = re.compile(r'File ".*?", line \d+ in (nvml\w+)')
@@ -121,9 +121,7 @@ class ChildProcessSampler:
         self._backoff = crash_backoff
         self.off_until = 0.0  # monotonic time before which GPM is off (0: on)
         self.off_reason: str | None = None
-        self.failures: dict[str, int] = {CRASHED: 0, HUNG: 0}
         self.starts = 0
-        self.last_culprit: str | None = None
 
     # -- the API ----------------------------------------------------------------------------------------
 
@@ -176,23 +174,21 @@ class ChildProcessSampler:
             if not self._ready:
                 line = self._read_line(0.0)  # never hold a fast cycle for the child's start
                 if line is None:
-                    if self._proc is not None and self._proc.poll() is not None:
-                        self._failed(CRASHED)
-                    elif time.monotonic() - self._started_at > START_TIMEOUT_S:
-                        self._failed(HUNG)
+                    if self._proc.poll() is not None or time.monotonic() - self._started_at > START_TIMEOUT_S:
+                        self._failed()
                     return None
                 if not json.loads(line).get("ready"):
-                    self._failed(CRASHED)  # NVML would not initialise in the child
+                    self._failed()  # NVML would not initialise in the child
                 self._ready = True
-            assert self._proc is not None and self._proc.stdin is not None
+            assert self._proc.stdin is not None
             try:
                 self._proc.stdin.write(json.dumps(message).encode() + b"\n")
                 self._proc.stdin.flush()
             except OSError:
-                self._failed(CRASHED)
+                self._failed()
             line = self._read_line(ANSWER_TIMEOUT_S)
             if line is None:
-                self._failed(CRASHED if self._proc.poll() is not None else HUNG)
+                self._failed()
             return json.loads(line)
 
     def _spawn(self) -> None:
@@ -223,15 +219,12 @@ class ChildProcessSampler:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
-    def _failed(self, how: str) -> None:
+    def _failed(self) -> NoReturn:
         """The child died or wedged: count it, name the call, turn GPM off after `crash_limit`; always raises.
-        `how` is the caller's guess; a child that exits by itself within the grace is `crashed`, one that must be
-        killed `hung`."""
+        A child that exits by itself within the grace `crashed`; one that must be killed `hung`."""
         culprit, status, killed = self._reap()
         how = HUNG if killed else CRASHED
-        self.failures[how] += 1
         self._consecutive += 1
-        self.last_culprit = culprit
         where = f" in {culprit}" if culprit else ""
         if self._consecutive >= self.crash_limit:
             self.off_until, self.off_reason = time.monotonic() + self._backoff, how
