@@ -119,8 +119,8 @@ HTTP_REJECTED_TOTAL = _f(
     "not whole in time), header_too_large, evicted (oldest connection still sending a request, at the connection "
     "limit), shed (request limit; probes never), auth_failed, auth_shed (password checks already queued), "
     "write_timeout (a response the client did not read), body_too_large, pipeline (more than 16 requests queued on "
-    "a connection), bad_request (malformed HTTP), handshake_limit (TLS connections dropped at accept while "
-    "256 handshakes were in progress).",
+    "a connection), bad_request (malformed HTTP), handshake_limit (the oldest TLS handshake in progress "
+    "closed when 256 were).",
     "reason",
     per_gpu=False,
 )

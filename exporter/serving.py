@@ -52,8 +52,7 @@ class ConnectionGuard:
     rejected: Counter[str] = field(default_factory=Counter)
     parked: int = 0  # requests waiting out a refusal delay: they cost nothing and must not cause shedding
     waiting: dict[Any, float] = field(default_factory=dict)  # connections awaiting a request → since (ordered)
-    max_handshakes: int = 256  # TLS connections accepted and still in their handshake
-    handshaking: dict[int, float] = field(default_factory=dict)  # id of the protocol → accepted at (ordered)
+    max_handshakes: int = 256  # TLS connections accepted and still in their handshake (webserver.HandshakeLimiter)
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
     _logged_at: float = 0.0
     _unlogged: int = 0

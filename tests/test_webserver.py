@@ -242,6 +242,23 @@ def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():
     assert not renamed, f"uvicorn no longer sets {renamed}"
 
 
+def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
+    """HandshakeLimiter recognises asyncio's accept task by its coroutine's name and cancels it to abort a
+    handshake: a Python release that renames it, or stops closing the transport on cancellation, fails here."""
+    import asyncio.selector_events
+    import inspect
+
+    from exporter.webserver import ACCEPT_COROUTINE
+
+    owner, name = ACCEPT_COROUTINE.split(".")
+    method = getattr(asyncio.selector_events, owner).__dict__[name]
+    assert method.__qualname__ == ACCEPT_COROUTINE
+    source = inspect.getsource(method)
+    assert "await waiter" in source and "transport.close()" in source
+    accept = asyncio.selector_events.BaseSelectorEventLoop._accept_connection
+    assert "self.create_task(accept)" in inspect.getsource(accept)
+
+
 _INSTANCE_ATTRIBUTES = (
     "transport",
     "cycle",
