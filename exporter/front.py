@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import threading
 import time
@@ -60,6 +61,7 @@ def _quality(header: str, wanted: str) -> float:
     return 0.0
 
 
+@functools.lru_cache(maxsize=64)  # a scraper sends the same two headers every time: parse them once
 def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
     """(OpenMetrics?, gzip?) as the scraper asked, honouring quality values (q=0 means "not this")."""
     openmetrics = _quality(accept, "application/openmetrics-text")

@@ -13,8 +13,9 @@ what it lacks, per connection, with the limits of exporter.serving.ConnectionGua
 - TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
 - one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
 
-The uvicorn internals this touches are listed in `UVICORN_INTERNALS`; tests/test_webserver.py fails, rather than a
-node, when an upgrade drops one.
+A response cycle writes through `_CoalescedWrites` (its `transport` attribute is replaced), so that a response's
+head and body leave in one send(). The uvicorn internals this touches are listed in `UVICORN_INTERNALS`;
+tests/test_webserver.py fails, rather than a node, when an upgrade drops one.
 """
 
 from __future__ import annotations
@@ -78,6 +79,36 @@ _QUIET_LOGGER = logging.getLogger("gpuwarden.http")
 _QUIET_LOGGER.addFilter(_Quiet())
 
 
+class _CoalescedWrites:
+    """The transport as a response cycle sees it: a write is held until the next one or the end of the loop
+    iteration, so a response's status line and headers leave in the same send() as its body. uvicorn writes them
+    separately: two system calls, and on a small response two TCP segments, per request."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            held, self._held = self._held, None
+            self._transport.write(held + data)
+
+    def flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits in the module docstring."""
 
@@ -95,6 +126,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._writes = _CoalescedWrites(transport, self.loop)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -197,10 +229,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self.transport.is_closing():
             return  # a request parsed from the same read as one that was refused
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
-        if size > self.guard.max_header_bytes:  # headers that arrived whole in one read
-            self._refuse_size()
-            return
+        if self._request_bytes > self.guard.max_header_bytes:  # a read larger than the limit: were the headers?
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self.guard.max_header_bytes:  # headers that arrived whole in one read
+                self._refuse_size()
+                return
         self._headers_complete = True
         length = next((value for name, value in self.headers if name == b"content-length"), b"0")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:
@@ -210,16 +243,24 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.guard.reject("pipeline")
             self._abort()
             return
-        path = self.url.split(b"?", 1)[0].decode("latin-1")
-        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and path not in PROBES:
+        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and not self._is_probe():
             self.guard.reject("shed")
             app, self.app = self.app, service_unavailable
             try:
                 super().on_headers_complete()
             finally:
                 self.app = app
+            self._coalesce_writes()
             return
         super().on_headers_complete()
+        self._coalesce_writes()
+
+    def _coalesce_writes(self) -> None:
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = self._writes
+
+    def _is_probe(self) -> bool:
+        return self.url.split(b"?", 1)[0].decode("latin-1") in PROBES
 
     def on_body(self, body: bytes) -> None:
         if self.transport.is_closing():
@@ -328,6 +369,7 @@ class HttpServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # the client address is the peer's: no X-Forwarded-For rewriting on every request
             timeout_keep_alive=max(1, int(guard.header_timeout_s)),
             timeout_graceful_shutdown=max(1, int(graceful_s)),
         )

@@ -242,6 +242,52 @@ def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():
     assert not renamed, f"uvicorn no longer sets {renamed}"
 
 
+def test_a_response_leaves_in_one_write_and_nothing_is_held_past_the_loop_iteration():
+    """Status line and headers are joined to the body (one send() per response, not two); a lone write, like
+    `100 Continue`, goes out at the end of the loop iteration, and close() sends what is held before closing."""
+    import asyncio
+
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from exporter.webserver import _CoalescedWrites
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    async def scenario() -> tuple[list[bytes], list[bytes], list[bytes], bool]:
+        loop = asyncio.get_running_loop()
+        transport = Recorder()
+        writes = _CoalescedWrites(transport, loop)  # type: ignore[arg-type]
+        writes.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        writes.write(b"body")
+        joined = list(transport.writes)
+        writes.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        before_yield = list(transport.writes)
+        await asyncio.sleep(0)
+        after_yield = list(transport.writes)
+        writes.write(b"last")
+        writes.close()
+        return joined, before_yield, after_yield + transport.writes[len(after_yield) :], writes.is_closing()
+
+    joined, before_yield, after_close, closing = asyncio.run(scenario())
+    assert joined == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    assert before_yield == joined
+    assert after_close == [*joined, b"HTTP/1.1 100 Continue\r\n\r\n", b"last"] and closing
+    # the cycle's transport is what GuardedHttpProtocol replaces: uvicorn must still keep it there
+    assert "self.transport = transport" in __import__("inspect").getsource(RequestResponseCycle.__init__)
+
+
 def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
     """HandshakeLimiter recognises asyncio's accept task by its coroutine's name and cancels it to abort a
     handshake: a Python release that renames it, or stops closing the transport on cancellation, fails here."""
