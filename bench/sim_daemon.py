@@ -1,7 +1,7 @@
 """Run the daemon on a simulated node and record time to ready, RSS, threads, fds and CPU over a long run.
 
-Usage: python3 bench/sim_daemon.py --seconds 600 --scenario training --json OUT.json
-Polls at 1 s (fast) and 15 s (slow); /metrics is scraped every 15 s, as Prometheus would. RSS, threads and
+Usage: python3 bench/sim_daemon.py --seconds 600 --scenario training [--scrape-interval 15] --json OUT.json
+Polls at 1 s (fast) and 15 s (slow); /metrics is scraped every 15 s, as Prometheus would (or at --scrape-interval). RSS, threads and
 open fds are sampled every 60 s; CPU is user + system time of the process over the run.
 """
 
@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--scenario", default="training")
     parser.add_argument("--port", type=int, default=10048)
+    parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--json")
     args = parser.parse_args()
     url = f"http://127.0.0.1:{args.port}"
@@ -64,7 +65,7 @@ def main() -> int:
     next_sample = 60.0
     while time.monotonic() - t0 < args.seconds:
         urllib.request.urlopen(url + "/metrics", timeout=5).read()
-        time.sleep(15)
+        time.sleep(args.scrape_interval)
         if time.monotonic() - t0 >= next_sample:
             samples.append({"t_s": round(time.monotonic() - t0), **proc_status(proc.pid)})
             next_sample += 60
@@ -74,6 +75,7 @@ def main() -> int:
     first_minute = samples[1] if len(samples) > 1 else samples[0]
     result = {
         "scenario": args.scenario,
+        "scrape_interval_s": args.scrape_interval,
         "seconds": round(end["t_s"]),
         "time_to_ready_s": round(ready_s, 3),
         "rss_mib_end": round(end["rss_mib"], 1),
