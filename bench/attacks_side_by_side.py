@@ -1,7 +1,7 @@
 """The one-client memory attacks against two checkouts of the exporter, in turn, in the same run.
 
 Usage: python3 bench/attacks_side_by_side.py BEFORE_ROOT AFTER_ROOT [--seconds 3]
-Each attack runs for `--seconds` against `python -m exporter --sim` started from each root (loopback); RSS is
+Each attack runs for `--seconds` against `python -m gpuwarden --sim` started from each root (loopback); RSS is
 sampled every 0.1 s and the exporter is killed if it passes 1.5 GiB (the old server got there in seconds). Prints a
 Markdown table: peak RSS growth, probe (/readyz) worst latency and failures, and whether the exporter survived.
 """
@@ -83,7 +83,7 @@ def run(root: str, name: str, seconds: float) -> dict:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             "healthy",

@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.config import load_settings  # noqa: E402
-from exporter.nvml.session import start_init  # noqa: E402
-from exporter.poller import Poller  # noqa: E402
-from exporter.snapshot import Tier  # noqa: E402
-from exporter.workers import WorkerPool  # noqa: E402
+from gpuwarden.collect.poller import Poller  # noqa: E402
+from gpuwarden.collect.workers import WorkerPool  # noqa: E402
+from gpuwarden.config.settings import load_settings  # noqa: E402
+from gpuwarden.model.snapshot import Tier  # noqa: E402
+from gpuwarden.nvml.session import start_init  # noqa: E402
 
 
 def timed_readers(poller: Poller, spent: dict[str, list[float]]) -> None:

@@ -29,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporter.health.checks import CHECKS  # noqa: E402
+from gpuwarden.health.checks import CHECKS  # noqa: E402
 from tests.helpers.stack import wait_ready  # noqa: E402
 
 GPUS = 8
@@ -324,7 +324,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "exporter",
+                "gpuwarden",
                 "fleet",
                 "--prometheus-url",
                 f"http://127.0.0.1:{prom_port}",

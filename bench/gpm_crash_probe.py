@@ -31,7 +31,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 
 FIELDS_PROBE = """
 import time, pynvml
-from exporter.readers.clocks import THROTTLE_FIELDS
+from gpuwarden.collect.readers.clocks import THROTTLE_FIELDS
 pynvml.nvmlInit()
 seen = {}
 end = time.time() + SECONDS
@@ -48,8 +48,8 @@ for (gpu, name, code, vtype), n in sorted(seen.items()):
 
 RACE = """
 import threading, time, pynvml
-from exporter.readers.clocks import THROTTLE_FIELDS
-from exporter.readers.gpm import METRICS
+from gpuwarden.collect.readers.clocks import THROTTLE_FIELDS
+from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 stop = time.time() + SECONDS
 counts = {}
@@ -77,7 +77,7 @@ print("survived", counts)
 
 GPM_ONLY = """
 import threading, time, pynvml
-from exporter.readers.gpm import METRICS
+from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 def gpm(i):
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -97,7 +97,7 @@ time.sleep(SECONDS)
 
 REINIT = """
 import threading, time, pynvml
-from exporter.readers.gpm import METRICS
+from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 stop = time.time() + SECONDS
 def gpm(i):
@@ -169,7 +169,7 @@ def run_exporter(name: str, extra: list[str], seconds: float, out: Path, port: i
             "-X",
             "faulthandler",
             "-m",
-            "exporter",
+            "gpuwarden",
             "--web.listen-address",
             f"127.0.0.1:{port}",
             "--log.level",
@@ -247,7 +247,7 @@ def start_monitor(name: str, out: Path, port: int) -> subprocess.Popen:
     """The exporter (name 'exporter...') or a plain-pynvml loop (name of a snippet), under faulthandler."""
     log = open(out / f"{name}.log", "a")  # noqa: SIM115 - closed with the process
     if name.startswith("exporter"):
-        argv = ["-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "debug"]
+        argv = ["-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "debug"]
         if name.endswith("nothrottle"):
             argv += ["--metrics.exclude", "gpuwarden_throttle*"]
     else:

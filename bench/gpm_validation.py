@@ -114,7 +114,7 @@ def get_json(path: str, port: int = PORT) -> dict:
 
 
 def exporter(*flags: str, port: int = PORT, user: str | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}", *flags]
+    cmd = [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}", *flags]
     if user:
         cmd = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *cmd]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -285,9 +285,9 @@ def poll_cost() -> dict:
             "fast_tier_ms": round(1000 * durations[0], 3),
         }
     sys.path.insert(0, str(ROOT))
-    from exporter.config import load_settings
-    from exporter.poller import Poller
-    from exporter.snapshot import Tier
+    from gpuwarden.collect.poller import Poller
+    from gpuwarden.config.settings import load_settings
+    from gpuwarden.model.snapshot import Tier
 
     for label, exclude in (("read_on", ()), ("read_off", ("gpuwarden_gpm_*",))):
         poller = Poller(load_settings(None, environ={}, flags={"metrics.exclude": list(exclude)}))

@@ -60,7 +60,7 @@ class Exporter:
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "--sim", "--web.listen-address", f"127.0.0.1:{self.port}",
+            [sys.executable, "-m", "gpuwarden", "--sim", "--web.listen-address", f"127.0.0.1:{self.port}",
              "--web.config.file", str(tmp / "web.yaml")],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

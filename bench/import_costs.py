@@ -39,10 +39,12 @@ SETS = {
     "base+asyncio+httptools": f"import prometheus_client, pynvml, asyncio, httptools; {INIT}",
     "base+msgspec": f"import prometheus_client, pynvml, msgspec; {INIT}",
     "nvitop_exporter+init": f"import nvitop_exporter, pynvml; {INIT}",
-    "exporter.config": "import exporter.config",
-    "exporter.cli": "import exporter.cli",
-    "exporter.webserver": "import exporter.webserver",
-    "exporter serving path": "import exporter.cli, exporter.poller, exporter.front, exporter.webserver",
+    "gpuwarden.config.settings": "import gpuwarden.config.settings",
+    "gpuwarden.cli.main": "import gpuwarden.cli.main",
+    "gpuwarden.web.server": "import gpuwarden.web.server",
+    "exporter serving path": (
+        "import gpuwarden.cli.main, gpuwarden.collect.poller, gpuwarden.web.front, gpuwarden.web.server"
+    ),
 }
 
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 secs=${1:-60}
 port=10052
-python3 -m exporter --sim --nvml.scenario nvlink-down --web.listen-address 127.0.0.1:$port >/tmp/gw-load.log 2>&1 &
+python3 -m gpuwarden --sim --nvml.scenario nvlink-down --web.listen-address 127.0.0.1:$port >/tmp/gw-load.log 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null' EXIT
 until curl -sf localhost:$port/readyz >/dev/null; do sleep 0.05; done

@@ -30,8 +30,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=10063)
     parser.add_argument("--json")
     args = parser.parse_args()
-    from exporter.sim import install_simulator
-    from exporter.sim.scenario import load_scenario
+    from gpuwarden.sim import install_simulator
+    from gpuwarden.sim.scenario import load_scenario
 
     fake = install_simulator(load_scenario("training"))
     uuids = [fake.uuid(i) for i in range(fake.count)]
@@ -41,7 +41,7 @@ def main() -> int:
         command = [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             "training",

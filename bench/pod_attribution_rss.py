@@ -28,7 +28,7 @@ def run(seconds: float, port: int, socket: Path | None) -> dict[str, float]:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             "training",
@@ -73,8 +73,8 @@ def main() -> int:
     off = run(args.seconds, 10061, None)
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
-        from exporter.sim import install_simulator
-        from exporter.sim.scenario import load_scenario
+        from gpuwarden.sim import install_simulator
+        from gpuwarden.sim.scenario import load_scenario
 
         fake = install_simulator(load_scenario("training"))
         uuids = [fake.uuid(i) for i in range(fake.count)]  # the daemon's simulator derives the same UUIDs

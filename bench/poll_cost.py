@@ -26,9 +26,9 @@ from typing import Any
 
 import pynvml
 
-from exporter.config import load_settings
-from exporter.poller import Poller
-from exporter.snapshot import Tier
+from gpuwarden.collect.poller import Poller
+from gpuwarden.config.settings import load_settings
+from gpuwarden.model.snapshot import Tier
 
 SMI_QUERY = (
     "timestamp,name,pci.bus_id,driver_version,pstate,temperature.gpu,utilization.gpu,utilization.memory,"
@@ -93,7 +93,7 @@ def daemon_run(seconds: float) -> dict[str, float]:
     """Start the daemon, measure time to ready, scrape every 15 s, report CPU millicores and RSS."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--web.listen-address", "127.0.0.1:10047"],
+        [sys.executable, "-m", "gpuwarden", "--web.listen-address", "127.0.0.1:10047"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

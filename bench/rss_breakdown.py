@@ -27,17 +27,17 @@ def main() -> None:
     out["nvml_initialised_1_gpu"] = child("import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)")
     out["prometheus_client"] = child("import prometheus_client")
     out["pydantic"] = child("import pydantic")
-    out["exporter_config"] = child("import exporter.config")
-    out["http_server"] = child("import exporter.webserver")
+    out["exporter_config"] = child("import gpuwarden.config.settings")
+    out["http_server"] = child("import gpuwarden.web.server")
     code = """
 import tracemalloc, time
 tracemalloc.start(1)
-from exporter.config import load_settings
-from exporter.poller import Poller
+from gpuwarden.config.settings import load_settings
+from gpuwarden.collect.poller import Poller
 settings = load_settings(None, environ={}, flags={})
 poller = Poller(settings)
 poller.start()
-import exporter.webserver, exporter.front, exporter.render
+import gpuwarden.web.server, gpuwarden.web.front, gpuwarden.exposition.render
 time.sleep(6)
 snap = tracemalloc.take_snapshot()
 stats = snap.statistics('filename')[:15]

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import side_by_side  # noqa: E402 - the bench's own start/stop helpers
 
 LISTEN = f"--web.listen-address=127.0.0.1:{side_by_side.PORT}"
-BASE = [sys.executable, "-m", "exporter", LISTEN]
+BASE = [sys.executable, "-m", "gpuwarden", LISTEN]
 VARIANTS = {
     "gpuwarden": BASE,
     "gpm_off": [*BASE, "--no-nvml.gpm"],

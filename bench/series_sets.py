@@ -10,11 +10,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.nvml import library  # noqa: E402
-from exporter.poller import Poller  # noqa: E402
-from exporter.render import Renderer  # noqa: E402
-from exporter.sim import install_simulator  # noqa: E402
-from exporter.sim.scenario import load_scenario, shipped_scenarios  # noqa: E402
+from gpuwarden.collect.poller import Poller  # noqa: E402
+from gpuwarden.exposition.render import Renderer  # noqa: E402
+from gpuwarden.nvml import library  # noqa: E402
+from gpuwarden.sim import install_simulator  # noqa: E402
+from gpuwarden.sim.scenario import load_scenario, shipped_scenarios  # noqa: E402
 from tests.helpers.common import ManualClock, settings  # noqa: E402
 
 

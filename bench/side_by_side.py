@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 10065
 EXPORTERS = {
-    "gpuwarden": ([sys.executable, "-m", "exporter", f"--web.listen-address=127.0.0.1:{PORT}"], b"gpuwarden_gpu_up"),
+    "gpuwarden": ([sys.executable, "-m", "gpuwarden", f"--web.listen-address=127.0.0.1:{PORT}"], b"gpuwarden_gpu_up"),
     "nvitop-exporter": (
         [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(PORT)],
         b"gpu_utilization",  # its per-GPU series (gpu_utilization_Percentage, ...)

@@ -1,8 +1,9 @@
 """Run the daemon on a simulated node and record time to ready, RSS, threads, fds and CPU over a long run.
 
 Usage: python3 bench/sim_daemon.py --seconds 600 --scenario training [--scrape-interval 15] --json OUT.json
-Polls at 1 s (fast) and 15 s (slow); /metrics is scraped every 15 s, as Prometheus would (or at --scrape-interval). RSS, threads and
-open fds are sampled every 60 s; CPU is user + system time of the process over the run.
+Polls at 1 s (fast) and 15 s (slow); /metrics is scraped every 15 s, as Prometheus would (or at
+--scrape-interval). RSS, threads and open fds are sampled every 60 s; CPU is user + system time of the process
+over the run.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             args.scenario,

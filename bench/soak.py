@@ -31,7 +31,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             args.scenario,

@@ -21,7 +21,7 @@ PORT = 10075
 
 def run(env_extra: dict[str, str], importtime: bool, out: Path, label: str) -> dict:
     env = {**os.environ, **env_extra}
-    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "exporter",
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "gpuwarden",
            f"--web.listen-address=127.0.0.1:{PORT}", "--log.level=info"]  # fmt: skip
     spawned = time.time()
     started = time.perf_counter()

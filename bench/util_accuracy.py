@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pynvml
 
-from exporter.config import load_settings
-from exporter.poller import Poller
+from gpuwarden.collect.poller import Poller
+from gpuwarden.config.settings import load_settings
 
 LOAD = r"""
 import sys, time, torch

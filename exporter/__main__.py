@@ -1,5 +1,5 @@
-"""`python -m exporter` runs the same entry point as the `gpuwarden` console script."""
+"""`python -m gpuwarden` runs the same entry point as the `gpuwarden` console script."""
 
-from exporter.cli import main
+from gpuwarden.cli.main import main
 
 raise SystemExit(main())

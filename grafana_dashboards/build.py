@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.health.thresholds import DEFAULT as LIMITS  # noqa: E402
+from gpuwarden.health.thresholds import DEFAULT as LIMITS  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from exporter.nvml import library
-from exporter.poller import Poller
-from exporter.sim import install_simulator
-from exporter.sim.fakelib import FakeNvmlLibrary
-from exporter.sim.scenario import Scenario, load_scenario
+from gpuwarden.collect.poller import Poller
+from gpuwarden.nvml import library
+from gpuwarden.sim import install_simulator
+from gpuwarden.sim.fakelib import FakeNvmlLibrary
+from gpuwarden.sim.scenario import Scenario, load_scenario
 from tests.helpers.common import LiveServer, scenario_from, settings
 from tests.helpers.kubelet import FakeKubelet
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.health import rules
+from gpuwarden.health import rules
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alert_rules" / "gpuwarden.rules.yaml"
@@ -25,7 +25,7 @@ def loaded() -> list[dict]:
 
 
 def test_committed_rules_match_the_thresholds():
-    assert RULES.read_text() == rules.to_yaml(rules.build()), "run `python -m exporter.health.rules`"
+    assert RULES.read_text() == rules.to_yaml(rules.build()), "run `python -m gpuwarden.health.rules`"
 
 
 @needs_promtool
@@ -85,7 +85,7 @@ def test_memory_and_utilization_never_page():
 
 
 def test_rules_follow_overridden_thresholds():
-    from exporter.health.thresholds import Thresholds
+    from gpuwarden.health.thresholds import Thresholds
 
     text = rules.to_yaml(rules.build(Thresholds(temperature_warning_celsius=80, temperature_warning_for_s=600)))
     rule = next(

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from exporter.health import rules
+from gpuwarden.health import rules
 from tests.helpers.stack import ALERTMANAGER, PROMETHEUS, late_nvlink_down
 from tests.helpers.stack import stack as running_stack
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from exporter.config import ConfigError, load_settings, options
+from gpuwarden.config.settings import ConfigError, load_settings, options
 from tests.helpers.common import free_port, write_yaml
 
 
@@ -17,7 +17,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
+        [sys.executable, "-m", "gpuwarden", *args],
         capture_output=True,
         text=True,
         env={**base, **(env or {})},
@@ -163,7 +163,7 @@ def test_scenarios_into_a_closed_pipe_exits_quietly():
     os.close(read_end)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "exporter", "scenarios"], stdout=write_end, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "gpuwarden", "scenarios"], stdout=write_end, stderr=subprocess.PIPE, text=True
         )
     finally:
         os.close(write_end)

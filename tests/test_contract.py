@@ -8,9 +8,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporter.metrics import FAMILIES
-from exporter.render import Renderer
-from exporter.sim.scenario import shipped_scenarios
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.model.families import FAMILIES
+from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import parse_exposition, polled
 
 SOURCE = Path(__file__).resolve().parent.parent / "exporter"

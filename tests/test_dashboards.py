@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.health import rules
-from exporter.metrics import FAMILIES
+from gpuwarden.health import rules
+from gpuwarden.model.families import FAMILIES
 from tests.helpers.common import write_yaml
 from tests.helpers.kubelet import FakeKubelet
 from tests.helpers.stack import PROMETHEUS
@@ -93,7 +93,7 @@ def test_panels_that_need_an_opt_in_group_say_which():
     """A panel querying a family that only an opt-in collector group exports names the group in its description;
     the default set must leave every other panel with data (test_every_panel_query_returns_data runs one node with
     every group and the others at the default)."""
-    from exporter.metrics import GROUPS
+    from gpuwarden.model.families import GROUPS
 
     whole = {m.family.name: g.name for g in GROUPS.values() for m in g.members if m.label is None and not m.zero_rows}
     checked = 0
@@ -112,7 +112,7 @@ def test_panels_that_need_an_opt_in_group_say_which():
 
 
 def test_thresholds_follow_the_alert_thresholds():
-    from exporter.health.thresholds import DEFAULT
+    from gpuwarden.health.thresholds import DEFAULT
 
     node = dashboards()["gpuwarden-node.json"]
     temperature = next(p for p in panels(node) if p["title"] == "GPU temperature")

@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 import yaml
 
-from exporter.cli import settings_from_argv
-from exporter.sim.scenario import shipped_scenarios
+from gpuwarden.cli.main import settings_from_argv
+from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

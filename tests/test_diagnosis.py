@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.health.diagnosis import diagnose
-from exporter.poller import Poller
+from gpuwarden.collect.poller import Poller
+from gpuwarden.health.diagnosis import diagnose
 from tests.helpers.common import ManualClock, settings, write_yaml
 from tests.helpers.thresholds import SHORT
 

@@ -6,19 +6,19 @@ import os
 import re
 from pathlib import Path
 
-from exporter import docs
+from docs import references as docs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_references_match_the_code():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert docs.render(readme) == readme, "run `python -m exporter.docs` to regenerate the README references"
+    assert docs.render(readme) == readme, "run `python docs/references.py` to regenerate the README references"
 
 
 def test_nvml_doc_lists_every_operation_the_code_performs():
     text = (ROOT / "docs" / "nvml.md").read_text(encoding="utf-8")
-    assert docs.render_nvml_doc(text) == text, "run `python -m exporter.docs` to regenerate docs/nvml.md"
+    assert docs.render_nvml_doc(text) == text, "run `python docs/references.py` to regenerate docs/nvml.md"
     assert "`nvmlDeviceGetPowerUsage`" in text and "`nvmlInitWithFlags`" in text
 
 

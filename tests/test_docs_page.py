@@ -7,7 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from exporter.apidocs import render_docs
+from gpuwarden.web.apidocs import render_docs
 from tests.helpers.browser import dump_dom
 
 
@@ -43,8 +43,8 @@ def test_the_recording_proxy_catches_a_page_that_loads_from_a_cdn(tmp_path: Path
 
 
 def test_the_fleet_service_docs_are_offline_too() -> None:
-    from exporter.fleet.app import create_app
-    from exporter.fleet.settings import FleetSettings
+    from gpuwarden.fleet.app import create_app
+    from gpuwarden.fleet.settings import FleetSettings
 
     app = create_app(FleetSettings(prometheus_url="http://127.0.0.1:9"))
     assert app.docs_url is None and app.redoc_url is None

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from exporter.render import Renderer
+from gpuwarden.exposition.render import Renderer
 from tests.helpers.common import ManualClock, parse_exposition, values, wait_for
 
 

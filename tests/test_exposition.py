@@ -1,4 +1,4 @@
-"""exporter/exposition.py against prometheus_client as the oracle: the same families written by both must be the
+"""exporter/exposition/text.py against prometheus_client as the oracle: the same families written by both must be the
 same bytes, in the text format and in OpenMetrics — for every shipped scenario with every collector group, and for
 label values, help texts and floats chosen to break an escaper or a number formatter."""
 
@@ -15,7 +15,8 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from exporter.exposition import (
+from gpuwarden.exposition.render import SnapshotCollector
+from gpuwarden.exposition.text import (
     OPENMETRICS_CONTENT_TYPE,
     Family,
     ProcessFamilies,
@@ -23,9 +24,8 @@ from exporter.exposition import (
     openmetrics_format,
     text_format,
 )
-from exporter.metrics import GROUPS, Selection
-from exporter.render import SnapshotCollector
-from exporter.sim.scenario import shipped_scenarios
+from gpuwarden.model.families import GROUPS, Selection
+from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import parse_exposition, polled
 
 

@@ -104,7 +104,7 @@ def test_driver_library_version_mismatch_exits_for_a_restart(tmp_path):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             str(scenario),

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from exporter.fleet.settings import FleetSettings, parse
-from exporter.health import rules
+from gpuwarden.fleet.settings import FleetSettings, parse
+from gpuwarden.health import rules
 from tests.helpers.browser import CHROMIUM_FLAGS, chromium
 from tests.helpers.common import free_port, write_yaml
 from tests.helpers.fleet import FleetServer, fleet_settings
@@ -420,7 +420,7 @@ def test_overview_page_in_headless_chromium(world: dict[str, Any], tmp_path: Pat
 def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
     import re
 
-    from exporter.fleet.settings import ENV_PREFIX, _flag
+    from gpuwarden.fleet.settings import ENV_PREFIX, _flag
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(--[\w.-]+)` \|.*$", text, re.M)}

@@ -20,8 +20,8 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from exporter.fleet.settings import parse_duration
-from exporter.fleet.views import _node_name
+from gpuwarden.fleet.settings import parse_duration
+from gpuwarden.fleet.views import _node_name
 from tests.helpers.common import rss_mib
 from tests.helpers.stack import running_cli
 

@@ -11,13 +11,13 @@ import sys
 
 import httpx
 
-from exporter.cli import main, settle_memory
+from gpuwarden.cli.main import main, settle_memory
 from tests.helpers.common import free_port
 from tests.helpers.stack import running_cli
 
 KEPT_OUT = {
-    "pydantic": "settings are exporter/typedconfig.py dataclasses",
-    "prometheus_client": "the exposition is exporter/exposition.py",
+    "pydantic": "settings are exporter/config/typed.py dataclasses",
+    "prometheus_client": "the exposition is exporter/exposition/text.py",
     "fastapi": "the JSON API loads on its first request",
     "starlette": "the JSON API loads on its first request",
     "anyio": "the front uses asyncio's executor",
@@ -38,7 +38,7 @@ def test_scrapes_and_probes_load_none_of_the_libraries_kept_out_and_the_api_load
         assert metrics.status_code == 200 and b"gpuwarden_build_info" in metrics.content
         assert httpx.get(url + "/readyz").status_code == 503  # no GPU here: not ready, and says so
     loaded = _imported(proc.stderr.read())
-    assert "exporter.webserver" in loaded and "exporter.exposition" in loaded, "the listing itself is broken"
+    assert "gpuwarden.web.server" in loaded and "gpuwarden.exposition.text" in loaded, "the listing itself is broken"
     offenders = {name: why for name, why in KEPT_OUT.items() if name in loaded}
     assert not offenders, offenders
 
@@ -54,7 +54,7 @@ def test_the_api_loads_fastapi_on_its_first_request_and_answers():
 # whether the cyclic GC was off during start-up and is on again (and start-up's objects frozen) afterwards.
 WATCH_GC = """
 import gc, os, sys, threading, time, urllib.request
-import exporter.cli as cli
+import gpuwarden.cli.main as cli
 
 def watch(url, disabled_at_start):
     deadline = time.monotonic() + 60

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.config import ConfigError, Settings, load_settings
-from exporter.sim.scenario import Scenario, load_scenario
+from gpuwarden.config.settings import ConfigError, Settings, load_settings
+from gpuwarden.sim.scenario import Scenario, load_scenario
 
 scalars = st.one_of(
     st.none(),

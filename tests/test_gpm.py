@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from exporter.health.checks import bottleneck_class
-from exporter.health.diagnosis import diagnose
-from exporter.health.thresholds import DEFAULT
+from gpuwarden.health.checks import bottleneck_class
+from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.health.thresholds import DEFAULT
 from tests.helpers.common import poll_series, values, write_yaml
 
 

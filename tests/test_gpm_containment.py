@@ -19,10 +19,10 @@ import urllib.request
 import pynvml
 import pytest
 
-from exporter.nvml import gpm_sampler
-from exporter.nvml.gpm_sampler import ChildProcessSampler, GpmSamplerDown, GpmSamplerStarting, InProcessSampler
-from exporter.readers.gpm import METRICS
-from exporter.sim.fakecommon import SimulatedMemoryCorruption
+from gpuwarden.collect.readers.gpm import METRICS
+from gpuwarden.nvml import gpm_sampler
+from gpuwarden.nvml.gpm_sampler import ChildProcessSampler, GpmSamplerDown, GpmSamplerStarting, InProcessSampler
+from gpuwarden.sim.fakecommon import SimulatedMemoryCorruption
 from tests.helpers.common import parse_exposition, values, write_yaml
 from tests.helpers.stack import running_cli
 
@@ -149,8 +149,8 @@ def test_the_in_process_sampler_never_overlaps_gpm_calls_across_gpus(sim):
 @pytest.mark.slow
 def test_the_child_sampler_reads_the_same_windows_and_survives_nothing_it_should_not(tmp_path):
     """The child over the simulator's timeline: windows answer, a second request needs no new child, stop ends it."""
-    from exporter.nvml import library
-    from exporter.sim import install_simulator
+    from gpuwarden.nvml import library
+    from gpuwarden.sim import install_simulator
 
     fake = install_simulator("training")
     try:

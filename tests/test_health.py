@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import ConfigError
-from exporter.health.thresholds import load_thresholds
-from exporter.poller import Poller
-from exporter.render import Renderer
+from gpuwarden.collect.poller import Poller
+from gpuwarden.config.settings import ConfigError
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.health.thresholds import load_thresholds
 from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
 from tests.helpers.thresholds import SHORT
 
@@ -157,9 +157,9 @@ def test_bad_thresholds_file_is_one_line(tmp_path):
 
 def test_history_stays_bounded_at_fast_polling():
     """An hour of 0.1 s polls keeps one point per spacing, not one per poll (found by the soak run)."""
-    from exporter.health.checks import HealthEvaluator
-    from exporter.health.thresholds import DEFAULT
-    from exporter.snapshot import GpuInfo, GpuSnapshot, Sample
+    from gpuwarden.health.checks import HealthEvaluator
+    from gpuwarden.health.thresholds import DEFAULT
+    from gpuwarden.model.snapshot import GpuInfo, GpuSnapshot, Sample
 
     evaluator = HealthEvaluator(DEFAULT)
     for step in range(36_000):
@@ -218,8 +218,8 @@ def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
 
 
 def test_health_since_restarts_when_the_level_changes():
-    from exporter.health.checks import HealthEvaluator, Verdict
-    from exporter.health.thresholds import DEFAULT
+    from gpuwarden.health.checks import HealthEvaluator, Verdict
+    from gpuwarden.health.thresholds import DEFAULT
 
     evaluator = HealthEvaluator(DEFAULT)
     warn, crit, ok = (Verdict("temperature", level, "", "", "") for level in (1, 2, 0))

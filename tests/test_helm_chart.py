@@ -316,7 +316,7 @@ def test_variants_switch_what_they_say() -> None:
 
 
 def test_fleet_deployment() -> None:
-    from exporter.fleet.settings import parse
+    from gpuwarden.fleet.settings import parse
 
     objects = render(VARIANTS["fleet"])
     (deployment,) = (o for o in objects if o["kind"] == "Deployment")
@@ -353,7 +353,7 @@ def test_without_the_operator_crds_no_monitoring_objects_are_rendered() -> None:
 
 def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> None:
     """The ConfigMap's file and the container's flags go through gpuwarden's own parser."""
-    from exporter.cli import settings_from_argv
+    from gpuwarden.cli.main import settings_from_argv
 
     for variant in VARIANTS.values():
         objects = render(variant)
@@ -393,7 +393,7 @@ def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
 @pytest.mark.parametrize("release", ["gpuwarden", "gpu-mon"])
 def test_job_label_matches_the_rules_selector_whatever_the_release(release: str) -> None:
     """The operator names the job after the Service (release-dependent); the rules select job="gpuwarden"."""
-    from exporter.health.rules import SELECTOR
+    from gpuwarden.health.rules import SELECTOR
 
     result = run_render(
         "template", "--release", release, "--values-json", json.dumps({"podMonitor": {"enabled": False}})

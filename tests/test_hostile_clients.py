@@ -21,8 +21,8 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.front import negotiate
-from exporter.webconfig import BasicAuth
+from gpuwarden.config.web import BasicAuth
+from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, values, write_yaml
 from tests.helpers.stack import running_cli
 
@@ -176,7 +176,16 @@ def test_an_undecodable_file_is_one_line_and_exit_2(tmp_path, kind):
         kind, "--nvml.scenario"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--sim", flag, str(bad), "--web.listen-address", f"127.0.0.1:{free_port()}"],
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "--sim",
+            flag,
+            str(bad),
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -230,7 +239,7 @@ def test_tls_costs_are_bounded_through_asyncio_settings_that_still_exist():
     import asyncio.constants
     import asyncio.sslproto
 
-    from exporter.serving import bound_tls_costs
+    from gpuwarden.web.limits import bound_tls_costs
 
     saved = asyncio.sslproto.SSLProtocol.max_size, asyncio.constants.SSL_HANDSHAKE_TIMEOUT
     try:

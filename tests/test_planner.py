@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.fleet.planner import GIB, ActivationShape, PlanError, activation_bytes, plan
+from gpuwarden.fleet.planner import GIB, ActivationShape, PlanError, activation_bytes, plan
 
 SEVEN_B = 7e9
 

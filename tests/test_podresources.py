@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.podresources import PodAttribution, assign, device_key
-from exporter.podresources import podresources_pb2 as pb
+from gpuwarden.attribution.podresources import PodAttribution, assign, device_key
+from gpuwarden.attribution.podresources import podresources_pb2 as pb
 from tests.helpers.common import parse_exposition, values, wait_for
 from tests.helpers.kubelet import GPU, FakeKubelet
 
@@ -120,7 +120,7 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
 def test_over_http_pods_come_and_go_and_the_socket_disappears(
     kubelet: FakeKubelet, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="exporter.podresources")
+    caplog.set_level(logging.INFO, logger="gpuwarden.attribution.podresources")
     server = live_server("healthy", pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
     gpus = server.poller.snapshot.gpus  # type: ignore[attr-defined]
     first, second = gpus[0].uuid, gpus[1].uuid
@@ -181,7 +181,7 @@ def test_over_http_pods_come_and_go_and_the_socket_disappears(
 def test_no_socket_at_start_turns_itself_off(
     tmp_path: Path, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="exporter.podresources")
+    caplog.set_level(logging.INFO, logger="gpuwarden.attribution.podresources")
     missing = tmp_path / "nope" / "kubelet.sock"
     server = live_server("healthy", pods={"resources_socket": str(missing)})
     wait_for(
@@ -200,9 +200,9 @@ def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) 
     code = (
         "import sys\n"
         "from tests.helpers.common import settings\n"
-        "from exporter.sim import install_simulator\n"
-        "from exporter.sim.scenario import load_scenario\n"
-        "from exporter.poller import Poller\n"
+        "from gpuwarden.sim import install_simulator\n"
+        "from gpuwarden.sim.scenario import load_scenario\n"
+        "from gpuwarden.collect.poller import Poller\n"
         "install_simulator(load_scenario('healthy'))\n"
         f"p = Poller(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
         "p.start(); p.ready_once.wait(10); p.stop()\n"
@@ -224,7 +224,7 @@ def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
         listener.bind(str(path))
         listener.listen(1)
         pods = PodAttribution(path, 10, ("nvidia.com/gpu",))
-        import exporter.podresources as module
+        import gpuwarden.attribution.podresources as module
 
         old = module.CALL_TIMEOUT_S
         module.CALL_TIMEOUT_S = 0.5
@@ -240,7 +240,7 @@ def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
 def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
-    proto_dir = Path(__file__).parents[1] / "exporter" / "podresources"
+    proto_dir = Path(__file__).parents[1] / "exporter" / "attribution" / "podresources"
     out = tmp_path / "set.pb"
     assert (
         protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", str(proto_dir / "podresources.proto")])
@@ -253,7 +253,7 @@ def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
     for message in fresh.message_type:  # protoc's descriptor sets carry json names, python_out drops them
         for field in message.field:
             field.ClearField("json_name")
-    assert committed == fresh, "run: python -m exporter.podresources.generate"
+    assert committed == fresh, "run: python -m gpuwarden.attribution.podresources.generate"
     # the wire names the kubelet serves
     assert pb.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == "v1.PodResourcesLister"
     assert [f.number for f in pb.PodResources.DESCRIPTOR.fields] == [1, 2, 3]

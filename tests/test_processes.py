@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from exporter.health.diagnosis import diagnose
-from exporter.hostprocs import HostProcesses, parse_cgroup
-from exporter.poller import Poller
-from exporter.render import Renderer
+from gpuwarden.attribution.host import HostProcesses, parse_cgroup
+from gpuwarden.collect.poller import Poller
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.health.diagnosis import diagnose
 from tests.helpers.common import ManualClock, poll_series, settings, values, wait_for
 
 GIB = 1024**3
@@ -222,7 +222,7 @@ def test_a_gpu_whose_driver_lacks_process_utilization_keeps_its_memory_readings(
 
 def test_a_proc_root_that_is_not_a_proc_is_said_in_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     HostProcesses(tmp_path / "host-proc-not-mounted", None)
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "exporter.hostprocs"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "gpuwarden.attribution.host"]
     assert "host-proc-not-mounted" in line and "processes.hostProc" in line
 
 

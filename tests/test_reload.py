@@ -26,7 +26,7 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "gpuwarden", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

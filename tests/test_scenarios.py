@@ -9,8 +9,8 @@ import time
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from exporter.render import Renderer
-from exporter.sim.scenario import shipped_scenarios
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import ManualClock, parse_exposition, values
 
 SCENARIOS = sorted(shipped_scenarios())

@@ -1,6 +1,6 @@
 """The series budget: the simulated 8x H100 NVSwitch node at the default collector groups, with profiling,
-processes and pod attribution, stays within exporter.budget.BUDGET; what the alerts and the fleet service query is
-in the default set; the groups switch what they say."""
+processes and pod attribution, stays within gpuwarden.sim.budget.BUDGET; what the alerts and the fleet
+service query is in the default set; the groups switch what they say."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import re
 
 import pytest
 
-from exporter.budget import BUDGET, default_series
-from exporter.cliutil import ConfigError
-from exporter.config import load_settings
-from exporter.health import rules
-from exporter.metrics import GROUPS, Selection
+from gpuwarden.cli.common import ConfigError
+from gpuwarden.config.settings import load_settings
+from gpuwarden.health import rules
+from gpuwarden.model.families import GROUPS, Selection
+from gpuwarden.sim.budget import BUDGET, default_series
 from tests.helpers.kubelet import FakeKubelet
 
 
 def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: FakeKubelet) -> None:
-    from exporter.sim.fake_device import DeviceSymbols
-    from exporter.sim.scenario import load_scenario
+    from gpuwarden.sim.fake_device import DeviceSymbols
+    from gpuwarden.sim.scenario import load_scenario
 
     # every GPU allocated to one container, as a training job holds them: allocation series counted too
     scenario = load_scenario("training")
@@ -37,7 +37,7 @@ def _referenced(expr: str) -> set[str]:
 
 
 def test_every_alert_and_fleet_query_reads_default_series() -> None:
-    from exporter.fleet import views
+    from gpuwarden.fleet import views
 
     opt_in = {m.family.name: g.name for g in GROUPS.values() for m in g.members if m.label is None and not m.zero_rows}
     exprs = [r.expr for g in rules.build() for r in g.rules]

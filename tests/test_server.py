@@ -138,7 +138,7 @@ def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             "healthy",

@@ -69,7 +69,7 @@ def test_hardening_and_restart_policy() -> None:
 
 
 def test_exec_start_is_a_valid_gpuwarden_command(tmp_path: Path) -> None:
-    from exporter.cli import settings_from_argv
+    from gpuwarden.cli.main import settings_from_argv
 
     argv = shlex.split(service_section()["ExecStart"][0])[1:]
     config = tmp_path / "gpuwarden.yaml"

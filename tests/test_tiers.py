@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from exporter.poller import Poller
-from exporter.render import Renderer
-from exporter.sim.models import H100_SXM_80GB
+from gpuwarden.collect.poller import Poller
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.sim.models import H100_SXM_80GB
 from tests.helpers.common import ManualClock, parse_exposition, values
 
 

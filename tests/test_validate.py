@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.validate import Comparison, active_nvlinks, parse_topology
+from gpuwarden.cli.validate import Comparison, active_nvlinks, parse_topology
 
 VALIDATION = Path(__file__).resolve().parent.parent / "docs" / "validation" / "2026-11-26-h200x2-core-smoke"
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trustme
 
-from exporter.config import ConfigError
-from exporter.webconfig import load_web_config
+from gpuwarden.config.settings import ConfigError
+from gpuwarden.config.web import load_web_config
 from tests.helpers.common import free_port, write_yaml
 
 
@@ -40,7 +40,7 @@ def start(tmp_path, web: dict) -> tuple[subprocess.Popen, int]:
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--nvml.scenario",
             "healthy",
@@ -170,7 +170,7 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "--sim",
             "--web.config.file",
             str(path),
@@ -200,7 +200,7 @@ def test_fleet_service_takes_the_same_web_config(tmp_path, pki):
         [
             sys.executable,
             "-m",
-            "exporter",
+            "gpuwarden",
             "fleet",
             "--prometheus-url",
             "http://127.0.0.1:9",

@@ -1,4 +1,4 @@
-"""exporter/webserver.py (uvicorn with GuardedHttpProtocol) as HTTP/1.1 over real loopback sockets: framing
+"""exporter/web/server.py (uvicorn with GuardedHttpProtocol) as HTTP/1.1 over real loopback sockets: framing
 (keep-alive, pipelining in order, chunked
 and HEAD responses, HTTP/1.0), what it refuses (malformed requests, bodies past the limit, upgrades), an app that
 fails, a client that stops reading, and a graceful stop that lets the request in flight finish. The exporter's and
@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from exporter.serving import ConnectionGuard
-from exporter.webserver import MAX_BODY_BYTES
+from gpuwarden.web.limits import ConnectionGuard
+from gpuwarden.web.server import MAX_BODY_BYTES
 from tests.helpers.common import ServedApp, raw, wait_for
 
 
@@ -225,7 +225,7 @@ def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from exporter.webserver import SERVER_INTERNALS, UVICORN_INTERNALS
+    from gpuwarden.web.server import SERVER_INTERNALS, UVICORN_INTERNALS
 
     guard = ConnectionGuard()
     with served(guard=guard) as live:
@@ -249,7 +249,7 @@ def test_a_response_leaves_in_one_write_and_nothing_is_held_past_the_loop_iterat
 
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from exporter.webserver import _CoalescedWrites
+    from gpuwarden.web.server import _CoalescedWrites
 
     class Recorder:
         def __init__(self) -> None:
@@ -294,7 +294,7 @@ def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
     import asyncio.selector_events
     import inspect
 
-    from exporter.webserver import ACCEPT_COROUTINE
+    from gpuwarden.web.server import ACCEPT_COROUTINE
 
     owner, name = ACCEPT_COROUTINE.split(".")
     method = getattr(asyncio.selector_events, owner).__dict__[name]

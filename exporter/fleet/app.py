@@ -19,15 +19,15 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from exporter import __version__
-from exporter.apidocs import add_offline_docs
-from exporter.asgi import jsonable_errors, problem
-from exporter.fleet import planner
-from exporter.fleet.prometheus import PrometheusClient, PrometheusError
-from exporter.fleet.settings import FleetSettings, parse_duration
-from exporter.fleet.views import Fleet
-from exporter.serving import ConnectionGuard
-from exporter.webconfig import BasicAuth
+from gpuwarden import __version__
+from gpuwarden.config.web import BasicAuth
+from gpuwarden.fleet import planner
+from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
+from gpuwarden.fleet.settings import FleetSettings, parse_duration
+from gpuwarden.fleet.views import Fleet
+from gpuwarden.web.apidocs import add_offline_docs
+from gpuwarden.web.asgi import jsonable_errors, problem
+from gpuwarden.web.limits import ConnectionGuard
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(["html"])

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from exporter.cliutil import EXIT_CONFIG, ConfigError
+from gpuwarden.cli.common import EXIT_CONFIG, ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def main(argv: list[str]) -> int:
-    from exporter.fleet.settings import parse
-    from exporter.webconfig import WebConfig, load_web_config
+    from gpuwarden.config.web import WebConfig, load_web_config
+    from gpuwarden.fleet.settings import parse
 
     try:
         settings = parse(argv)
@@ -20,11 +20,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"gpuwarden fleet: {str(exc).removeprefix('gpuwarden fleet: ')}", file=sys.stderr)
         return EXIT_CONFIG
-    from exporter import __version__, logs
-    from exporter.cliutil import EXIT_LISTEN, bind_listener
-    from exporter.fleet.app import create_app
-    from exporter.serving import ConnectionGuard, bound_tls_costs, connection_limit
-    from exporter.webserver import HttpServer
+    from gpuwarden import __version__
+    from gpuwarden.cli import logs
+    from gpuwarden.cli.common import EXIT_LISTEN, bind_listener
+    from gpuwarden.fleet.app import create_app
+    from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
+    from gpuwarden.web.server import HttpServer
 
     logs.setup("info", "logfmt")
     log.info(

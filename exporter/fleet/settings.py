@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from exporter.cliutil import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
-from exporter.config import check_listen_address, listen_host, listen_port
-from exporter.health.thresholds import DEFAULT
+from gpuwarden.cli.common import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
+from gpuwarden.config.settings import check_listen_address, listen_host, listen_port
+from gpuwarden.health.thresholds import DEFAULT
 
 ENV_PREFIX = FLEET_ENV_PREFIX
 _DURATION = re.compile(r"([0-9]+)(s|m|h|d)")  # ASCII digits only, nothing around them

@@ -14,10 +14,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.fleet.planner import USABLE_MEMORY_RATIO, Plan
-from exporter.fleet.prometheus import PrometheusClient, Series, promql_string
-from exporter.fleet.settings import FleetSettings
-from exporter.health.rules import RUNBOOK_BASE, anchor, build
+from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
+from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
+from gpuwarden.fleet.settings import FleetSettings
+from gpuwarden.health.rules import RUNBOOK_BASE, anchor, build
 
 CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # Rules whose expression scans a long range of many series (NVLink: 18 links per GPU over 6 h). A cheap instant

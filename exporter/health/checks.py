@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from exporter.health.thresholds import Thresholds
-from exporter.metrics import (
+from gpuwarden.health.thresholds import Thresholds
+from gpuwarden.model.families import (
     BUSY_SECONDS_TOTAL,
     CLOCK_EVENT_ACTIVE,
     ECC_ERRORS_TOTAL,
@@ -42,7 +42,7 @@ from exporter.metrics import (
     THROTTLE_SECONDS_TOTAL,
     UTILIZATION_SAMPLED_SECONDS_TOTAL,
 )
-from exporter.snapshot import GpuSnapshot, Verdict
+from gpuwarden.model.snapshot import GpuSnapshot, Verdict
 
 OK, WARNING, CRITICAL = 0, 1, 2
 CHECKS = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from exporter.snapshot import Snapshot
+from gpuwarden.model.snapshot import Snapshot
 
 # check → (likely cause, recommended action)
 ADVICE: dict[str, tuple[str, str]] = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.config import ConfigError, read_yaml
-from exporter.typedconfig import SettingError, build, setting
+from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.config.typed import SettingError, build, setting
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Every NVML operation gpuwarden performs, in one table, with what an error from it means.
 
-Nothing outside `exporter.nvml` imports pynvml: readers, topology, events and the poller call the operations
+Nothing outside `gpuwarden.nvml` imports pynvml: readers, topology, events and the poller call the operations
 and read the constants named here. Device reads go through `GpuDevice.call`, which applies the per-return-code
 policy of docs/nvml.md, Error policy; the `on_error` column says what the caller does beyond that table. The
 table is printed in docs/nvml.md (tests/test_boundaries.py keeps the two in step).
@@ -47,7 +47,7 @@ def _op(fn: Callable[..., Any], tier: str, on_error: str = READ) -> Operation:
     return operation
 
 
-# -- lifecycle and discovery (exporter.nvml.session) ---------------------------------------------------------
+# -- lifecycle and discovery (gpuwarden.nvml.session) ---------------------------------------------------------
 nvmlInitWithFlags = _op(pynvml.nvmlInitWithFlags, "lifecycle", LIFECYCLE)
 nvmlShutdown = _op(pynvml.nvmlShutdown, "lifecycle", "skipped while a call is wedged; errors ignored at exit")
 nvmlSystemGetDriverVersion = _op(pynvml.nvmlSystemGetDriverVersion, "lifecycle", LIFECYCLE)
@@ -125,7 +125,7 @@ nvmlDeviceGetGpuInstanceId = _op(
     pynvml.nvmlDeviceGetGpuInstanceId, "slow", READ + "; on a MIG handle: the instance GPM samples per slice"
 )
 
-# -- GPM, profiling-class activity (exporter.nvml.gpm, fast tier; Hopper and newer) ------------------------------
+# -- GPM, profiling-class activity (gpuwarden.nvml.gpm, fast tier; Hopper and newer) ------------------------------
 GPM = (
     "unsupported or no_permission: no profiling series for that GPU (a gauge says why); not retried until re-discovery"
 )
@@ -140,7 +140,7 @@ nvmlGpmMetricsGet = _op(
     pynvml.nvmlGpmMetricsGet, "fast", "per metric: its own return code; a metric that fails is dropped for the GPU"
 )
 
-# -- XID events (exporter.nvml.events) ----------------------------------------------------------------------------
+# -- XID events (gpuwarden.nvml.events) ----------------------------------------------------------------------------
 nvmlEventSetCreate = _op(pynvml.nvmlEventSetCreate, "events", EVENTS)
 nvmlDeviceGetSupportedEventTypes = _op(pynvml.nvmlDeviceGetSupportedEventTypes, "events", EVENTS)
 nvmlDeviceRegisterEvents = _op(pynvml.nvmlDeviceRegisterEvents, "events", EVENTS)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import calls
-from exporter.nvml.errors import (
+from gpuwarden.nvml import calls
+from gpuwarden.nvml.errors import (
     ErrorKind,
     GpuLostError,
     NvmlDownError,

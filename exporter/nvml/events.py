@@ -1,4 +1,4 @@
-"""An NVML event set for XID critical errors, as plain calls (the watcher thread is exporter.events).
+"""An NVML event set for XID critical errors, as plain calls (the watcher thread is gpuwarden.collect.xid_events).
 
 NVML semantics kept here (docs/nvml.md, XID events): NotSupported leaves the set usable with nothing registered
 for that GPU; Unknown leaves the set undefined, so it must be freed and rebuilt; a wait Timeout is normal.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import calls
-from exporter.nvml.errors import error_code, error_name
+from gpuwarden.nvml import calls
+from gpuwarden.nvml.errors import error_code, error_name
 
 
 class EventSetBroken(Exception):

@@ -4,7 +4,7 @@ A sample buffer is an opaque driver object; a public exporter that sampled insid
 concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` belongs to one GPU.
 Every GPM call in the process also holds `GPM_CALLS`: on driver 580.159.04 two threads inside nvmlGpmMetricsGet at
 once, one per GPU, segfaulted the process (docs/nvml.md, GPM: the crash under training). The windows are driven by
-exporter.nvml.gpm_sampler, in a child process by default.
+gpuwarden.nvml.gpm_sampler, in a child process by default.
 Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from two samples 1.2-3.6 ms.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import calls, library
-from exporter.nvml.errors import (
+from gpuwarden.nvml import calls, library
+from gpuwarden.nvml.errors import (
     ErrorKind,
     GpuLostError,
     NvmlDownError,

@@ -1,7 +1,7 @@
 """The GPM sampler process: owns every GPM sample buffer and answers one request at a time (one GPM call in flight).
 
-Started by exporter.nvml.gpm_sampler.ChildProcessSampler as `python -X faulthandler -m exporter.nvml.gpm_child SPEC`
-(SPEC: JSON from exporter.nvml.library.child_spec). It loads the same library as its parent (the driver's, or the
+Started by gpuwarden.nvml.gpm_sampler.ChildProcessSampler as `python -X faulthandler -m gpuwarden.nvml.gpm_child SPEC`
+(SPEC: JSON from gpuwarden.nvml.library.child_spec). It loads the same library as its parent (the driver's, or the
 simulator's scenario on the parent's timeline), initialises NVML, prints {"ready": true}, then reads one JSON request
 per line on stdin and writes one JSON answer per line on stdout:
 - {"op": "advance", "uuid", "gi", "metrics"} → {"window": null | {"seconds", "values", "failed"}}, or
@@ -19,10 +19,10 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import calls
-from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
-from exporter.nvml.gpm import GpmUnavailable
-from exporter.nvml.gpm_sampler import InProcessSampler
+from gpuwarden.nvml import calls
+from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
+from gpuwarden.nvml.gpm import GpmUnavailable
+from gpuwarden.nvml.gpm_sampler import InProcessSampler
 
 
 class Child:
@@ -70,7 +70,7 @@ class Child:
 
 def install(spec: dict[str, Any]) -> None:
     if spec.get("backend") == "sim":
-        from exporter.sim import install_simulator  # the simulator only where the parent runs one
+        from gpuwarden.sim import install_simulator  # the simulator only where the parent runs one
 
         install_simulator(spec.get("scenario"), start=float(spec["start"]))
 

@@ -2,14 +2,14 @@
 
 Why a child: a native crash inside libnvidia-ml ends the process that made the call, and Kubernetes restarts it into
 the same crash on every node at once. GPM is the one part of NVML that has crashed us (docs/nvml.md, GPM), so its
-calls run in a small child process (exporter.nvml.gpm_child) that owns every sample buffer and makes one call at a
+calls run in a small child process (gpuwarden.nvml.gpm_child) that owns every sample buffer and makes one call at a
 time. The serving process keeps every other family whatever the child does:
 - a child that dies (signal or exit) or does not answer within `ANSWER_TIMEOUT_S` is counted, its last frames
   (faulthandler's) name the call, and the next request starts a new one;
 - after `crash_limit` consecutive failures GPM is off (`gpuwarden_gpm_unavailable_info{reason="crashed"}`), with
   one log line naming the call and what to try; after `crash_backoff` seconds one new child is tried, and the
   backoff doubles (up to `MAX_BACKOFF_S`) each time that try fails too, so a fixed driver brings GPM back.
-The in-process sampler is the same API over exporter.nvml.gpm.GpmWindow; the simulator falls back to it where the
+The in-process sampler is the same API over gpuwarden.nvml.gpm.GpmWindow; the simulator falls back to it where the
 child cannot reproduce the library (a scenario on a hand-moved clock, in tests).
 """
 
@@ -28,9 +28,9 @@ import threading
 import time
 from typing import Any, NoReturn, Protocol
 
-from exporter.nvml import library
-from exporter.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
-from exporter.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
+from gpuwarden.nvml import library
+from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
+from gpuwarden.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class GpmSampler(Protocol):
 
 
 class InProcessSampler:
-    """GPM windows in this process; every call holds exporter.nvml.gpm.GPM_CALLS."""
+    """GPM windows in this process; every call holds gpuwarden.nvml.gpm.GPM_CALLS."""
 
     def __init__(self) -> None:
         self._windows: dict[WindowKey, GpmWindow] = {}
@@ -111,7 +111,7 @@ class ChildProcessSampler:
     """GPM windows in a supervised child process (see the module docstring); one request at a time."""
 
     def __init__(self, spec: dict[str, Any], crash_limit: int = 3, crash_backoff: float = 600.0) -> None:
-        self.spec = spec  # how the child loads the same library (exporter.nvml.library.child_spec)
+        self.spec = spec  # how the child loads the same library (gpuwarden.nvml.library.child_spec)
         self.crash_limit, self.crash_backoff = crash_limit, crash_backoff
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -193,7 +193,7 @@ class ChildProcessSampler:
 
     def _spawn(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "exporter.nvml.gpm_child", json.dumps(self.spec)],
+            [sys.executable, "-X", "faulthandler", "-m", "gpuwarden.nvml.gpm_child", json.dumps(self.spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

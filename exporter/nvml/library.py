@@ -24,7 +24,7 @@ def monotonic() -> float:
 
 
 def child_spec() -> dict[str, Any] | None:
-    """How a child process loads the same library (exporter.nvml.gpm_child), or None where it cannot."""
+    """How a child process loads the same library (gpuwarden.nvml.gpm_child), or None where it cannot."""
     return _child_spec
 
 

@@ -2,7 +2,7 @@
 
 Each function raises the exporter's own errors (NvmlDownError, GpuLostError, GpuSkipped), never pynvml's, and
 records the NVML call it is inside per thread, so that a caller that abandons a hung call at its deadline can say
-which one hung. The deadlines themselves are the caller's (exporter.lifecycle runs these on worker threads).
+which one hung. The deadlines themselves are the caller's (gpuwarden.collect.lifecycle runs these on worker threads).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from exporter.nvml import calls
-from exporter.nvml.errors import ErrorKind, GpuLostError, NvmlDownError, classify, error_code, error_name
+from gpuwarden.nvml import calls
+from gpuwarden.nvml.errors import ErrorKind, GpuLostError, NvmlDownError, classify, error_code, error_name
 
 if TYPE_CHECKING:
-    from exporter.workers import WorkerPool
+    from gpuwarden.collect.workers import WorkerPool
 
 _in_flight: dict[int, str] = {}  # thread id → the NVML call it is inside
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exporter.nvml import library
-from exporter.sim.fakelib import FakeNvmlLibrary
-from exporter.sim.scenario import Scenario, load_scenario
+from gpuwarden.nvml import library
+from gpuwarden.sim.fakelib import FakeNvmlLibrary
+from gpuwarden.sim.scenario import Scenario, load_scenario
 
 DEFAULT_SCENARIO = "training"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fakecommon import _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
-from exporter.sim.scenario import ProcessSpec
+from gpuwarden.sim.fakecommon import _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
+from gpuwarden.sim.scenario import ProcessSpec
 
 _GIB = 1024**3
 

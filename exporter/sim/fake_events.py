@@ -9,7 +9,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fakecommon import _EVENT_SET_BASE, _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
+from gpuwarden.sim.fakecommon import _EVENT_SET_BASE, _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
 
 
 class EventSymbols:

@@ -24,8 +24,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fake_device import mig_gpu_instance_id
-from exporter.sim.fakecommon import OK, SimulatedMemoryCorruption, _out, _pointer_value, _set_pointer, _val
+from gpuwarden.sim.fake_device import mig_gpu_instance_id
+from gpuwarden.sim.fakecommon import OK, SimulatedMemoryCorruption, _out, _pointer_value, _set_pointer, _val
 
 _GPM_SAMPLE_BASE = 0x7F0000A00000
 _MIB = 1024 * 1024

@@ -8,7 +8,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fakecommon import (
+from gpuwarden.sim.fakecommon import (
     _LEVELS,
     _NVLINK_CRC_DATA,
     _NVLINK_ECC,

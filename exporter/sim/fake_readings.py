@@ -7,7 +7,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fakecommon import _EPOCH_US, _UINT, OK, SAMPLE_BUFFER, SAMPLE_PERIOD_S, _out, _val
+from gpuwarden.sim.fakecommon import _EPOCH_US, _UINT, OK, SAMPLE_BUFFER, SAMPLE_PERIOD_S, _out, _val
 
 
 class ReadingSymbols:

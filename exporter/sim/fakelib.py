@@ -16,12 +16,12 @@ from typing import Any
 
 import pynvml
 
-from exporter.sim.fake_device import DeviceSymbols
-from exporter.sim.fake_events import EventSymbols
-from exporter.sim.fake_gpm import GPM_CALL_SECONDS, GpmSymbols
-from exporter.sim.fake_health import HealthSymbols
-from exporter.sim.fake_readings import ReadingSymbols
-from exporter.sim.fakecommon import (
+from gpuwarden.sim.fake_device import DeviceSymbols
+from gpuwarden.sim.fake_events import EventSymbols
+from gpuwarden.sim.fake_gpm import GPM_CALL_SECONDS, GpmSymbols
+from gpuwarden.sim.fake_health import HealthSymbols
+from gpuwarden.sim.fake_readings import ReadingSymbols
+from gpuwarden.sim.fakecommon import (
     _HANDLE_BASE,
     _THROTTLE_FIELD_BITS,
     OK,
@@ -31,8 +31,8 @@ from exporter.sim.fakecommon import (
     _set_pointer,
     _val,
 )
-from exporter.sim.models import MODELS, GpuModel
-from exporter.sim.scenario import ERROR_CODES, Fault, Scenario
+from gpuwarden.sim.models import MODELS, GpuModel
+from gpuwarden.sim.scenario import ERROR_CODES, Fault, Scenario
 
 
 class _SymbolTable:

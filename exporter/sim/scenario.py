@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporter.config import ConfigError, read_yaml
-from exporter.modelerrors import describe_error
-from exporter.sim.models import MODELS
+from gpuwarden.config.errors import describe_error
+from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.sim.models import MODELS
 
 VALUE_KEYS = (
     "utilization",
@@ -369,7 +369,7 @@ class Scenario(_Strict):
         return trajectory.at(t, f"{self.name}:{gpu}:{key}")
 
 
-SCENARIO_PACKAGE = "exporter.sim.scenarios"
+SCENARIO_PACKAGE = "gpuwarden.sim.scenarios"
 
 
 def shipped_scenarios() -> dict[str, Path]:

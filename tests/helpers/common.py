@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import yaml
 
-from exporter.config import Settings, load_settings
-from exporter.front import create_front, readiness_under
-from exporter.poller import Poller
-from exporter.render import Renderer
-from exporter.sim.scenario import Scenario
+from gpuwarden.collect.poller import Poller
+from gpuwarden.config.settings import Settings, load_settings
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.sim.scenario import Scenario
+from gpuwarden.web.front import create_front, readiness_under
 
 
 class ManualClock:
@@ -68,11 +68,11 @@ def free_port() -> int:
 
 
 class ServedApp:
-    """An ASGI app on gpuwarden's HTTP server (exporter/webserver.py, uvicorn) in a thread, on a loopback port."""
+    """An ASGI app on gpuwarden's HTTP server (exporter/web/server.py, uvicorn) in a thread, on a loopback port."""
 
     def __init__(self, app: Any, port: int | None = None, guard: Any = None) -> None:
-        from exporter.serving import ConnectionGuard
-        from exporter.webserver import HttpServer
+        from gpuwarden.web.limits import ConnectionGuard
+        from gpuwarden.web.server import HttpServer
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -6,8 +6,8 @@ from typing import Any
 
 import httpx
 
-from exporter.fleet.app import create_app
-from exporter.fleet.settings import FleetSettings
+from gpuwarden.fleet.app import create_app
+from gpuwarden.fleet.settings import FleetSettings
 from tests.helpers.common import ServedApp, free_port
 from tests.helpers.stack import wait_ready
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-from exporter.podresources import podresources_pb2 as pb
+from gpuwarden.attribution.podresources import podresources_pb2 as pb
 
 GPU = "nvidia.com/gpu"
 

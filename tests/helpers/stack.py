@@ -37,7 +37,7 @@ def late_nvlink_down(tmp: Path, at: float = 15) -> str:
     """The shipped nvlink-down scenario with its link dropping at `at` s instead of 5 s. The NvlinkDown rule needs
     Prometheus to have seen the link up; a dozen exporters starting at once on a loaded 2-core machine can take
     longer than 5 s to answer their first scrape."""
-    from exporter.sim.scenario import shipped_scenarios
+    from gpuwarden.sim.scenario import shipped_scenarios
 
     data = yaml.safe_load(shipped_scenarios()["nvlink-down"].read_text())
     for fault in data["faults"]:
@@ -81,7 +81,7 @@ class Stack:
             [
                 sys.executable,
                 "-m",
-                "exporter",
+                "gpuwarden",
                 "--sim",
                 "--nvml.scenario",
                 scenario,
@@ -189,7 +189,7 @@ def running_cli(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     proc = subprocess.Popen(
-        [sys.executable, *python_flags, "-m", "exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"],
+        [sys.executable, *python_flags, "-m", "gpuwarden", *args, "--web.listen-address", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,0 +1,1 @@
+"""Who holds a GPU: processes, the host's /proc, and the kubelet's pod resources."""

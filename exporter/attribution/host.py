@@ -1,0 +1,123 @@
+"""What the host knows of a GPU process: its name and the pod and container whose cgroup holds it.
+
+NVML reports host PIDs. Their names (`/proc/PID/comm`) and cgroups (`/proc/PID/cgroup`, which carry the pod UID and
+the container ID under the kubelet's cgroup layout, systemd or cgroupfs driver) need the host's /proc: on bare metal
+or under systemd that is /proc; in a pod, the host's /proc mounted read-only (the Helm value
+`processes.hostProc`), the trade-off documented in docs/deploy.md. The pod's namespace and name come from the
+kubelet's log directory, `/var/log/pods/<namespace>_<pod>_<uid>/<container>/` (the CRI logging layout), mounted
+read-only beside it. Without either, gpuwarden falls back on the GPU's allocation (exporter/attribution/processes.py).
+Reads are bounded (a cgroup file is read up to 64 KiB) and cached per PID until the PID leaves the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
+_PRINTABLE = re.compile(r"[^\x21-\x7e]")
+_MAX_READ = 64 * 1024
+RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """What the host's /proc says of a PID: its name and the pod and container of its cgroup."""
+
+    name: str  # /proc/PID/comm, "" where the host's /proc does not show the PID
+    pod_uid: str | None
+    container_id: str | None
+
+
+@dataclass(frozen=True)
+class PodDirectory:
+    """A pod as the kubelet's log directory names it, with its containers."""
+
+    namespace: str
+    pod: str
+    containers: tuple[str, ...]  # container names with a log directory
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(_MAX_READ).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def parse_cgroup(text: str) -> tuple[str | None, str | None]:
+    """(pod UID, container ID) from a /proc/PID/cgroup text, either or both None outside a pod."""
+    pod = _POD_UID.search(text)
+    containers = _CONTAINER_ID.findall(text)
+    return (pod.group(1).replace("_", "-") if pod else None), (containers[-1] if containers else None)
+
+
+class HostProcesses:
+    """Lookups of host PIDs and pod UIDs; used by the assembly step only (one thread)."""
+
+    def __init__(self, proc_root: Path | None, pod_logs_root: Path | None, clock=time.monotonic) -> None:  # noqa: ANN001
+        if proc_root is not None and not (proc_root / "self").exists():
+            log.warning(
+                "processes.proc_root %s is not a /proc (no %s/self): GPU processes stay unnamed and are attributed "
+                "through the GPU's allocation only; mount the host's /proc there read-only (Helm: processes.hostProc)",
+                proc_root,
+                proc_root,
+            )
+        self.proc_root = proc_root
+        self.pod_logs_root = pod_logs_root
+        self._clock = clock
+        self._processes: dict[int, HostProcess] = {}
+        self._pods: dict[str, PodDirectory] = {}
+        self._scanned_at = float("-inf")
+
+    def process(self, pid: int) -> HostProcess:
+        known = self._processes.get(pid)
+        if known is not None:
+            return known
+        if self.proc_root is None:
+            found = HostProcess("", None, None)
+        else:
+            base = self.proc_root / str(pid)
+            name = _PRINTABLE.sub("", _read(base / "comm").strip())[:64]
+            pod_uid, container_id = parse_cgroup(_read(base / "cgroup"))
+            found = HostProcess(name, pod_uid, container_id)
+            if not name and pod_uid is None:
+                return found  # not visible (yet): asked again next time, not cached
+        self._processes[pid] = found
+        return found
+
+    def retain(self, pids: set[int]) -> None:
+        """Forget PIDs no GPU holds any more (a PID reused later is looked up afresh)."""
+        for pid in [p for p in self._processes if p not in pids]:
+            del self._processes[pid]
+
+    def pod(self, uid: str) -> PodDirectory | None:
+        if uid not in self._pods and self.pod_logs_root is not None and self._clock() - self._scanned_at >= RESCAN_S:
+            self._scan()
+        return self._pods.get(uid)
+
+    def _scan(self) -> None:
+        self._scanned_at = self._clock()
+        pods: dict[str, PodDirectory] = {}
+        try:
+            entries = list(self.pod_logs_root.iterdir()) if self.pod_logs_root else []
+        except OSError:
+            entries = []
+        for entry in entries[:10_000]:
+            parts = entry.name.split("_")
+            if len(parts) != 3:
+                continue
+            namespace, pod, uid = parts
+            try:
+                containers = tuple(sorted(child.name for child in entry.iterdir() if child.is_dir()))
+            except OSError:
+                containers = ()
+            pods[uid] = PodDirectory(namespace, pod, containers)
+        self._pods = pods

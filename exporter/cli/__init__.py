@@ -1,0 +1,1 @@
+"""Entry points and process wiring: the exporter's command line, `gpuwarden validate`, logging."""

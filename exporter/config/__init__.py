@@ -1,0 +1,1 @@
+"""Settings: the typed configuration (file, flags, environment), the web-config file, one-line errors."""

@@ -1,0 +1,1 @@
+"""Snapshot to Prometheus text: rendering, the text format writer, build info."""

@@ -1,0 +1,1 @@
+"""The snapshot contract and the metric families every consumer shares."""

@@ -1,0 +1,56 @@
+"""The series budget: what the default collector groups cost on the simulated 8x H100 NVSwitch node.
+
+Prometheus pays for every series of every node for as long as it keeps them; the default set is sized so that an
+8-GPU node with profiling, processes and pod attribution stays within BUDGET. tests/test_series_budget.py enforces
+it, and the README's table is generated from `default_series()` (`python docs/references.py`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+BUDGET = 400
+BUDGET_SCENARIO = "training"  # 8x H100 SXM on NVSwitch, every GPU busy with one process: GPM and processes on
+BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottleneck_info is counted too
+
+
+def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECONDS, **sections: dict) -> Counter[str]:
+    """Series per family that /metrics serves at the default settings on the simulated node, after `seconds` of
+    simulated polling (a manual clock: this takes about a second). `sections` override settings (e.g. pods)."""
+    from gpuwarden.collect.poller import Poller
+    from gpuwarden.config.settings import load_settings
+    from gpuwarden.exposition.render import Renderer
+    from gpuwarden.nvml import library
+    from gpuwarden.sim import install_simulator
+    from gpuwarden.sim.scenario import load_scenario
+
+    now = [1_800_000_000.0]
+    fake = install_simulator(load_scenario(scenario), clock=lambda: now[0])
+    settings = load_settings(
+        None, environ={}, flags={f"{k}.{o}": v for k, opts in sections.items() for o, v in opts.items()}
+    )
+    poller = Poller(settings, wall_clock=lambda: now[0])
+    try:
+        if poller.pods is not None:
+            poller.pods.refresh()  # the background refresher is not running here: one List before the polls
+        for _ in range(seconds):
+            poller.poll_once()
+            now[0] += 1.0
+        text = Renderer(settings.metrics.selection()).render(poller.snapshot).decode()
+    finally:
+        poller.stop(0.5)
+        fake.close()
+        library.install(None)
+    return Counter(line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def budget_table(counts: Counter[str]) -> str:
+    lines = [
+        f"Default series of the simulated 8x H100 NVSwitch node (`{BUDGET_SCENARIO}` scenario, after "
+        f"{BUDGET_SECONDS} s): **{sum(counts.values())}** of the budget of {BUDGET}.",
+        "",
+        "| family | series |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | {count} |" for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "\n".join(lines)

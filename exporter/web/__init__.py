@@ -1,0 +1,1 @@
+"""HTTP: uvicorn and its limits, the scrape and probe front, the JSON API and its docs."""

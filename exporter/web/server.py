@@ -1,0 +1,386 @@
+"""gpuwarden's HTTP server: uvicorn (httptools), with a narrow protocol subclass for the limits uvicorn lacks.
+
+uvicorn serves the ASGI apps (the exporter's and the fleet service's): HTTP/1.1 conformance, keep-alive, HTTP/1.0,
+`Expect: 100-continue`, `Date`, pipelining order, lifespan and graceful shutdown are its. Where uvicorn has a
+setting it is used (`timeout_keep_alive`, `timeout_graceful_shutdown`, `server_header`). `GuardedHttpProtocol` adds
+what it lacks, per connection, with the limits of gpuwarden.web.limits.ConnectionGuard:
+- a deadline for a whole request, body included, from the moment the connection waits for one;
+- request bytes counted as they arrive, trailers included: 431 while the headers are incomplete, 413 after;
+- at most `MAX_PIPELINE` queued pipelined requests, and a write timeout for a response the client does not read;
+- admission: at the connection limit the oldest connection waiting for a request is closed, and up to
+  `PROBE_RESERVE` connections past the limit get in, so a probe is never the one refused;
+- shedding: past the request limit new requests get 503, except the probes;
+- TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
+- one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
+
+A response cycle writes through `_CoalescedWrites` (its `transport` attribute is replaced), so that a response's
+head and body leave in one send(). The uvicorn internals this touches are listed in `UVICORN_INTERNALS`;
+tests/test_webserver.py fails, rather than a node, when an upgrade drops one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import ssl
+import threading
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gpuwarden.web.limits import PROBES, ConnectionGuard
+
+MAX_PIPELINE = 16  # requests queued behind the one being answered
+MAX_BODY_BYTES = 64 * 1024  # gpuwarden's endpoints take no body: anything larger is refused (413)
+PROBE_RESERVE = 32  # connections let in past the limit when none can be evicted
+QUIET_MESSAGES = ("Invalid HTTP request received.", "Unsupported upgrade request.")
+
+# Attributes and methods of uvicorn's HttpToolsProtocol that GuardedHttpProtocol reads or overrides.
+UVICORN_INTERNALS = (
+    "transport",
+    "cycle",
+    "pipeline",
+    "tasks",
+    "connections",
+    "flow",
+    "url",
+    "app",
+    "loop",
+    "logger",
+    "data_received",
+    "on_message_begin",
+    "on_headers_complete",
+    "on_body",
+    "on_message_complete",
+    "on_response_complete",
+    "send_400_response",
+    "pause_writing",
+    "resume_writing",
+    "connection_made",
+    "connection_lost",
+)
+SERVER_INTERNALS = ("startup", "handle_exit", "_captured_signals", "should_exit", "server_state")
+# asyncio accepts each connection in a task running this coroutine; a TLS handshake happens inside it.
+ACCEPT_COROUTINE = "BaseSelectorEventLoop._accept_connection2"
+
+
+class _Quiet(logging.Filter):
+    """uvicorn logs a warning per malformed request or unsupported upgrade: one client could fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in QUIET_MESSAGES
+
+
+_QUIET_LOGGER = logging.getLogger("gpuwarden.http")
+_QUIET_LOGGER.addFilter(_Quiet())
+
+
+class _CoalescedWrites:
+    """The transport as a response cycle sees it: a write is held until the next one or the end of the loop
+    iteration, so a response's status line and headers leave in the same send() as its body. uvicorn writes them
+    separately: two system calls, and on a small response two TCP segments, per request."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            held, self._held = self._held, None
+            self._transport.write(held + data)
+
+    def flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits in the module docstring."""
+
+    guard: ConnectionGuard  # set by protocol_for()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _QUIET_LOGGER
+        self._request_bytes = 0
+        self._headers_complete = False
+        self._deadline: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+
+    # -- connection --------------------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._writes = _CoalescedWrites(transport, self.loop)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if len(self.connections) > self.guard.max_connections:
+            self._admit()
+        self._await_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().connection_lost(exc)
+
+    def _admit(self) -> None:
+        """Make room by closing the connection that has waited longest for a request; a newcomer is refused only
+        past the probe reserve."""
+        for oldest in self.guard.waiting:
+            if oldest is not self:
+                self.guard.reject("evicted")
+                oldest._abort()
+                return
+        if len(self.connections) > self.guard.max_connections + PROBE_RESERVE:
+            self.guard.reject("evicted")
+            self._abort()
+
+    def _abort(self) -> None:
+        self._cancel_deadline()
+        if not self.transport.is_closing():
+            self.transport.abort()  # no graceful TLS close: an attacker never sends its close_notify
+
+    # -- a request's deadline and size -----------------------------------------------------------------------------
+
+    def _await_request(self) -> None:
+        if self._deadline is not None or self.transport.is_closing():
+            return
+        self._request_bytes, self._headers_complete = 0, False
+        self.guard.waiting[self] = self.loop.time()
+        self._deadline = self.loop.call_later(self.guard.header_timeout_s, self._request_timeout)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self.guard.waiting.pop(self, None)
+
+    def _request_timeout(self) -> None:
+        self._deadline = None
+        self.guard.reject("header_timeout")
+        self._abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self._deadline is None and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+            self._await_request()
+        if self._request_bytes > self._allowed():  # this request was over its limit before this read
+            self._refuse_size()
+            return
+        self._request_bytes += len(data)
+        # One read (at most 256 KiB) is parsed before it is judged: it may hold many small pipelined requests,
+        # each of which resets the count when it completes.
+        super().data_received(data)
+        if not self.transport.is_closing() and self._request_bytes > self._allowed():
+            self._refuse_size()
+
+    def _allowed(self) -> int:
+        """Bytes the request in progress may have sent: its headers, then its body and trailers too."""
+        limit = self.guard.max_header_bytes
+        return limit + MAX_BODY_BYTES if self._headers_complete else limit
+
+    def _refuse_size(self) -> None:
+        if self._headers_complete:
+            self._refuse(413, "Content Too Large", "body_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+        else:
+            limit = self.guard.max_header_bytes
+            message = f"request headers exceed {limit} bytes"
+            self._refuse(431, "Request Header Fields Too Large", "header_too_large", message)
+
+    def _refuse(self, status: int, reason: str, counter: str, message: str) -> None:
+        self.guard.reject(counter)
+        self._cancel_deadline()
+        body = json.dumps({"error": message}).encode()
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+            % (status, reason.encode(), len(body), body)
+        )
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self.guard.reject("bad_request")
+        self._cancel_deadline()
+        super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # a pipelined request parsed from the same bytes: it gets its own deadline
+            self._await_request()
+
+    def on_headers_complete(self) -> None:
+        if self.transport.is_closing():
+            return  # a request parsed from the same read as one that was refused
+        if self._request_bytes > self.guard.max_header_bytes:  # a read larger than the limit: were the headers?
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self.guard.max_header_bytes:  # headers that arrived whole in one read
+                self._refuse_size()
+                return
+        self._headers_complete = True
+        length = next((value for name, value in self.headers if name == b"content-length"), b"0")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            self._refuse(413, "Content Too Large", "body_too_large", f"request body exceeds {MAX_BODY_BYTES} bytes")
+            return
+        if len(self.pipeline) >= MAX_PIPELINE:
+            self.guard.reject("pipeline")
+            self._abort()
+            return
+        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and not self._is_probe():
+            self.guard.reject("shed")
+            app, self.app = self.app, service_unavailable
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+            self._coalesce_writes()
+            return
+        super().on_headers_complete()
+        self._coalesce_writes()
+
+    def _coalesce_writes(self) -> None:
+        if self.cycle is not None and self.cycle.transport is self.transport:
+            self.cycle.transport = self._writes
+
+    def _is_probe(self) -> bool:
+        return self.url.split(b"?", 1)[0].decode("latin-1") in PROBES
+
+    def on_body(self, body: bytes) -> None:
+        if self.transport.is_closing():
+            return  # refused (413) or aborted: the rest of this read is dropped, not handed to a missing cycle
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self.transport.is_closing():
+            return
+        self._cancel_deadline()
+        self._request_bytes, self._headers_complete = 0, False  # the next pipelined request counts from here
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline:
+            self._await_request()
+
+    # -- a response the client does not read -------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.guard.header_timeout_s, self._write_timeout)
+
+    def resume_writing(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        super().resume_writing()
+
+    def _write_timeout(self) -> None:
+        self._write_timer = None
+        self.guard.reject("write_timeout")
+        self._abort()
+
+
+class HandshakeLimiter:
+    """At most `guard.max_handshakes` TLS handshakes in progress; past it the oldest is closed, not the newcomer.
+
+    asyncio makes the protocol at accept but calls connection_made only after the TLS handshake, so a client that
+    never finishes one costs memory (~100 KiB each) that the connection limit never sees: 4,500 of them took RSS up
+    by 438 MiB. The handshake runs inside asyncio's accept task (`ACCEPT_COROUTINE`), which this task factory sees
+    (`loop.set_task_factory`, public API). Cancelling that task aborts its handshake (asyncio closes the transport
+    it made). Closing the oldest, rather than refusing the newest, lets a probe through a flood: its handshake
+    takes milliseconds, while an attacker's sits until it is evicted or times out.
+    """
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+        self.pending: dict[asyncio.Task[Any], None] = {}  # accept tasks in their handshake, oldest first
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        if getattr(coro, "__qualname__", "") == ACCEPT_COROUTINE:
+            while len(self.pending) >= self.guard.max_handshakes:
+                oldest = next(iter(self.pending))
+                del self.pending[oldest]
+                self.guard.reject("handshake_limit")
+                oldest.cancel()
+            self.pending[task] = None
+            task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.pending.pop(task, None)
+
+
+def protocol_for(guard: ConnectionGuard) -> type[GuardedHttpProtocol]:
+    """The protocol class to give uvicorn (`Config(http=...)`), bound to this guard."""
+    return type("BoundGuardedHttpProtocol", (GuardedHttpProtocol,), {"guard": guard})
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling a thread when it listens."""
+
+    def __init__(self, config: uvicorn.Config, started: threading.Event, guard: ConnectionGuard) -> None:
+        super().__init__(config)
+        self._started_event = started
+        self._guard = guard
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.config.ssl is not None:
+            asyncio.get_running_loop().set_task_factory(HandshakeLimiter(self._guard))
+        await super().startup(sockets)
+        self._started_event.set()
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM and SIGINT stop the server gracefully and the process exits 0: uvicorn would raise the signal
+        again once it has stopped, so the process would end on it (-15) instead of returning from main()."""
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()
+
+
+class HttpServer:
+    """An ASGI app on uvicorn over an already bound listener, with the guard's limits and an optional TLS context."""
+
+    def __init__(
+        self, app: Any, guard: ConnectionGuard, ssl_context: ssl.SSLContext | None = None, graceful_s: float = 5.0
+    ) -> None:
+        self.started = threading.Event()
+        config = uvicorn.Config(
+            app,
+            http=protocol_for(guard),
+            lifespan="auto",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,  # the client address is the peer's: no X-Forwarded-For rewriting on every request
+            timeout_keep_alive=max(1, int(guard.header_timeout_s)),
+            timeout_graceful_shutdown=max(1, int(graceful_s)),
+        )
+        config.load()
+        config.ssl = ssl_context  # our context (client certificates included): uvicorn builds one only from paths
+        self.server = _Server(config, self.started, guard)
+
+    def run(self, sock: socket.socket) -> None:
+        """Serve until stop() or SIGINT/SIGTERM (handled by uvicorn in the main thread)."""
+        sock.setblocking(False)
+        asyncio.run(self.server.serve(sockets=[sock]))
+
+    def stop(self) -> None:
+        self.server.should_exit = True
