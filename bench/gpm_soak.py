@@ -1,7 +1,8 @@
 """Real-workload soak: the exporter at its defaults (GPM on) through real training jobs that start and stop.
 
-Run on a GPU host with 2 GPUs, from the repository root, with nothing else on the GPUs:
-  python3 bench/gpm_soak.py --seconds 600 --out /tmp/soak
+Run on a GPU host with 2 GPUs, from the repository root, with nothing else on the GPUs (`bench/source_env.sh`
+makes the checkout importable as gpuwarden, with the dependencies from .whl/):
+  . bench/source_env.sh && python3 bench/gpm_soak.py --seconds 600 --out /tmp/soak
 The schedule repeats until `--seconds` of jobs have run (bench/workloads/train.py, each started fresh):
   ddp-bf16         2-rank DistributedDataParallel over NCCL, bf16 autocast, checkpoints, ends by itself;
   single+fill      single-GPU bf16 training on GPU 0 while another job fills 95 % of GPU 1's memory;
@@ -165,7 +166,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **NCCL_ENV, "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-X", "faulthandler", "-m", "exporter", "--web.listen-address", f"127.0.0.1:{args.port}"]
+    argv = [sys.executable, "-X", "faulthandler", "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{args.port}"]
     if args.dry_run:
         argv += ["--sim", "--nvml.scenario", "healthy"]
     log = open(out / "exporter.log", "w")  # noqa: SIM115 - the exporter's whole run

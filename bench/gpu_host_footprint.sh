@@ -7,8 +7,7 @@ set -u
 out=${1:?OUTDIR}
 # a clean start even on a machine kept warm from an earlier call: no packages or bytecode left from it
 rm -rf /tmp/site; find "$PWD/exporter" "$PWD/build" -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
-export PYTHONPATH=/tmp/site:$PWD
+. bench/source_env.sh /tmp/site   # gpuwarden importable from this checkout, dependencies from .whl/
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/host.txt"
 python3 --version >> "$out/host.txt"
 env | grep -i "^PYTHON" >> "$out/host.txt"

@@ -4,13 +4,10 @@
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR}; gpu=${2:-0}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gw-site .whl/*.whl
-  export PYTHONPATH=/tmp/gw-site:$PWD
-fi
+. bench/source_env.sh /tmp/gw-site   # gpuwarden importable from this checkout, dependencies from .whl/
 export PYTHONUNBUFFERED=1
 nvidia-smi topo -m > "$out/nvidia-smi-topo.txt" 2>&1
-python3 -m exporter validate --out "$out/validation.md" --json "$out/validation.json" > "$out/validate.log" 2>&1
+python3 -m gpuwarden validate --out "$out/validation.md" --json "$out/validation.json" > "$out/validate.log" 2>&1
 echo "validate exit: $?" | tee -a "$out/summary.txt"
 grep -E "comparisons|NO" "$out/validation.md" | head -20 | tee -a "$out/summary.txt"
 python3 bench/poll_cost.py --json "$out/poll_cost.json" --md "$out/poll_cost.md" --cpu-seconds "${CPU_SECONDS:-60}" \

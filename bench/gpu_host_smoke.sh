@@ -6,10 +6,7 @@
 set -uo pipefail
 out=${1:?usage: $0 OUTDIR}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gw-site .whl/*.whl
-  export PYTHONPATH=/tmp/gw-site:$PWD
-fi
+. bench/source_env.sh /tmp/gw-site   # gpuwarden importable from this checkout, dependencies from .whl/
 export PYTHONUNBUFFERED=1
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
@@ -22,7 +19,7 @@ nvidia-smi -q > "$out/nvidia-smi-q.txt" 2>&1
 nvidia-smi nvlink -s > "$out/nvidia-smi-nvlink.txt" 2>&1
 
 start=$(date +%s.%N)
-python3 -m exporter --web.listen-address 127.0.0.1:10045 --poll.fast-interval 1 --poll.slow-interval 5 \
+python3 -m gpuwarden --web.listen-address 127.0.0.1:10045 --poll.fast-interval 1 --poll.slow-interval 5 \
   > "$out/exporter.log" 2>&1 &
 pid=$!
 until curl -sf localhost:10045/readyz >/dev/null; do

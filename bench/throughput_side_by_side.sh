@@ -5,11 +5,14 @@
 # Prints req/s per run and the median after/before ratio. Needs wrk (Debian: apt install wrk).
 set -euo pipefail
 before=$1 after=$2 pairs=${3:-10} seconds=${4:-8}
-module=gpuwarden
 run() {  # dir port -> req/s
-  local dir=$1 port=$2 pid rps mod=$module
-  [ -d "$dir/exporter" ] && [ ! -e "$dir/gpuwarden" ] && ! grep -q '"gpuwarden" = "exporter"' "$dir/pyproject.toml" && mod=exporter
-  (cd "$dir" && PYTHONPATH="$dir" exec python -m "$mod" --sim --web.listen-address "127.0.0.1:$port" \
+  local dir=$1 port=$2 pid path mod
+  if grep -q '"gpuwarden" = "exporter"' "$dir/pyproject.toml"; then  # the folder exporter/ imports as gpuwarden
+    path=$(mktemp -d); ln -s "$dir/exporter" "$path/gpuwarden"; mod=gpuwarden
+  else  # a checkout from before the rename imports as exporter
+    path=$dir; mod=exporter
+  fi
+  (cd "$path" && PYTHONPATH="$path" exec python -m "$mod" --sim --web.listen-address "127.0.0.1:$port" \
      --poll.fast-interval 30 --poll.slow-interval 30 >/dev/null 2>&1) &
   pid=$!
   for _ in $(seq 100); do curl -sf "127.0.0.1:$port/metrics" >/dev/null && break; sleep 0.1; done

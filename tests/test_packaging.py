@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -65,6 +66,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         timeout=300,
     )
     wheel = next(wheels.glob("gpuwarden-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        top = {name.split("/", 1)[0] for name in archive.namelist()}
+    assert "gpuwarden" in top and "exporter" not in top, top  # imports as the distribution's name
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -72,9 +76,23 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     gpuwarden = env_dir / "bin" / "gpuwarden"
     version = subprocess.run([str(gpuwarden), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
+    as_module = subprocess.run(
+        [str(python), "-m", "gpuwarden", "--version"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert as_module.returncode == 0 and as_module.stdout == version.stdout
+    listed = subprocess.run([str(gpuwarden), "scenarios"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert listed.returncode == 0 and "nvlink-down" in listed.stdout
+    no_exporter = subprocess.run(
+        [str(python), "-c", "import importlib.util; print(importlib.util.find_spec('exporter'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert no_exporter.stdout.strip() == "None"
     port = free_port()
     proc = subprocess.Popen(
-        [str(gpuwarden), "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
+        [str(gpuwarden), "--sim", "--nvml.scenario", "nvlink-down", "--web.listen-address", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -84,6 +102,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         wait_ready(f"http://127.0.0.1:{port}/readyz")
         # the shipped scenarios travel inside the wheel
         assert "gpuwarden_gpu_up" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        # and the JSON API (FastAPI, loaded on its first request) answers from it
+        gpus = httpx.get(f"http://127.0.0.1:{port}/api/v1/gpus", timeout=30)
+        assert gpus.status_code == 200 and len(gpus.json()["gpus"]) == 8, gpus.text[:300]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -118,7 +139,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         [
             str(python),
             "-c",
-            "import exporter.podresources as p, pathlib; "
+            "import gpuwarden.attribution.podresources as p, pathlib; "
             "print(pathlib.Path(p.__file__).with_name('podresources.proto').is_file())",
         ],
         capture_output=True,
@@ -132,6 +153,27 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
 def test_the_binding_version_read_from_its_dist_info_folder_is_what_pip_recorded():
     from importlib.metadata import version
 
-    from exporter.buildinfo import nvml_binding_version
+    from gpuwarden.exposition.buildinfo import nvml_binding_version
 
     assert nvml_binding_version() == version("nvidia-ml-py")
+
+
+def test_every_package_folder_is_listed_for_setuptools_and_the_editable_install_has_no_exporter(tmp_path):
+    """pyproject.toml lists the packages by name (the folder exporter/ installs as gpuwarden): a new subpackage left
+    out of the list would be missing from the wheel. The editable install maps the same name."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(("gpuwarden", *init.parent.relative_to(ROOT / "exporter").parts))
+        for init in (ROOT / "exporter").rglob("__init__.py")
+    }
+    assert listed == folders, listed ^ folders
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print(u.find_spec('exporter'), u.find_spec('gpuwarden'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert found.stdout.startswith("None ModuleSpec(name='gpuwarden'"), found.stdout
