@@ -19,6 +19,8 @@ from gpuwarden.sim.scenario import Scenario, load_scenario
 from tests.helpers.common import LiveServer, scenario_from, settings
 from tests.helpers.kubelet import FakeKubelet
 
+pytest_plugins = ["tests.helpers.require_all"]
+
 
 @pytest.fixture
 def sim() -> Iterator[Callable[..., FakeNvmlLibrary]]:

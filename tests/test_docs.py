@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from docs import references as docs
 
@@ -48,5 +52,28 @@ def test_ci_runs_the_readme_test_command():
     assert os.access(ROOT / ".ci" / "test", os.X_OK) and script.startswith("#!/usr/bin/env bash\n")
     assert re.search(r"^set -euo pipefail$", script, re.M)
     # it lints, and runs the whole suite with pytest's arguments passed through; every step stops on failure
-    assert "python3 -m ruff check ." in script and "python3 -m ruff format --check ." in script
-    assert script.rstrip().endswith('python3 -m pytest -q "$@"')
+    assert "python -m ruff check ." in script and "python -m ruff format --check ." in script
+    assert "lint-imports" in script  # the layer contracts
+    assert script.rstrip().endswith('python -m pytest -q "$@"')
+    # in a venv of its own: Debian's Python refuses pip outside one (PEP 668)
+    assert "python3 -m venv .venv" in script and 'PATH="$PWD/.venv/bin:$PATH"' in script
+    assert re.search(r"^export CI_REQUIRE_ALL_TESTS=1$", ci, re.M)  # CI fails on a skipped test
+
+
+@pytest.mark.parametrize(("required", "code"), [("1", 1), ("", 0)])
+def test_a_skip_fails_the_run_only_where_ci_requires_every_test(tmp_path, required, code):
+    (tmp_path / "test_tool.py").write_text(
+        "import pytest\n\ndef test_needs_a_tool():\n    pytest.skip('sometool is not installed')\n"
+        "\ndef test_runs():\n    assert True\n"
+    )
+    env = {**os.environ, "CI_REQUIRE_ALL_TESTS": required, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.helpers.require_all", "-p", "no:cacheprovider", "."],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == code, result.stdout
+    assert ("which CI does not allow" in result.stdout) == (required == "1"), result.stdout
