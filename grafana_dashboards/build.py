@@ -1,8 +1,14 @@
 """Generate the Grafana dashboards (`python grafana_dashboards/build.py` rewrites the JSON beside it).
 
-Plain Python dicts in Grafana's dashboard JSON model (schemaVersion 39, Grafana 11): no extra dependency, and the
-committed JSON is checked against this output by tests/test_dashboards.py. Thresholds come from
-exporter/health/thresholds.py, the same definition as the alert rules.
+Plain Python dicts in Grafana's dashboard JSON model (schemaVersion 39, Grafana 11): one function per dashboard row,
+each panel a `Layout.add` call with keyword arguments. The committed JSON is checked against this output by
+tests/test_dashboards.py, which also runs every panel's queries against a real Prometheus. Thresholds come from
+exporter/health/thresholds.py, the same definition as the alert rules. Run it with gpuwarden installed.
+
+grafana-foundation-sdk (Grafana's typed builders, on PyPI) was considered and not adopted: its Python package is
+published as one version per Grafana release line with date-stamped version numbers and, by its own README, as
+experimental; the schema check it would add covers the JSON's shape, while the failures seen in practice here were
+empty or wrong queries, which only running them against Prometheus catches.
 """
 
 from __future__ import annotations
@@ -12,9 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpuwarden.health.thresholds import DEFAULT as LIMITS  # noqa: E402
+from gpuwarden.health.thresholds import DEFAULT as LIMITS
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -27,8 +31,9 @@ def _steps(*pairs: tuple[float | None, str]) -> dict[str, Any]:
     return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in pairs]}
 
 
-def target(expr: str, legend: str = "", ref: str = "A", fmt: str = "time_series", instant: bool = False) -> dict:
-    t: dict[str, Any] = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": ref, "format": fmt}
+def target(expr: str, legend: str = "", fmt: str = "time_series", instant: bool = False) -> dict:
+    """One query; its refId (A, B, ...) is given by its place in the panel (Layout.add)."""
+    t: dict[str, Any] = {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "format": fmt}
     if instant:
         t["instant"] = True
         t["range"] = False
@@ -62,7 +67,8 @@ class Layout:
 
     def add(
         self,
-        panel_type: str,
+        *,
+        kind: str,
         title: str,
         description: str,
         targets: list[dict],
@@ -81,7 +87,7 @@ class Layout:
         defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "palette-classic"}}
         if thresholds:
             defaults["thresholds"] = thresholds
-            if panel_type in ("stat", "gauge", "table", "state-timeline"):
+            if kind in ("stat", "gauge", "table", "state-timeline"):
                 defaults["color"] = {"mode": "thresholds"}
         if custom:
             defaults["custom"] = custom
@@ -95,7 +101,7 @@ class Layout:
             t["refId"] = chr(ord("A") + i)
         self.panels.append(
             {
-                "type": panel_type,
+                "type": kind,
                 "title": title,
                 "description": description,
                 "id": self.next_id,
@@ -184,89 +190,99 @@ def busy(window: str = RATE_INTERVAL, sel: str = GPU_SELECTOR) -> str:
     )
 
 
-def node_dashboard() -> dict[str, Any]:
-    layout = Layout()
-    gpu_legend = "{{instance}} gpu {{gpu}}"
+def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
+    """The "Health at a glance" row."""
     layout.row("Health at a glance")
     layout.add(
-        "stat",
-        "Health status per GPU",
-        "Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, 1 warning, 2 critical.",
-        [target(f"gpuwarden_health_status{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
-        "none",
+        kind="stat",
+        title="Health status per GPU",
+        description="Worst health verdict of each GPU (gpuwarden_health_status): 0 ok, 1 warning, 2 critical.",
+        targets=[target(f"gpuwarden_health_status{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
+        unit="none",
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
     layout.add(
-        "table",
-        "Failing checks",
-        "Checks that are not ok, per GPU.",
-        [target(f"gpuwarden_health{{{GPU_SELECTOR}}} > 0", fmt="table", instant=True)],
-        "none",
+        kind="table",
+        title="Failing checks",
+        description="Checks that are not ok, per GPU.",
+        targets=[target(f"gpuwarden_health{{{GPU_SELECTOR}}} > 0", fmt="table", instant=True)],
+        unit="none",
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
     layout.add(
-        "table",
-        "Firing alerts",
-        "gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
-        [target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{NODE_SELECTOR}}}', fmt="table", instant=True)],
-        "none",
+        kind="table",
+        title="Firing alerts",
+        description="gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
+        targets=[
+            target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{NODE_SELECTOR}}}', fmt="table", instant=True)
+        ],
+        unit="none",
         w=8,
     )
     layout.add(
-        "table",
-        "Pods on these GPUs",
-        "Containers the kubelet allocated each GPU to (pod attribution: the "
+        kind="table",
+        title="Pods on these GPUs",
+        description="Containers the kubelet allocated each GPU to (pod attribution: the "
         "chart's podResources.enabled). Join any panel's query with * on(uuid) group_left(namespace, pod) "
         "gpuwarden_gpu_allocation.",
-        [
+        targets=[
             target(
                 f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GPU_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             )
         ],
-        "none",
+        unit="none",
         w=24,
         h=6,
     )
+
+
+def _node_utilization(layout: Layout, gpu_legend: str) -> None:
+    """The "Utilization" row."""
     layout.row("Utilization")
     layout.add(
-        "timeseries",
-        "GPU busy (time average)",
-        "Share of time a kernel ran, from the driver's sample buffer: "
+        kind="timeseries",
+        title="GPU busy (time average)",
+        description="Share of time a kernel ran, from the driver's sample buffer: "
         "rate(busy seconds) / rate(sampled seconds). The dashed line is the starvation threshold.",
-        [target(busy(), gpu_legend)],
-        "percentunit",
+        targets=[target(busy(), gpu_legend)],
+        unit="percentunit",
         thresholds=_steps((None, "red"), (LIMITS.utilization_low_ratio, "green")),
         custom=threshold_lines(),
         minmax=(0, 1),
     )
     layout.add(
-        "timeseries",
-        "Memory bandwidth busy",
-        "Share of the last sample period in which device memory was read or written (not occupancy). Needs the "
+        kind="timeseries",
+        title="Memory bandwidth busy",
+        description="Share of the last sample period in which device memory was read or written (not occupancy). "
+        "Needs the "
         "point_samples group (--metrics.enable-groups); DRAM active in the profiling row is the default.",
-        [target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GPU_SELECTOR}}}", gpu_legend)],
-        "percentunit",
+        targets=[target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GPU_SELECTOR}}}", gpu_legend)],
+        unit="percentunit",
         minmax=(0, 1),
     )
-    profiling_row(layout, gpu_legend)
+
+
+def _node_memory(layout: Layout, gpu_legend: str) -> None:
+    """The "Memory" row."""
     layout.row("Memory")
     layout.add(
-        "timeseries",
-        "Memory used / total",
-        f"Device memory occupancy; 70-95 % is healthy for training, above {LIMITS.memory_warning_ratio:.0%} risks OOM.",
-        [
+        kind="timeseries",
+        title="Memory used / total",
+        description="Device memory occupancy; 70-95 % is healthy for training, above "
+        f"{LIMITS.memory_warning_ratio:.0%} risks OOM.",
+        targets=[
             target(
                 f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}} / gpuwarden_memory_total_bytes{{{GPU_SELECTOR}}}",
                 gpu_legend,
             )
         ],
-        "percentunit",
+        unit="percentunit",
         thresholds=_steps(
             (None, "green"),
             (0.7, "green"),
@@ -277,43 +293,52 @@ def node_dashboard() -> dict[str, Any]:
         minmax=(0, 1),
     )
     layout.add(
-        "timeseries",
-        "Memory used, reserved",
-        "Bytes used by processes and reserved by the driver (v2; reserved: memory_detail group).",
-        [
+        kind="timeseries",
+        title="Memory used, reserved",
+        description="Bytes used by processes and reserved by the driver (v2; reserved: memory_detail group).",
+        targets=[
             target(f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}}", "used " + gpu_legend),
             target(f"gpuwarden_memory_reserved_bytes{{{GPU_SELECTOR}}}", "reserved " + gpu_legend),
         ],
-        "bytes",
+        unit="bytes",
     )
     holder = "{{namespace}}/{{pod}}/{{container}}"
     layout.add(
-        "timeseries",
-        "GPU memory by container",
-        "Who holds each GPU's memory: the processes of each container (namespace/pod/container; empty: processes no "
+        kind="timeseries",
+        title="GPU memory by container",
+        description="Who holds each GPU's memory: the processes of each container (namespace/pod/container; empty: "
+        "processes no "
         "container was found for). Two holders on one GPU is the first thing to check on an OOM. Per process: "
         "/api/v1/processes.",
-        [target(f"gpuwarden_container_gpu_memory_used_bytes{{{GPU_SELECTOR}}}", gpu_legend + " " + holder)],
-        "bytes",
+        targets=[target(f"gpuwarden_container_gpu_memory_used_bytes{{{GPU_SELECTOR}}}", gpu_legend + " " + holder)],
+        unit="bytes",
         custom={"stacking": {"mode": "normal", "group": "A"}},
     )
     layout.add(
-        "timeseries",
-        "SM share by container",
-        "Each container's share of its GPU's SMs (per-process SM utilization, averaged over the interval).",
-        [target(f"rate(gpuwarden_container_sm_active_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
-                gpu_legend + " " + holder)],
-        "percentunit",
+        kind="timeseries",
+        title="SM share by container",
+        description="Each container's share of its GPU's SMs (per-process SM utilization, averaged over the interval).",
+        targets=[
+            target(
+                f"rate(gpuwarden_container_sm_active_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                gpu_legend + " " + holder,
+            )
+        ],
+        unit="percentunit",
         minmax=(0, 1),
-    )  # fmt: skip
+    )
+
+
+def _node_thermals(layout: Layout, gpu_legend: str) -> None:
+    """The "Thermals" row."""
     layout.row("Thermals")
     layout.add(
-        "timeseries",
-        "GPU temperature",
-        f"Die temperature with the {LIMITS.temperature_warning_celsius:g} °C warning "
+        kind="timeseries",
+        title="GPU temperature",
+        description=f"Die temperature with the {LIMITS.temperature_warning_celsius:g} °C warning "
         f"and {LIMITS.temperature_critical_celsius:g} °C critical lines of the alert rules.",
-        [target(f"gpuwarden_temperature_celsius{{{GPU_SELECTOR}}}", gpu_legend)],
-        "celsius",
+        targets=[target(f"gpuwarden_temperature_celsius{{{GPU_SELECTOR}}}", gpu_legend)],
+        unit="celsius",
         thresholds=_steps(
             (None, "green"),
             (LIMITS.temperature_warning_celsius, "orange"),
@@ -322,113 +347,136 @@ def node_dashboard() -> dict[str, Any]:
         custom=threshold_lines(),
     )
     layout.add(
-        "timeseries",
-        "Memory temperature and its maximum",
-        "HBM temperature, and each GPU's own HBM maximum from NVML (the other thresholds: static_detail group).",
-        [
+        kind="timeseries",
+        title="Memory temperature and its maximum",
+        description="HBM temperature, and each GPU's own HBM maximum from NVML (the other thresholds: static_detail "
+        "group).",
+        targets=[
             target(f"gpuwarden_memory_temperature_celsius{{{GPU_SELECTOR}}}", "HBM " + gpu_legend),
             target(
                 f'gpuwarden_temperature_threshold_celsius{{{GPU_SELECTOR},threshold="memory_max"}}',
                 "HBM max " + gpu_legend,
             ),
         ],
-        "celsius",
+        unit="celsius",
     )
+
+
+def _node_power(layout: Layout, gpu_legend: str) -> None:
+    """The "Power" row."""
     layout.row("Power")
     layout.add(
-        "timeseries",
-        "Power draw / limit",
-        "Average draw (from the energy counter) as a share of the enforced limit: below 30 % is idle, 60-90 % "
+        kind="timeseries",
+        title="Power draw / limit",
+        description="Average draw (from the energy counter) as a share of the enforced limit: below 30 % is idle, "
+        "60-90 % "
         "healthy, 100 % sustained is power throttling.",
-        [
+        targets=[
             target(
                 f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]) / "
                 f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}",
                 gpu_legend,
             )
         ],
-        "percentunit",
+        unit="percentunit",
         thresholds=_steps((None, "blue"), (0.3, "green"), (0.9, "orange")),
         custom=threshold_lines(),
         minmax=(0, 1.1),
     )
     layout.add(
-        "timeseries",
-        "Power draw and limit (W), average from energy",
-        "The true average draw from the energy counter and the enforced limit (the instant draw: point_samples group).",
-        [
+        kind="timeseries",
+        title="Power draw and limit (W), average from energy",
+        description="The true average draw from the energy counter and the enforced limit (the instant draw: "
+        "point_samples group).",
+        targets=[
             target(f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "average " + gpu_legend),
-            target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend, ref="B"),
+            target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend),
         ],
-        "watt",
+        unit="watt",
     )
     layout.add(
-        "stat",
-        "Energy over the range",
-        "Energy used by the selected GPUs over the dashboard's time range.",
-        [target(f"sum(increase(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[$__range]))", instant=True)],
-        "joule",
+        kind="stat",
+        title="Energy over the range",
+        description="Energy used by the selected GPUs over the dashboard's time range.",
+        targets=[target(f"sum(increase(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[$__range]))", instant=True)],
+        unit="joule",
         w=6,
         thresholds=_steps((None, "blue")),
     )
+
+
+def _node_clocks_and_throttling(layout: Layout, gpu_legend: str) -> None:
+    """The "Clocks and throttling" row."""
     layout.row("Clocks and throttling")
     layout.add(
-        "state-timeline",
-        "Clock-event reasons",
-        "Why the clocks are held down, per GPU and reason (1 = active). "
+        kind="state-timeline",
+        title="Clock-event reasons",
+        description="Why the clocks are held down, per GPU and reason (1 = active). "
         "gpu_idle is normal when idle; sw_power_cap is normal at full load. Needs the clocks_detail group; "
         "Throttle time share (default) answers the same from counters.",
-        [target(f'gpuwarden_clock_event_active{{{GPU_SELECTOR},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")],
-        "none",
+        targets=[
+            target(f'gpuwarden_clock_event_active{{{GPU_SELECTOR},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")
+        ],
+        unit="none",
         w=12,
         thresholds=_steps((None, "transparent"), (1, "orange")),
         mappings=[{"type": "value", "options": {"1": {"text": "active", "color": "orange"}}}],
     )
     layout.add(
-        "timeseries",
-        "Throttle time share",
-        "Share of time the driver held the clocks down, per reason (cumulative counters, not point samples).",
-        [target(f"rate(gpuwarden_throttle_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{reason}}")],
-        "percentunit",
+        kind="timeseries",
+        title="Throttle time share",
+        description="Share of time the driver held the clocks down, per reason (cumulative counters, not point "
+        "samples).",
+        targets=[
+            target(f"rate(gpuwarden_throttle_seconds_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{reason}}")
+        ],
+        unit="percentunit",
         thresholds=_steps((None, "green"), (LIMITS.thermal_slowdown_ratio, "orange")),
         custom=threshold_lines(),
     )
     layout.add(
-        "timeseries",
-        "SM clock / max",
-        "SM clock against the GPU's maximum. Needs the clocks_detail group (maximum clocks).",
-        [
+        kind="timeseries",
+        title="SM clock / max",
+        description="SM clock against the GPU's maximum. Needs the clocks_detail group (maximum clocks).",
+        targets=[
             target(
                 f'gpuwarden_clock_hertz{{{GPU_SELECTOR},clock="sm"}} / ignoring(clock) group_left '
                 f'gpuwarden_clock_max_hertz{{{GPU_SELECTOR},clock="sm"}}',
                 gpu_legend,
             )
         ],
-        "percentunit",
+        unit="percentunit",
         minmax=(0, 1),
     )
     layout.add(
-        "state-timeline",
-        "P-state",
-        "Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
-        [target(f"gpuwarden_performance_state{{{GPU_SELECTOR}}}", gpu_legend)],
-        "none",
+        kind="state-timeline",
+        title="P-state",
+        description="Performance state (0 = P0, maximum). Idle datacenter GPUs sit in P0 too.",
+        targets=[target(f"gpuwarden_performance_state{{{GPU_SELECTOR}}}", gpu_legend)],
+        unit="none",
         thresholds=_steps((None, "green"), (LIMITS.pstate_degraded_min, "orange")),
     )
+
+
+def _node_errors(layout: Layout) -> None:
+    """The "Errors" row."""
     layout.row("Errors")
     layout.add(
-        "timeseries",
-        "ECC errors",
-        "New ECC errors per interval (volatile counters); any uncorrected error pages (GpuwardenEccUncorrectable).",
-        [target(f"increase(gpuwarden_ecc_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{type}}")],
-        "none",
+        kind="timeseries",
+        title="ECC errors",
+        description="New ECC errors per interval (volatile counters); any uncorrected error pages "
+        "(GpuwardenEccUncorrectable).",
+        targets=[
+            target(f"increase(gpuwarden_ecc_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} {{type}}")
+        ],
+        unit="none",
         thresholds=_steps((None, "green"), (1, "red")),
     )
     layout.add(
-        "table",
-        "Remapped rows",
-        "Remapped rows by cause (memory_detail group), and pending / failed flags (failed = RMA; default).",
-        [
+        kind="table",
+        title="Remapped rows",
+        description="Remapped rows by cause (memory_detail group), and pending / failed flags (failed = RMA; default).",
+        targets=[
             target(f"gpuwarden_remapped_rows{{{GPU_SELECTOR}}}", fmt="table", instant=True),
             target(
                 f"gpuwarden_remapped_rows_pending{{{GPU_SELECTOR}}} + 2 * "
@@ -437,59 +485,69 @@ def node_dashboard() -> dict[str, Any]:
                 instant=True,
             ),
         ],
-        "none",
+        unit="none",
     )
     layout.add(
-        "timeseries",
-        "XID events",
-        "XID events per GPU and code over the rate interval (counts since gpuwarden started).",
-        [target(f"increase(gpuwarden_xid_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} XID {{xid}}")],
-        "none",
+        kind="timeseries",
+        title="XID events",
+        description="XID events per GPU and code over the rate interval (counts since gpuwarden started).",
+        targets=[
+            target(f"increase(gpuwarden_xid_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} XID {{xid}}")
+        ],
+        unit="none",
     )
     layout.add(
-        "timeseries",
-        "PCIe replays and NVLink errors",
-        "PCIe replays per second, and NVLink errors per second by type, all links of the GPU together (per link: "
+        kind="timeseries",
+        title="PCIe replays and NVLink errors",
+        description="PCIe replays per second, and NVLink errors per second by type, all links of the GPU together "
+        "(per link: "
         "the nvlink_links group).",
-        [
+        targets=[
             target(f"rate(gpuwarden_pcie_replay_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "PCIe {{gpu}}"),
             target(
                 f"rate(gpuwarden_nvlink_gpu_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
                 "NVLink {{gpu}} {{type}}",
-                ref="B",
             ),
         ],
-        "ops",
+        unit="ops",
     )
+
+
+def _node_topology_and_nvlink(layout: Layout, gpu_legend: str) -> None:
+    """The "Topology and NVLink" row."""
     layout.row("Topology and NVLink")
     layout.add(
-        "stat",
-        "Active NVLinks per GPU",
-        "Links up per GPU (18 on H100/H200 SXM).",
-        [target(f"gpuwarden_nvlink_active_links{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
-        "none",
+        kind="stat",
+        title="Active NVLinks per GPU",
+        description="Links up per GPU (18 on H100/H200 SXM).",
+        targets=[target(f"gpuwarden_nvlink_active_links{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
+        unit="none",
         thresholds=_steps((None, "red"), (1, "green")),
     )
     layout.add(
-        "table",
-        "Topology (nvidia-smi topo -m)",
-        "Connection from each GPU to each peer. Needs the topology group (default: /api/v1/topology).",
-        [target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
-        "none",
+        kind="table",
+        title="Topology (nvidia-smi topo -m)",
+        description="Connection from each GPU to each peer. Needs the topology group (default: /api/v1/topology).",
+        targets=[target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
+        unit="none",
     )
+
+
+def _node_exporter(layout: Layout) -> None:
+    """The "Exporter" row."""
     layout.row("Exporter")
     layout.add(
-        "timeseries",
-        "Poll duration",
-        "Wall time of each tier's last poll.",
-        [target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{instance}} {{tier}}")],
-        "s",
+        kind="timeseries",
+        title="Poll duration",
+        description="Wall time of each tier's last poll.",
+        targets=[target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{instance}} {{tier}}")],
+        unit="s",
     )
     layout.add(
-        "timeseries",
-        "Data age and errors",
-        "Seconds since each tier's last poll, and NVML errors per second.",
-        [
+        kind="timeseries",
+        title="Data age and errors",
+        description="Seconds since each tier's last poll, and NVML errors per second.",
+        targets=[
             target(
                 f"time() - gpuwarden_last_collect_timestamp_seconds{{{NODE_SELECTOR}}}", "age {{instance}} {{tier}}"
             ),
@@ -499,8 +557,23 @@ def node_dashboard() -> dict[str, Any]:
                 "errors {{instance}} {{call}} {{error}}",
             ),
         ],
-        "s",
+        unit="s",
     )
+
+
+def node_dashboard() -> dict[str, Any]:
+    layout = Layout()
+    gpu_legend = "{{instance}} gpu {{gpu}}"
+    _node_health_at_a_glance(layout, gpu_legend)
+    _node_utilization(layout, gpu_legend)
+    profiling_row(layout, gpu_legend)
+    _node_memory(layout, gpu_legend)
+    _node_thermals(layout, gpu_legend)
+    _node_power(layout, gpu_legend)
+    _node_clocks_and_throttling(layout, gpu_legend)
+    _node_errors(layout)
+    _node_topology_and_nvlink(layout, gpu_legend)
+    _node_exporter(layout)
     variables = [
         variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
         variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
@@ -527,86 +600,103 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
     """The node dashboard's GPM panels (Hopper and newer; empty on GPUs without GPM or with nvml.gpm off)."""
     layout.row("Profiling (GPM): what the GPU's time goes to")
     layout.add(
-        "timeseries",
-        "SM activity and occupancy",
-        "SMs busy (averaged over the SMs, unlike GPU busy) and resident warps as a share of the maximum, from "
+        kind="timeseries",
+        title="SM activity and occupancy",
+        description="SMs busy (averaged over the SMs, unlike GPU busy) and resident warps as a share of the maximum, "
+        "from "
         "NVML GPM: rate(activity seconds) / rate(window seconds). DCGM's SM_ACTIVE and SM_OCCUPANCY (occupancy: "
         "gpm_detail group).",
-        [
+        targets=[
             target(gpm_ratio("gpuwarden_gpm_sm_active_seconds_total"), gpu_legend + " SM active"),
-            target(gpm_ratio("gpuwarden_gpm_sm_occupancy_seconds_total"), gpu_legend + " occupancy", ref="B"),
+            target(gpm_ratio("gpuwarden_gpm_sm_occupancy_seconds_total"), gpu_legend + " occupancy"),
         ],
-        "percentunit",
+        unit="percentunit",
         minmax=(0, 1),
     )
     layout.add(
-        "timeseries",
-        "Tensor cores and FP pipes",
-        "Share of time each math pipe was active (GPM). Tensor high is healthy for training; FP32 high with "
+        kind="timeseries",
+        title="Tensor cores and FP pipes",
+        description="Share of time each math pipe was active (GPM). Tensor high is healthy for training; FP32 high "
+        "with "
         "tensor near 0 means FP32 math: bf16 mixed precision or TF32 would use the tensor cores. FP pipes: "
         "gpm_detail group.",
-        [target(gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe=~"tensor|fp32|fp16|fp64"'),
-                gpu_legend + " {{pipe}}")],
-        "percentunit",
-        minmax=(0, 1),
-    )  # fmt: skip
-    layout.add(
-        "timeseries",
-        "Device-memory bandwidth (DRAM active)",
-        "Share of peak device-memory bandwidth in use (GPM DRAM_BW_UTIL); above "
-        f"{LIMITS.bottleneck_dram_ratio:.0%} with the tensor cores idle the job is memory-bound.",
-        [target(gpm_ratio("gpuwarden_gpm_dram_active_seconds_total"), gpu_legend)],
-        "percentunit",
+        targets=[
+            target(
+                gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe=~"tensor|fp32|fp16|fp64"'),
+                gpu_legend + " {{pipe}}",
+            )
+        ],
+        unit="percentunit",
         minmax=(0, 1),
     )
     layout.add(
-        "timeseries",
-        "PCIe and NVLink traffic",
-        "Bytes per second over PCIe (GPM where the GPU has it: link traffic, headers included, 6-7 % above the payload "
-        "copied) and over all NVLinks (GPM).",
-        [
-            target(f"rate(gpuwarden_pcie_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
-                   gpu_legend + " PCIe {{direction}}"),
-            target(f"rate(gpuwarden_nvlink_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
-                   gpu_legend + " NVLink {{direction}}", ref="B"),
-        ],
-        "Bps",
-    )  # fmt: skip
+        kind="timeseries",
+        title="Device-memory bandwidth (DRAM active)",
+        description="Share of peak device-memory bandwidth in use (GPM DRAM_BW_UTIL); above "
+        f"{LIMITS.bottleneck_dram_ratio:.0%} with the tensor cores idle the job is memory-bound.",
+        targets=[target(gpm_ratio("gpuwarden_gpm_dram_active_seconds_total"), gpu_legend)],
+        unit="percentunit",
+        minmax=(0, 1),
+    )
     layout.add(
-        "table",
-        "Bottleneck class",
-        "What each GPU's time went to over the bottleneck window (gpuwarden_bottleneck_info): idle, tensor_bound, "
+        kind="timeseries",
+        title="PCIe and NVLink traffic",
+        description="Bytes per second over PCIe (GPM where the GPU has it: link traffic, headers included, 6-7 % "
+        "above the payload "
+        "copied) and over all NVLinks (GPM).",
+        targets=[
+            target(
+                f"rate(gpuwarden_pcie_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                gpu_legend + " PCIe {{direction}}",
+            ),
+            target(
+                f"rate(gpuwarden_nvlink_bytes_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])",
+                gpu_legend + " NVLink {{direction}}",
+            ),
+        ],
+        unit="Bps",
+    )
+    layout.add(
+        kind="table",
+        title="Bottleneck class",
+        description="What each GPU's time went to over the bottleneck window (gpuwarden_bottleneck_info): idle, "
+        "tensor_bound, "
         "memory_bound, compute_without_tensor, communication_bound, host_transfer_bound, data_starved, mixed. "
         "/api/v1/diagnosis gives the numbers and what to do.",
-        [target(f"max by (instance, gpu, class) (gpuwarden_bottleneck_info{{{GPU_SELECTOR}}})", fmt="table",
-                instant=True)],
-        "none",
+        targets=[
+            target(
+                f"max by (instance, gpu, class) (gpuwarden_bottleneck_info{{{GPU_SELECTOR}}})",
+                fmt="table",
+                instant=True,
+            )
+        ],
+        unit="none",
         w=24,
         h=6,
-    )  # fmt: skip
+    )
 
 
-def fleet_dashboard() -> dict[str, Any]:
-    layout = Layout()
+def _fleet_fleet_health(layout: Layout) -> None:
+    """The "Fleet health" row."""
     layout.row("Fleet health")
     layout.add(
-        "stat",
-        "GPUs by health status",
-        "How many GPUs are ok (0), warning (1) or critical (2).",
-        [
+        kind="stat",
+        title="GPUs by health status",
+        description="How many GPUs are ok (0), warning (1) or critical (2).",
+        targets=[
             target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 0) or vector(0)", "ok", instant=True),
             target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 1) or vector(0)", "warning", instant=True),
             target(f"count(gpuwarden_health_status{{{NODE_SELECTOR}}} == 2) or vector(0)", "critical", instant=True),
         ],
-        "none",
+        unit="none",
         w=8,
         thresholds=_steps((None, "green")),
     )
     layout.add(
-        "table",
-        "Unhealthy GPUs",
-        "GPUs whose health is not ok, with the model and the failing checks.",
-        [
+        kind="table",
+        title="Unhealthy GPUs",
+        description="GPUs whose health is not ok, with the model and the failing checks.",
+        targets=[
             target(
                 f"gpuwarden_health{{{NODE_SELECTOR}}} > 0 and on (instance, uuid) "
                 f"gpuwarden_health_status{{{NODE_SELECTOR}}} > 0",
@@ -620,26 +710,30 @@ def fleet_dashboard() -> dict[str, Any]:
                 instant=True,
             ),
         ],
-        "none",
+        unit="none",
         w=16,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
     )
+
+
+def _fleet_idle_and_starved_gpus(layout: Layout) -> None:
+    """The "Idle and starved GPUs" row."""
     layout.row("Idle and starved GPUs")
     layout.add(
-        "table",
-        "Least busy GPUs over the range",
-        "GPU busy share over the dashboard's range; below "
+        kind="table",
+        title="Least busy GPUs over the range",
+        description="GPU busy share over the dashboard's range; below "
         f"{LIMITS.utilization_low_ratio:.0%} while a job runs is starvation.",
-        [target(f"bottomk(20, {busy('$__range', NODE_SELECTOR)})", fmt="table", instant=True)],
-        "percentunit",
+        targets=[target(f"bottomk(20, {busy('$__range', NODE_SELECTOR)})", fmt="table", instant=True)],
+        unit="percentunit",
         thresholds=_steps((None, "red"), (LIMITS.utilization_low_ratio, "green")),
     )
     layout.add(
-        "stat",
-        "Idle GPU-hours and their cost",
-        "GPU-hours not spent running kernels over the range, and their cost at $price per GPU-hour.",
-        [
+        kind="stat",
+        title="Idle GPU-hours and their cost",
+        description="GPU-hours not spent running kernels over the range, and their cost at $price per GPU-hour.",
+        targets=[
             target(
                 f"sum(increase(gpuwarden_utilization_sampled_seconds_total{{{NODE_SELECTOR}}}[$__range]) - "
                 f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range])) / 3600",
@@ -653,7 +747,7 @@ def fleet_dashboard() -> dict[str, Any]:
                 instant=True,
             ),
         ],
-        "none",
+        unit="none",
         thresholds=_steps((None, "blue")),
     )
     alloc = f"max_over_time(gpuwarden_gpu_allocation{{{NODE_SELECTOR}}}[$__range])"
@@ -663,12 +757,12 @@ def fleet_dashboard() -> dict[str, Any]:
         f"increase(gpuwarden_busy_seconds_total{{{NODE_SELECTOR}}}[$__range]), 0)"
     )
     layout.add(
-        "table",
-        "Idle GPU-hours by namespace",
-        "GPU-hours in which no kernel ran over the range, charged to the "
+        kind="table",
+        title="Idle GPU-hours by namespace",
+        description="GPU-hours in which no kernel ran over the range, charged to the "
         "namespaces whose pods held the GPU (pod attribution; a GPU shared by n containers counts 1/n to each), "
         "and their cost at $price per GPU-hour.",
-        [
+        targets=[
             target(
                 f"sum by (namespace) ({idle_seconds} * on (instance, uuid) group_right () {share}) / 3600",
                 fmt="table",
@@ -680,71 +774,100 @@ def fleet_dashboard() -> dict[str, Any]:
                 instant=True,
             ),
         ],
-        "none",
+        unit="none",
         w=24,
         h=6,
     )
+
+
+def _fleet_profiling_gpm_useful_work(layout: Layout) -> None:
+    """The "Profiling (GPM): useful work" row."""
     layout.row("Profiling (GPM): useful work")
     tensor = gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe="tensor"', NODE_SELECTOR, "$__range")
     allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{NODE_SELECTOR}}})"
     layout.add(
-        "table",
-        "Tensor-core use by namespace",
-        "Mean share of time the tensor cores were active over the dashboard's range, per namespace holding the "
+        kind="table",
+        title="Tensor-core use by namespace",
+        description="Mean share of time the tensor cores were active over the dashboard's range, per namespace "
+        "holding the "
         "GPUs (pod attribution), and how many GPUs: low tensor use on GPUs a team holds is the cheapest "
         "throughput to win (bf16 mixed precision, TF32).",
-        [
-            target(f"avg by (namespace) (({tensor}) * on (instance, uuid) group_left (namespace) {allocation})",
-                   fmt="table", instant=True),
-            target(f"count by (namespace) ({allocation})", fmt="table", instant=True, ref="B"),
+        targets=[
+            target(
+                f"avg by (namespace) (({tensor}) * on (instance, uuid) group_left (namespace) {allocation})",
+                fmt="table",
+                instant=True,
+            ),
+            target(f"count by (namespace) ({allocation})", fmt="table", instant=True),
         ],
-        "percentunit",
+        unit="percentunit",
         w=12,
-    )  # fmt: skip
+    )
     layout.add(
-        "table",
-        "Bottleneck classes by node",
-        "How many GPUs of each node are in each bottleneck class now (gpuwarden_bottleneck_info): tensor_bound is "
+        kind="table",
+        title="Bottleneck classes by node",
+        description="How many GPUs of each node are in each bottleneck class now (gpuwarden_bottleneck_info): "
+        "tensor_bound is "
         "healthy; data_starved, host_transfer_bound and communication_bound GPUs wait; idle GPUs have no process.",
-        [target(f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table",
-                instant=True)],
-        "none",
+        targets=[
+            target(
+                f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table", instant=True
+            )
+        ],
+        unit="none",
         w=12,
-    )  # fmt: skip
+    )
     layout.add(
-        "table",
-        "Top GPU-memory holders by namespace",
-        "GPU memory held by each namespace's containers across the selected nodes (their processes, attributed "
+        kind="table",
+        title="Top GPU-memory holders by namespace",
+        description="GPU memory held by each namespace's containers across the selected nodes (their processes, "
+        "attributed "
         "through cgroups or the GPU allocation), largest first.",
-        [target(f'topk(10, sum by (namespace) (gpuwarden_container_gpu_memory_used_bytes{{{NODE_SELECTOR}, '
-                f'namespace!=""}}))', fmt="table", instant=True)],
-        "bytes",
+        targets=[
+            target(
+                f"topk(10, sum by (namespace) (gpuwarden_container_gpu_memory_used_bytes{{{NODE_SELECTOR}, "
+                f'namespace!=""}}))',
+                fmt="table",
+                instant=True,
+            )
+        ],
+        unit="bytes",
         w=12,
-    )  # fmt: skip
+    )
     layout.add(
-        "table",
-        "Top GPU-memory holders by pod",
-        "The ten pods holding the most GPU memory, with the node.",
-        [target(f'topk(10, sum by (instance, namespace, pod) (gpuwarden_container_gpu_memory_used_bytes'
-                f'{{{NODE_SELECTOR}, pod!=""}}))', fmt="table", instant=True)],
-        "bytes",
+        kind="table",
+        title="Top GPU-memory holders by pod",
+        description="The ten pods holding the most GPU memory, with the node.",
+        targets=[
+            target(
+                f"topk(10, sum by (instance, namespace, pod) (gpuwarden_container_gpu_memory_used_bytes"
+                f'{{{NODE_SELECTOR}, pod!=""}}))',
+                fmt="table",
+                instant=True,
+            )
+        ],
+        unit="bytes",
         w=12,
-    )  # fmt: skip
+    )
     layout.add(
-        "timeseries",
-        "GPUs per bottleneck class",
-        "GPUs of the selected nodes in each class over time.",
-        [target(f"count by (class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", "{{class}}")],
-        "none",
+        kind="timeseries",
+        title="GPUs per bottleneck class",
+        description="GPUs of the selected nodes in each class over time.",
+        targets=[target(f"count by (class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", "{{class}}")],
+        unit="none",
         w=24,
     )
+
+
+def _fleet_hot_failing_and_disconnected(layout: Layout) -> None:
+    """The "Hot, failing and disconnected" row."""
     layout.row("Hot, failing and disconnected")
     layout.add(
-        "table",
-        "Hottest GPUs",
-        "The ten hottest GPUs now.",
-        [target(f"topk(10, gpuwarden_temperature_celsius{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
-        "celsius",
+        kind="table",
+        title="Hottest GPUs",
+        description="The ten hottest GPUs now.",
+        targets=[target(f"topk(10, gpuwarden_temperature_celsius{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
+        unit="celsius",
         w=8,
         thresholds=_steps(
             (None, "green"),
@@ -753,22 +876,23 @@ def fleet_dashboard() -> dict[str, Any]:
         ),
     )
     layout.add(
-        "table",
-        "ECC and XID offenders",
-        "GPUs with uncorrected ECC errors or critical XIDs in the window.",
-        [
+        kind="table",
+        title="ECC and XID offenders",
+        description="GPUs with uncorrected ECC errors or critical XIDs in the window.",
+        targets=[
             target(f'gpuwarden_ecc_errors_total{{{NODE_SELECTOR},type="uncorrected"}} > 0', fmt="table", instant=True),
             target(f"gpuwarden_xid_errors_total{{{NODE_SELECTOR}}} > 0", fmt="table", instant=True),
         ],
-        "none",
+        unit="none",
         w=8,
     )
     layout.add(
-        "table",
-        "NVLink problems",
-        "GPUs with fewer active NVLinks than the most any GPU of their node has (which link: /api/v1/gpus or "
+        kind="table",
+        title="NVLink problems",
+        description="GPUs with fewer active NVLinks than the most any GPU of their node has (which link: /api/v1/gpus "
+        "or "
         "the nvlink_links group).",
-        [
+        targets=[
             target(
                 f"gpuwarden_nvlink_active_links{{{NODE_SELECTOR}}} < on (instance) group_left "
                 f"max by (instance) (gpuwarden_nvlink_active_links{{{NODE_SELECTOR}}})",
@@ -776,32 +900,45 @@ def fleet_dashboard() -> dict[str, Any]:
                 instant=True,
             ),
         ],
-        "none",
+        unit="none",
         w=8,
     )
+
+
+def _fleet_versions(layout: Layout) -> None:
+    """The "Versions" row."""
     layout.row("Versions")
     layout.add(
-        "table",
-        "Driver versions in the fleet",
-        "Nodes per driver and CUDA driver version.",
-        [
+        kind="table",
+        title="Driver versions in the fleet",
+        description="Nodes per driver and CUDA driver version.",
+        targets=[
             target(
                 f"count by (driver_version, cuda_driver_version) (gpuwarden_driver_info{{{NODE_SELECTOR}}})",
                 fmt="table",
                 instant=True,
             )
         ],
-        "none",
+        unit="none",
         w=12,
     )
     layout.add(
-        "table",
-        "GPU models",
-        "GPUs per model.",
-        [target(f"count by (name) (gpuwarden_gpu_info{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
-        "none",
+        kind="table",
+        title="GPU models",
+        description="GPUs per model.",
+        targets=[target(f"count by (name) (gpuwarden_gpu_info{{{NODE_SELECTOR}}})", fmt="table", instant=True)],
+        unit="none",
         w=12,
     )
+
+
+def fleet_dashboard() -> dict[str, Any]:
+    layout = Layout()
+    _fleet_fleet_health(layout)
+    _fleet_idle_and_starved_gpus(layout)
+    _fleet_profiling_gpm_useful_work(layout)
+    _fleet_hot_failing_and_disconnected(layout)
+    _fleet_versions(layout)
     variables = [
         variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
         variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
