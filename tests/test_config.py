@@ -206,3 +206,51 @@ def test_help_names_choices_and_never_prints_an_empty_default():
     assert "Default: ." not in text and "Default: None" not in text
     assert "Log level. One of: debug, info, warn, error. Default: info." in text
     assert "One of: logfmt, json." in text and "Default: none." in text
+
+
+def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_still_fail():
+    """A Service named gpuwarden makes Kubernetes inject GPUWARDEN_PORT=tcp://… and friends into every pod of the
+    namespace: the exporter serves, says once what it ignored, and an unknown variable of our own still exits 2."""
+    import os
+    import time
+
+    import httpx
+
+    port = free_port()
+    links = {
+        "GPUWARDEN_PORT": "tcp://10.0.0.1:10045",
+        "GPUWARDEN_SERVICE_HOST": "10.0.0.1",
+        "GPUWARDEN_SERVICE_PORT": "10045",
+        "GPUWARDEN_SERVICE_PORT_METRICS": "10045",
+        "GPUWARDEN_PORT_10045_TCP": "tcp://10.0.0.1:10045",
+        "GPUWARDEN_PORT_10045_TCP_ADDR": "10.0.0.1",
+        "GPUWARDEN_PORT_10045_TCP_PORT": "10045",
+        "GPUWARDEN_PORT_10045_TCP_PROTO": "tcp",
+        "GPUWARDEN_FLEET_SERVICE_HOST": "10.0.0.2",  # the fleet Service's: not the exporter's to judge
+    }
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
+        env={**base, **links},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    log = proc.stderr.read()
+    lines = [line for line in log.splitlines() if "service-link" in line]
+    assert len(lines) == 1 and "GPUWARDEN_PORT_10045_TCP_ADDR" in lines[0], log
+    bogus = run_cli("--sim", env={**links, "GPUWARDEN_WEB_LISTEN_ADRESS": ":1"})
+    assert bogus.returncode == 2 and "GPUWARDEN_WEB_LISTEN_ADRESS is not a gpuwarden setting" in bogus.stderr

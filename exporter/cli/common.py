@@ -5,6 +5,8 @@ HTTP."""
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -45,11 +47,39 @@ def own_environment(environ: Mapping[str, str], prefix: str) -> dict[str, str]:
     }
 
 
-def check_known(variables: Mapping[str, str], known: set[str] | Mapping[str, object], what: str) -> None:
-    """ConfigError naming the first unknown variable and every known one."""
+# What Kubernetes injects into every pod of a namespace for each Service (enableServiceLinks, on by default): a
+# Service named gpuwarden gives GPUWARDEN_SERVICE_HOST, GPUWARDEN_PORT=tcp://10.0.0.1:10045, GPUWARDEN_PORT_10045_TCP…
+SERVICE_LINK = re.compile(
+    r"^[A-Z0-9_]+?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$"
+)
+_log = logging.getLogger(__name__)
+
+
+def check_known(variables: Mapping[str, str], known: set[str] | Mapping[str, object], what: str) -> list[str]:
+    """ConfigError naming the first unknown variable and every known one. Unknown names of Kubernetes' service-link
+    form are not ours: they are returned, to be ignored and logged once logging is set up (`log_service_links`);
+    a hand-written DaemonSet in a namespace with a Service named gpuwarden would otherwise crash-loop on them."""
+    ignored = []
     for var in variables:
-        if var not in known:
-            raise ConfigError(f"environment: {var} is not a {what} setting; known: {', '.join(sorted(known))}")
+        if var in known:
+            continue
+        if SERVICE_LINK.match(var):
+            ignored.append(var)
+            continue
+        raise ConfigError(f"environment: {var} is not a {what} setting; known: {', '.join(sorted(known))}")
+    return ignored
+
+
+def log_service_links(environ: Mapping[str, str], prefix: str, known: set[str] | Mapping[str, object]) -> None:
+    """The one log line for the service-link variables check_known let through."""
+    ignored = sorted(var for var in own_environment(environ, prefix) if var not in known and SERVICE_LINK.match(var))
+    if ignored:
+        logging.getLogger("gpuwarden.config").info(
+            "ignoring %d Kubernetes service-link variable(s) (%s); set enableServiceLinks: false in the pod spec "
+            "to drop them",
+            len(ignored),
+            ", ".join(ignored),
+        )
 
 
 def bind_listener(host: str, port: int) -> socket.socket | None:

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.cli.common import EXIT_CONFIG, EXIT_FATAL, EXIT_LISTEN, OneLineParser, bind_listener
+from gpuwarden.cli.common import (
+    EXIT_CONFIG,
+    EXIT_FATAL,
+    EXIT_LISTEN,
+    EXPORTER_ENV_PREFIX,
+    OneLineParser,
+    bind_listener,
+    log_service_links,
+)
 from gpuwarden.config.settings import ConfigError, Settings, load_settings, options
 from gpuwarden.config.typed import as_dict, choices
 
@@ -221,6 +229,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     from gpuwarden.cli import logs
 
     logs.setup(settings.log.level, settings.log.format)
+    log_service_links(os.environ, EXPORTER_ENV_PREFIX, {opt.env for opt in options()})
     web = _web_config(settings)
     listener = bind_listener(settings.web.host, settings.web.port)
     if listener is None:

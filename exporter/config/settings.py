@@ -319,8 +319,10 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     known = {opt.env: opt for opt in options()}
     layer: dict[str, dict[str, Any]] = {}
     mine = own_environment(environ, ENV_PREFIX)  # GPUWARDEN_FLEET_* is the fleet service's
-    check_known(mine, known, "gpuwarden")
+    ignored = check_known(mine, known, "gpuwarden")
     for var, raw in mine.items():
+        if var in ignored:
+            continue
         opt = known[var]
         layer.setdefault(opt.section, {})[opt.name] = _split_list(raw) if opt.is_list else raw
     return layer

@@ -130,8 +130,8 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSet
     args = vars(parser.parse_args(argv))
     known = {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
     mine = own_environment(environ, ENV_PREFIX)
-    check_known(mine, known, "gpuwarden fleet")
-    values: dict[str, Any] = {known[var]: raw for var, raw in mine.items()}
+    ignored = check_known(mine, known, "gpuwarden fleet")
+    values: dict[str, Any] = {known[var]: raw for var, raw in mine.items() if var not in ignored}
     values.update({k: v for k, v in args.items() if v is not None})
     try:
         return FleetSettings(**values)
