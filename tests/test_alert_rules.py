@@ -109,6 +109,9 @@ def test_shipped_alertmanager_config_is_valid():
         (["severity=critical", "alertname=GpuwardenGpuLost"], "gpu-oncall"),
         (["severity=warning", "alertname=GpuwardenTemperatureHigh"], "gpu-tickets"),
         (["severity=info", "alertname=GpuwardenUnderutilized"], "blackhole"),
+        # the cluster's other alerts are not discarded: they reach its own default receiver
+        (["severity=critical", "alertname=KubeNodeNotReady"], "cluster-default"),
+        (["severity=info", "alertname=Watchdog"], "cluster-default"),
     ):
         routed = subprocess.run(
             [amtool, "config", "routes", "test", f"--config.file={config}", *labels], capture_output=True, text=True

@@ -50,7 +50,7 @@ EXPECTED = {
     "data-starvation": (set(), set()),
     "persistence-off": (set(), {"GpuwardenPersistenceModeOff"}),
     "power-capping": (set(), {"GpuwardenPowerLimitReduced"}),
-    "driver-not-loaded": (set(), {"GpuwardenNvmlDown"}),
+    "driver-not-loaded": ({"GpuwardenNvmlDown"}, set()),  # a node whose driver died pages
     "legacy-pcie": (set(), {"GpuwardenRetiredPagesPending"}),
 }
 NEVER_PAGE = {
@@ -60,7 +60,6 @@ NEVER_PAGE = {
     "data-starvation",
     "persistence-off",
     "power-capping",
-    "driver-not-loaded",
     "legacy-pcie",
 }
 
@@ -161,7 +160,8 @@ def collect(stack, timeout: float = 120) -> tuple[dict[str, set[str]], dict[str,
                 pages[scenario_of(stack, event["payload"]["source"])].add(event["payload"]["class"])
         for alert in stack["receiver"].tickets():
             if alert["status"] == "firing":
-                tickets[scenario_of(stack, alert["labels"].get("instance"))].add(alert["labels"]["alertname"])
+                where = alert["labels"].get("instance") or alert["labels"].get("node")  # node-level: by node
+                tickets[scenario_of(stack, where)].add(alert["labels"]["alertname"])
         done = all(
             want_pages <= pages[name] and want_tickets <= tickets[name]
             for name, (want_pages, want_tickets) in EXPECTED.items()

@@ -254,3 +254,16 @@ def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_
     assert len(lines) == 1 and "GPUWARDEN_PORT_10045_TCP_ADDR" in lines[0], log
     bogus = run_cli("--sim", env={**links, "GPUWARDEN_WEB_LISTEN_ADRESS": ":1"})
     assert bogus.returncode == 2 and "GPUWARDEN_WEB_LISTEN_ADRESS is not a gpuwarden setting" in bogus.stderr
+
+
+def test_the_expected_gpu_count_is_served_only_where_set():
+    """nvml.expected_gpus is what GpuwardenGpuCountDropped compares with: a fact that survives restarts."""
+    import httpx
+
+    from tests.helpers.stack import running_cli
+
+    with running_cli("--sim", "--nvml.expected-gpus", "8") as (url, _):
+        text = httpx.get(url + "/metrics", timeout=10).text
+    assert "\ngpuwarden_gpus_expected 8.0\n" in text and "\ngpuwarden_gpus 8.0\n" in text
+    with running_cli("--sim") as (url, _):
+        assert "gpuwarden_gpus_expected" not in httpx.get(url + "/metrics", timeout=10).text

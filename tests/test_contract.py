@@ -73,6 +73,8 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
     hardware |= {"gpuwarden_bottleneck_info"}
     # The serving process's own counters, rendered beside the snapshot by the CLI: test_hostile_clients.
     hardware |= {"gpuwarden_http_rejected_total", "gpuwarden_config_reloads_total"}
+    # A setting the CLI renders beside the snapshot (nvml.expected_gpus): test_config.
+    hardware |= {"gpuwarden_gpus_expected"}
     missing = set(FAMILIES) - hardware - {n for n in seen} - {n.removesuffix("_total") for n in seen}
     assert not missing, missing
 

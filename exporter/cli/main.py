@@ -252,7 +252,7 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
 
 def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
     from gpuwarden.exposition.render import Renderer
-    from gpuwarden.model.families import CONFIG_RELOADS_TOTAL, HTTP_REJECTED_TOTAL
+    from gpuwarden.model.families import CONFIG_RELOADS_TOTAL, GPUS_EXPECTED, HTTP_REJECTED_TOTAL
     from gpuwarden.web.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front, readiness_under
     from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
     from gpuwarden.web.server import HttpServer
@@ -264,9 +264,13 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
     reloads: Counter[str] = Counter()
 
     def own_counters() -> dict[str, list[tuple[list[str], float]]]:
+        """The process's own series, read at each render: HTTP refusals, reloads, and the node's expected GPU count
+        (a setting, so it follows a reload)."""
+        expected = poller.settings.nvml.expected_gpus
         return {
             HTTP_REJECTED_TOTAL.name: [([reason], count) for reason, count in guard.counts().items()],
             CONFIG_RELOADS_TOTAL.name: [([result], reloads[result]) for result in ("applied", "rejected")],
+            GPUS_EXPECTED.name: [([], expected)] if expected else [],
         }
 
     renderer = Renderer(settings.metrics.selection(), own_counters)

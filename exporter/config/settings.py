@@ -152,6 +152,13 @@ class NvmlSettings:
         description="Seconds GPM stays off after repeated crashes before one new child is tried; doubles after each "
         "failed try, up to an hour.",
     )
+    expected_gpus: int = setting(
+        0,
+        ge=0,
+        le=1024,
+        description="GPUs this node should have; exported as gpuwarden_gpus_expected so that GpuwardenGpuCountDropped "
+        "keeps firing while one is missing, across restarts (0: not set; the alert then remembers 24 h).",
+    )
     version_mismatch_grace: float = setting(
         10.0,
         ge=0,

@@ -51,9 +51,20 @@ def _xids(xids: tuple[int, ...]) -> str:
     return "|".join(str(x) for x in sorted(xids))
 
 
+# Pages name the node: the `node` label where the scrape config adds it (the chart does; `instance` is then a pod
+# IP), else the instance.
+NODE = "{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
+
+
+def nodeish(series: str) -> str:
+    """`series` with a `node` label everywhere: kept where the scrape config set it, the instance where it did not.
+    Rules that must outlive an exporter restart group by it: a restarted pod has a new instance, not a new node."""
+    return f'(label_replace({series[:-1]},node=""}}, "node", "$1", "instance", "(.*)") or {series[:-1]},node!=""}})'
+
+
 def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
     s = selector
-    gpu = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+    gpu = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {NODE}"
 
     def busy(window: int) -> str:
         w = duration(window)
@@ -74,7 +85,7 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"up{{{s}}} == 0",
                     "warning",
                     "A gpuwarden exporter is down.",
-                    "gpuwarden on {{ $labels.instance }} has not answered scrapes for 5 minutes, so its GPUs are "
+                    f"gpuwarden on {NODE} has not answered scrapes for 5 minutes, so its GPUs are "
                     "unmonitored; check the pod or service and its logs.",
                     t.exporter_down_for_s,
                 ),
@@ -90,19 +101,20 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 Rule(
                     "GpuwardenNvmlDown",
                     f"gpuwarden_nvml_up{{{s}}} == 0",
-                    "warning",
+                    "critical",
                     "NVML is down on a GPU node.",
-                    "gpuwarden on {{ $labels.instance }} cannot use NVML (see gpuwarden_nvml_error_info): the driver "
+                    f"gpuwarden on {NODE} cannot use NVML (see gpuwarden_nvml_error_info): the driver "
                     "is not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and "
                     "reload or reboot.",
                     t.nvml_down_for_s,
+                    "cordon",
                 ),
                 Rule(
                     "GpuwardenCollectionStale",
                     f'time() - gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}} > {t.collection_stale_s}',
                     "warning",
                     "GPU collection has stalled.",
-                    "gpuwarden on {{ $labels.instance }} has not finished a poll for {{ $value | humanizeDuration }}: "
+                    f"gpuwarden on {NODE} has not finished a poll for {{{{ $value | humanizeDuration }}}}: "
                     "NVML is probably wedged in the driver (often a hung GPU, XID 119/120); check dmesg and "
                     "nvidia-smi.",
                 ),
@@ -123,10 +135,17 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 ),
                 Rule(
                     "GpuwardenGpuCountDropped",
-                    f"max_over_time(gpuwarden_gpus{{{s}}}[6h]) - gpuwarden_gpus{{{s}}} > 0",
+                    # against the node's expected count where it is set (a fact that survives restarts), else
+                    # against the most GPUs the node showed in gpu_count_memory_s, grouped by node so that a
+                    # restarted exporter (a new instance) does not forget the GPUs it never saw
+                    f"(gpuwarden_gpus_expected{{{s}}} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
+                    f"max by (node) (max_over_time({nodeish(f'gpuwarden_gpus{{{s}}}')}"
+                    f"[{duration(t.gpu_count_memory_s)}:1m])) - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
+                    f"> 0 unless on (node) {nodeish(f'gpuwarden_gpus_expected{{{s}}}')})",
                     "warning",
                     "A GPU disappeared from a node.",
-                    "{{ $value }} GPU(s) fewer are visible on {{ $labels.instance }} than in the last 6 hours; check "
+                    f"{{{{ $value }}}} GPU(s) fewer are visible on {NODE} than it should have "
+                    f"(gpuwarden_gpus_expected, or the most seen in the last {duration(t.gpu_count_memory_s)}); check "
                     "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.",
                     600,
                 ),
@@ -142,8 +161,10 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 ),
                 Rule(
                     "GpuwardenXidCritical",
-                    f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_critical)}"}} '
-                    f"< {t.xid_window_s}",
+                    # over Prometheus' history, not only the running exporter's memory: a restarted exporter (which
+                    # starts with no XID history) must not resolve the page
+                    f"time() - max_over_time(gpuwarden_xid_last_timestamp_seconds{{{s},"
+                    f'xid=~"{_xids(t.xid_critical)}"}}[{duration(t.xid_critical_hold_s)}]) < {t.xid_critical_hold_s}',
                     "critical",
                     "A GPU reported a critical XID.",
                     f"{gpu} raised XID {{{{ $labels.xid }}}}; drain the node, reset the GPU and follow the runbook "
@@ -256,6 +277,29 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.thermal_slowdown_for_s,
                 ),
                 Rule(
+                    "GpuwardenSwThermalSlowdown",
+                    f"{throttle('sw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
+                    "warning",
+                    "A GPU is throttled by the driver for heat.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time in software thermal slowdown (the "
+                    "driver lowers clocks before the hardware has to); check cooling and the chassis' fans.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenThermalThrottling",
+                    f"max without (reason) (rate(gpuwarden_throttle_seconds_total{{{s},"
+                    f'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"}}[{duration(t.thermal_page_window_s)}])) '
+                    f"> {t.thermal_page_ratio:g}",
+                    "critical",
+                    "A GPU is throttled for heat most of the time.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the last "
+                    f"{duration(t.thermal_page_window_s)} in thermal slowdown (hardware or driver): its jobs run "
+                    "slower, and the GPU is at risk; drain the node and fix the cooling (fans, airflow, inlet "
+                    "temperature).",
+                    t.thermal_page_for_s,
+                    "cordon",
+                ),
+                Rule(
                     "GpuwardenHwPowerBrake",
                     f"{throttle('hw_power_brake_slowdown', t.thermal_slowdown_for_s)} > {t.power_brake_ratio:g}",
                     "warning",
@@ -327,10 +371,15 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             [
                 Rule(
                     "GpuwardenNvlinkDown",
-                    f"gpuwarden_nvlink_active_links{{{s}}} < max_over_time(gpuwarden_nvlink_active_links{{{s}}}[6h])",
+                    # against the links the GPU has (static, so a restart does not forget them); a GPU with none
+                    # active is a fault only if some were active in the last day (a PCIe card without a bridge has
+                    # links and none active)
+                    f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (instance, uuid) "
+                    f"(gpuwarden_nvlink_active_links{{{s}}} > 0 "
+                    f"or max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]) > 0)",
                     "critical",
-                    "An NVLink link went down.",
-                    f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than in the last 6 hours: a link that was up is "
+                    "An NVLink link is down.",
+                    f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a link is "
                     "down, which cripples multi-GPU training; drain the node, check nvidia-smi nvlink -s (which link: "
                     "/api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
                     t.nvlink_down_for_s,

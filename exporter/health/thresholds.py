@@ -37,6 +37,10 @@ class Thresholds:
     # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
     thermal_slowdown_ratio: float = setting(0.1, gt=0, le=1)
     thermal_slowdown_for_s: int = setting(300, ge=0)
+    # sustained thermal throttling pages: HW or SW thermal slowdown for at least this share of the window, that long
+    thermal_page_ratio: float = setting(0.5, gt=0, le=1)
+    thermal_page_window_s: int = setting(600, ge=60)
+    thermal_page_for_s: int = setting(600, ge=0)
     power_brake_ratio: float = setting(0.1, gt=0, le=1)
     power_cap_ratio: float = setting(0.5, gt=0, le=1)
     power_cap_for_s: int = setting(1800, ge=0)
@@ -48,7 +52,12 @@ class Thresholds:
     # CUDA runs GeForce/Quadro/TITAN boards in P2 by design ("CUDA - Force P2 State"): not a degradation there
     pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
     # XIDs (docs/alerting.md, XIDs): a critical XID seen within the window
-    xid_window_s: int = setting(600, ge=1)
+    xid_window_s: int = setting(600, ge=1)  # warning XIDs
+    # a critical XID keeps its page this long (until the GPU is reset and the alert silenced or the hold passes);
+    # judged over Prometheus' history, so a restarted exporter does not resolve it
+    xid_critical_hold_s: int = setting(86400, ge=600)
+    # where no expected GPU count is configured, a node remembers its GPU count this long (by node, across restarts)
+    gpu_count_memory_s: int = setting(86400, ge=3600)
     xid_critical: tuple[int, ...] = (
         46,
         48,

@@ -75,6 +75,13 @@ NVML_ERROR_INFO = _f(
     per_gpu=False,
 )
 GPUS = _f("gpuwarden_gpus", "gauge", "GPUs currently visible to NVML.", per_gpu=False)
+GPUS_EXPECTED = _f(
+    "gpuwarden_gpus_expected",
+    "gauge",
+    "GPUs this node should have (nvml.expected_gpus; absent when not set): GpuwardenGpuCountDropped compares "
+    "gpuwarden_gpus with it, a fact that survives restarts.",
+    per_gpu=False,
+)
 COLLECT_DURATION_SECONDS = _f(
     "gpuwarden_collect_duration_seconds",
     "gauge",
@@ -502,6 +509,11 @@ NVLINK_ACTIVE_LINKS = _f(
     "gauge",
     "NVLink links of the GPU that are active (a drop means a link went down; per link: group nvlink_links).",
 )
+NVLINK_LINKS = _f(
+    "gpuwarden_nvlink_links",
+    "gauge",
+    "NVLink links the GPU has (static, from NVML): GpuwardenNvlinkDown compares gpuwarden_nvlink_active_links with it.",
+)
 NVLINK_GPU_ERRORS_TOTAL = _f(
     "gpuwarden_nvlink_gpu_errors_total",
     "counter",
@@ -532,6 +544,7 @@ _FAMILIES = [
     NVML_UP,
     NVML_ERROR_INFO,
     GPUS,
+    GPUS_EXPECTED,
     COLLECT_DURATION_SECONDS,
     LAST_COLLECT_TIMESTAMP_SECONDS,
     COLLECT_ERRORS_TOTAL,
@@ -609,6 +622,7 @@ _FAMILIES = [
     PCIE_LINK_WIDTH,
     FAN_SPEED_RATIO,
     NVLINK_ACTIVE_LINKS,
+    NVLINK_LINKS,
     NVLINK_GPU_ERRORS_TOTAL,
     NVLINK_UP,
     NVLINK_ERRORS_TOTAL,

@@ -8,7 +8,13 @@ all of it CPU time in the driver, so they run every poll.nvlink_errors_interval 
 from __future__ import annotations
 
 from gpuwarden.collect.readers import Reader
-from gpuwarden.model.families import NVLINK_ACTIVE_LINKS, NVLINK_ERRORS_TOTAL, NVLINK_GPU_ERRORS_TOTAL, NVLINK_UP
+from gpuwarden.model.families import (
+    NVLINK_ACTIVE_LINKS,
+    NVLINK_ERRORS_TOTAL,
+    NVLINK_GPU_ERRORS_TOTAL,
+    NVLINK_LINKS,
+    NVLINK_UP,
+)
 from gpuwarden.model.snapshot import NvlinkFacts, SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml
 from gpuwarden.nvml.device import GpuDevice
@@ -41,6 +47,8 @@ def read_static(dev: GpuDevice, out: SampleWriter) -> None:
     dev.state["nvlink_links"] = links  # this reader's own: how many links the slow tier reads
     facts = NvlinkFacts(links, tuple(sorted(remote.items())), int(switch) if switch else 0)
     out.set_info(nvlink_links=links, nvlink=facts)
+    if links:
+        out.add(NVLINK_LINKS, links)
 
 
 def read_state(dev: GpuDevice, out: SampleWriter) -> None:
@@ -82,7 +90,7 @@ def read_errors(dev: GpuDevice, out: SampleWriter) -> None:
         out.add(NVLINK_GPU_ERRORS_TOTAL, total, kind)
 
 
-STATIC = Reader("nvlink_links", Tier.STATIC, (), read_static)
+STATIC = Reader("nvlink_links", Tier.STATIC, (NVLINK_LINKS,), read_static)
 SLOW = Reader("nvlink", Tier.SLOW, (NVLINK_UP, NVLINK_ACTIVE_LINKS), read_state)
 ERRORS = Reader(
     "nvlink_errors",
