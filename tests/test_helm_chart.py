@@ -489,3 +489,83 @@ def test_kustomize_builds_the_plain_manifests() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_rules_can_be_disabled_and_tuned_per_alert_without_a_fork(tmp_path: Path) -> None:
+    """kube-prometheus-stack's manner: disable by name; override severity, `for:` and threshold. The result is what
+    promtool accepts, and the overridden threshold is the one that fires."""
+    values = {
+        "prometheusRule": {
+            "rules": {
+                "disabled": {"GpuwardenMemoryNearlyFull": True, "GpuwardenUnderutilized": True},
+                "overrides": {
+                    "GpuwardenTemperatureHigh": {"threshold": 85, "for": "10m"},
+                    "GpuwardenNvlinkReplayRecovery": {"severity": "info"},
+                },
+            }
+        }
+    }
+    groups = one(render(values), "PrometheusRule")["spec"]["groups"]
+    rules = {r["alert"]: r for g in groups for r in g["rules"]}
+    default = {r["alert"]: r for g in one(render(), "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert set(default) - set(rules) == {"GpuwardenMemoryNearlyFull", "GpuwardenUnderutilized"}
+    hot = rules["GpuwardenTemperatureHigh"]
+    assert hot["expr"].endswith("> 85") and hot["for"] == "10m" and hot["annotations"]["threshold"] == "85"
+    assert rules["GpuwardenNvlinkReplayRecovery"]["labels"]["severity"] == "info"
+    untouched = set(rules) - {"GpuwardenTemperatureHigh", "GpuwardenNvlinkReplayRecovery"}
+    assert all(rules[name] == default[name] for name in untouched)
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: the README's test command installs Debian's prometheus package")
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    check = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    rendered = (
+        hot["annotations"]["description"]
+        .replace("{{ $labels.gpu }}", "1")
+        .replace("{{ $labels.uuid }}", "G1")
+        .replace("{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}", "n1")
+        .replace("{{ $value }}", "86")
+    )
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'gpuwarden_temperature_celsius{job="gpuwarden",instance="n1",gpu="0",uuid="G0"}',
+                     "values": "84x20"},
+                    {"series": 'gpuwarden_temperature_celsius{job="gpuwarden",instance="n1",gpu="1",uuid="G1"}',
+                     "values": "86x20"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "8m", "alertname": "GpuwardenTemperatureHigh", "exp_alerts": []},  # for: 10m
+                    {"eval_time": "15m", "alertname": "GpuwardenTemperatureHigh", "exp_alerts": [
+                        {"exp_labels": {"job": "gpuwarden", "instance": "n1", "gpu": "1", "uuid": "G1",
+                                        "severity": "warning"},
+                         "exp_annotations": {**hot["annotations"], "description": rendered}}]},
+                ],
+            }
+        ],
+    }  # fmt: skip
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    ran = subprocess.run(
+        [promtool, "test", "rules", "--ignore-unknown-fields", "test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    if "unknown long flag" in ran.stderr:  # older promtool
+        ran = subprocess.run([promtool, "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_a_misspelt_alert_name_fails_the_render() -> None:
+    bad = json.dumps({"prometheusRule": {"rules": {"disabled": {"GpuwardenMemoryNearlyFul": True}}}})
+    result = run_render("template", "--values-json", bad)
+    assert result.returncode != 0 and "no alert named GpuwardenMemoryNearlyFul" in result.stderr, result.stderr
+    over = json.dumps({"prometheusRule": {"rules": {"overrides": {"GpuwardenNvlinkDown": {"threshold": 3}}}}})
+    result = run_render("template", "--values-json", over)
+    assert result.returncode != 0 and "has no single threshold" in result.stderr, result.stderr
