@@ -86,3 +86,69 @@ def test_diagnosis_endpoints(live_server):
     assert server.get("/api/v1/diagnosis/x!").status_code == 422
     gpu = server.get("/api/v1/gpus/5").json()
     assert gpu["health"]["row_remap"]["level"] == 2
+
+
+def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(sim):
+    """Right after a (re)start, a GPU at 92 °C in HW thermal slowdown has not yet been watched for the 2-5 minutes
+    its verdicts need: the API says "pending" with the time seen, and findings say what it will be, never "ok"."""
+    clock = ManualClock()
+    sim("thermal-throttling", clock=clock)
+    poller = Poller(settings(), wall_clock=clock)  # default thresholds: 120 s at 90 °C, 300 s of slowdown
+    try:
+        for _ in range(30):
+            poller.poll_once()
+            clock.advance(1)
+        early = by_check(diagnose(poller.poll_once()))
+        temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
+        assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
+        assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
+        assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
+        assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
+        assert ("temperature", 0) not in early  # the cool GPUs: nothing
+        verdicts = {v.check: v for v in poller.snapshot.health[poller.snapshot.gpus[2].uuid]}
+        assert verdicts["temperature"].level == 0  # pending pages nothing and leaves the gauges ok
+        for _ in range(330):
+            poller.poll_once()
+            clock.advance(1)
+        late = by_check(diagnose(poller.poll_once()))
+        assert late[("temperature", 2)].severity == "critical"
+        assert late[("thermal_throttling", 2)].severity == "warning"
+    finally:
+        poller.stop(timeout=0.2)
+
+
+def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(sim):
+    """Whose job just failed or is at risk: the processes (and pods) holding the GPU, as /api/v1/processes knows
+    them; the XID by name as well as number; the reset command for this GPU."""
+    clock = ManualClock()
+    sim("ecc-uncorrectable", clock=clock)
+    poller = Poller(settings(), wall_clock=clock)
+    try:
+        for _ in range(8):  # the scenario's double-bit errors on GPU 1 come at 5 s
+            poller.poll_once()
+            clock.advance(1)
+        poller.xid.record(poller.snapshot.gpus[1].uuid, 48, clock())  # its XID 48 (events need the watcher)
+        found = by_check(diagnose(poller.poll_once()))
+    finally:
+        poller.stop(timeout=0.2)
+    ecc, xid = found[("ecc", 1)], found[("xid", 1)]
+    for finding in (ecc, xid):
+        assert finding.holders and all(h["pid"] for h in finding.holders), finding
+        assert "held by" in finding.observed
+    assert "XID 48 (double-bit ECC error)" in xid.observed
+
+
+def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(sim):
+    clock = ManualClock()
+    sim("gpu-lost", clock=clock)
+    poller = Poller(settings(), wall_clock=clock)
+    try:
+        for _ in range(40):
+            poller.poll_once()
+            clock.advance(1)
+        findings = [f for f in diagnose(poller.poll_once()) if f.check == "gpu_lost"]
+    finally:
+        poller.stop(timeout=0.2)
+    (lost,) = findings
+    assert f"nvidia-smi -r -i {lost.gpu}" in lost.recommended_action
+    assert lost.holders, lost  # the processes last seen on it: the job that died with it

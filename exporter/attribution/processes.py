@@ -53,6 +53,7 @@ class ProcessesStep:
         self._pid_series = pid_series  # per-PID series per GPU (0: off); read per snapshot, so a reload applies
         self._gpus: dict[str, _GpuState] = {}
         self._exits: deque[ProcessExit] = deque(maxlen=MAX_EXITS)
+        self._last_seen: dict[str, tuple[ProcessView, ...]] = {}  # per GPU, while it is up or lost
 
     def __call__(self, draft) -> None:  # noqa: ANN001 - assembly.Draft (imported the other way round)
         now = draft.taken_at
@@ -70,6 +71,11 @@ class ProcessesStep:
                 self._account(gpu, state, views, fast_at, now)
                 state.memory_ratio = (used / total) if used is not None and total else 0.0
             draft.containers[gpu.uuid] = self._usage(state, views, draft.pods.get(gpu.uuid, ()))
+        lost = {gpu.uuid for gpu in draft.gpus if not gpu.up}
+        self._last_seen = {
+            u: v for u, v in {**self._last_seen, **draft.processes}.items() if u in lost | set(draft.processes)
+        }
+        draft.lost_holders = {u: self._last_seen[u] for u in lost if self._last_seen.get(u)}
         for uuid in [u for u in self._gpus if u not in draft.processes]:
             del self._gpus[uuid]  # a GPU gone (lost, removed): its per-container counters go with its series
         self._host.retain(live_pids)

@@ -69,6 +69,7 @@ class Draft:
     processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)
     process_exits: tuple[ProcessExit, ...] = ()
+    lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     pid_series: int = 0
 
 

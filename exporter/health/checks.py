@@ -189,6 +189,15 @@ class CheckContext:
         """True once `condition` has held continuously for `duration` seconds."""
         return self.evaluator.sustained(self.uuid, key, condition, self.now, duration)
 
+    def pending(self, key: str, observed: str, threshold: str, duration: float) -> Verdict:
+        """A condition that holds but not yet for its sustain window: still level ok (nothing pages or turns the
+        gauges red), but the API says so, with how long it has been seen, instead of "ok". After a restart in the
+        middle of an incident the window starts again, and on-call reads "pending", not "no findings"."""
+        held = self.evaluator.held_for(self.uuid, key, self.now)
+        return self.verdict(
+            OK, f"{observed}, seen for {held:.0f} s of the {duration:g} s it must last", threshold, severity="pending"
+        )
+
 
 def check_gpu_lost(c: CheckContext) -> Verdict:
     return c.verdict(OK, "up", "gpu_up 1")  # a lost GPU is judged before the checks run
@@ -213,6 +222,33 @@ def check_row_remap(c: CheckContext) -> Verdict:
     return c.verdict(OK, "none pending", "none pending")
 
 
+# What an XID code means, for the finding's text (NVIDIA's XID catalog; codes not listed are shown by number).
+XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failure",
+    68: "video processor exception",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def xid_text(codes: list[int]) -> str:
+    """'XID 48 (double-bit ECC error), XID 154': the number for the catalog, the name for the reader."""
+    return ", ".join(f"XID {code} ({XID_NAMES[code]})" if code in XID_NAMES else f"XID {code}" for code in codes)
+
+
 def check_xid(c: CheckContext) -> Verdict:
     limits = c.thresholds
     window = f"none in {limits.xid_window_s} s"
@@ -221,10 +257,10 @@ def check_xid(c: CheckContext) -> Verdict:
     }
     critical = sorted(code for code in recent if code in limits.xid_critical)
     if critical:
-        return c.verdict(CRITICAL, f"XID {', '.join(map(str, critical))}", window)
+        return c.verdict(CRITICAL, xid_text(critical), window)
     warning = sorted(code for code in recent if code in limits.xid_warning)
     if warning:
-        return c.verdict(WARNING, f"XID {', '.join(map(str, warning))}", window)
+        return c.verdict(WARNING, xid_text(warning), window)
     return c.verdict(OK, "no critical XID", window)
 
 
@@ -265,18 +301,31 @@ def check_temperature(c: CheckContext) -> Verdict:
         return c.verdict(CRITICAL, f"{temp:.0f} °C", f"> {critical:g} °C")
     if c.sustained("temp_warning", temp > warning, limits.temperature_warning_for_s):
         return c.verdict(WARNING, f"{temp:.0f} °C", f"> {warning:g} °C")
+    if temp > critical:
+        threshold = f"> {critical:g} °C for {limits.temperature_critical_for_s} s"
+        return c.pending("temp_critical", f"{temp:.0f} °C", threshold, limits.temperature_critical_for_s)
+    if temp > warning:
+        threshold = f"> {warning:g} °C for {limits.temperature_warning_for_s} s"
+        return c.pending("temp_warning", f"{temp:.0f} °C", threshold, limits.temperature_warning_for_s)
     return c.verdict(OK, f"{temp:.0f} °C", f"<= {warning:g} °C")
 
 
 def check_thermal_throttling(c: CheckContext) -> Verdict:
     limits = c.thresholds
+    active_now = None
     for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
+        active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
+        held = c.sustained(f"{reason}_active", active, limits.thermal_slowdown_for_s)
         share = c.history.rate(_throttle(reason), c.now, limits.thermal_slowdown_for_s)
-        if share is None:  # no throttle counters (old driver): fall back to the point-sampled reason
-            active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
-            share = 1.0 if c.sustained(reason, active, limits.thermal_slowdown_for_s) else 0.0
+        if share is None:  # no window of counters yet (just started), or none at all (old driver): the point sample
+            share = 1.0 if held else 0.0
         if share > limits.thermal_slowdown_ratio:
             return c.verdict(WARNING, f"{reason} {share:.0%} of the time", f"<= {limits.thermal_slowdown_ratio:.0%}")
+        if active and active_now is None:
+            active_now = reason
+    if active_now is not None:
+        threshold = f"<= {limits.thermal_slowdown_ratio:.0%} of {limits.thermal_slowdown_for_s} s"
+        return c.pending(f"{active_now}_active", f"{active_now} active", threshold, limits.thermal_slowdown_for_s)
     return c.verdict(OK, "no thermal slowdown", f"<= {limits.thermal_slowdown_ratio:.0%}")
 
 
@@ -445,6 +494,11 @@ class HealthEvaluator:
         )
         spacing = min(max(min(windows) / 10, 0.5), 15.0)
         return _History(spacing, max(windows) + 2 * spacing)
+
+    def held_for(self, uuid: str, key: str, now: float) -> float:
+        """Seconds the condition under `key` has held continuously (0 when it does not hold)."""
+        since = self._since.get((uuid, key))
+        return 0.0 if since is None else now - since
 
     def sustained(self, uuid: str, key: str, condition: bool, now: float, duration: float) -> bool:
         """True once `condition` has held continuously for `duration` seconds."""

@@ -141,6 +141,10 @@ class Finding:
     holders: tuple[dict[str, object], ...] = ()  # processes holding the GPU's memory, largest first
 
 
+# Findings that name the processes (and pods) on the GPU: whose job is at risk or already failed.
+WHO_HOLDS_IT = ("memory_pressure", "ecc", "xid", "gpu_lost")
+
+
 def diagnose(snapshot: Snapshot) -> list[Finding]:
     findings: list[Finding] = []
     if not snapshot.nvml_up:
@@ -170,9 +174,11 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
                 BOTTLENECK_ADVICE[verdict.detail] if verdict.check == "bottleneck" else ADVICE[verdict.check]
             )
             observed, holders = verdict.observed, ()
-            if verdict.check == "memory_pressure":
+            if verdict.check in WHO_HOLDS_IT:
                 holders = _holders(snapshot, gpu.uuid)
                 observed = f"{observed}; {_describe(holders)}"
+            if verdict.check == "gpu_lost":  # the command for this GPU, not the whole node
+                action = action.replace("`nvidia-smi -r`", f"`nvidia-smi -r -i {gpu.index}`")
             findings.append(
                 Finding(
                     gpu.index,
@@ -203,7 +209,7 @@ def _holders(snapshot: Snapshot, uuid: str) -> tuple[dict[str, object], ...]:
             "used_memory_bytes": p.used_memory_bytes,
             "memory_share": None if p.memory_share is None else round(p.memory_share, 4),
         }
-        for p in snapshot.processes.get(uuid, ())
+        for p in snapshot.processes.get(uuid) or snapshot.lost_holders.get(uuid, ())
     )
 
 

@@ -240,6 +240,8 @@ class Snapshot:
     processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)  # uuid → processes, by memory
     containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)  # uuid → per-container usage
     process_exits: tuple[ProcessExit, ...] = ()  # recent exits from near-full GPUs, oldest first
+    # uuid → the processes last seen on a GPU that is now lost (NVML no longer lists them): whose job died with it
+    lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
 
     def gpu(self, key: str) -> GpuSnapshot | None:
