@@ -569,3 +569,63 @@ def test_a_misspelt_alert_name_fails_the_render() -> None:
     over = json.dumps({"prometheusRule": {"rules": {"overrides": {"GpuwardenNvlinkDown": {"threshold": 3}}}}})
     result = run_render("template", "--values-json", over)
     assert result.returncode != 0 and "has no single threshold" in result.stderr, result.stderr
+
+
+def test_the_config_block_is_schema_checked_from_the_exporters_own_settings() -> None:
+    """A typo in `config:` is refused by the install, not rendered into a ConfigMap that crash-loops every pod."""
+    sys.path.insert(0, str(ROOT / "deploy" / "helm"))
+    try:
+        import config_schema
+    finally:
+        sys.path.pop(0)
+    text = (CHART / "values.schema.json").read_text(encoding="utf-8")
+    assert config_schema.render(text) == text, "run: python deploy/helm/config_schema.py"
+    ok = run_render("template", "--values-json", json.dumps({"config": {"nvml": {"expected_gpus": 8}}}))
+    assert ok.returncode == 0, ok.stderr
+    for bad, words in (
+        ({"config": {"poll": {"fast_intervall": 1}}}, "fast_intervall"),
+        ({"config": {"pol": {"fast_interval": 1}}}, "pol"),
+        ({"config": {"poll": {"fast_interval": "fast"}}}, "fast_interval"),
+        ({"config": {"poll": {"fast_interval": 0.01}}}, "fast_interval"),
+        ({"config": {"log": {"format": "xml"}}}, "format"),
+    ):
+        result = run_render("template", "--values-json", json.dumps(bad))
+        assert result.returncode != 0 and "schema" in result.stderr and words in result.stderr, (bad, result.stderr)
+
+
+def test_pod_monitor_takes_tls_basic_auth_and_relabelings() -> None:
+    values = {
+        "serviceMonitor": {"enabled": False},
+        "podMonitor": {
+            "enabled": True,
+            "additionalLabels": {"release": "kube-prometheus-stack"},
+            "tlsConfig": {"ca": {"secret": {"name": "gpuwarden-ca", "key": "ca.crt"}}, "serverName": "gpuwarden"},
+            "basicAuth": {
+                "username": {"name": "gpuwarden-scrape", "key": "username"},
+                "password": {"name": "gpuwarden-scrape", "key": "password"},
+            },
+            "relabelings": [{"targetLabel": "cluster", "replacement": "gpu-a"}],
+            "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "gpuwarden_nvlink_errors_total",
+                                   "action": "drop"}],
+        },
+    }  # fmt: skip
+    monitor = one(render(values), "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["tlsConfig"]["serverName"] == "gpuwarden"
+    assert endpoint["basicAuth"]["password"] == {"name": "gpuwarden-scrape", "key": "password"}
+    labels = [r["targetLabel"] for r in endpoint["relabelings"]]
+    assert labels == ["node", "job", "cluster"]  # the chart's own first: node names stay in pages
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"
+
+
+def test_network_policy_admits_only_the_listed_scrapers_to_the_metrics_port() -> None:
+    assert "NetworkPolicy" not in kinds(render())  # opt-in: it needs a CNI that enforces it
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    policy = one(render({"networkPolicy": {"enabled": True, "from": peers}}), "NetworkPolicy")
+    pods = one(render(), "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pods.items()  # it selects the exporter's pods
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == peers and rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]

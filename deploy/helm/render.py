@@ -41,6 +41,7 @@ CORE = {
         ("namespaces", "Namespace", False),
     ],
     ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
+    ("networking.k8s.io", "v1"): [("networkpolicies", "NetworkPolicy", True)],
 }
 MONITORING = {
     ("monitoring.coreos.com", "v1"): [
