@@ -25,6 +25,12 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 NODE_SELECTOR = 'job=~"$job",instance=~"$instance"'
 GPU_SELECTOR = NODE_SELECTOR + ',uuid=~"$gpu"'
 RATE_INTERVAL = "$__rate_interval"
+RUNBOOKS = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
+RUNBOOK_LINK = {"title": "Runbooks: what each check and alert means, what to do", "url": RUNBOOKS, "targetBlank": True}
+NODE_DRILLDOWN = {
+    "title": "Open this node's dashboard",
+    "url": "/d/gpuwarden-node/gpuwarden-gpu-node?var-instance=${__data.fields.instance}&${__url_time_range}",
+}
 
 
 def _steps(*pairs: tuple[float | None, str]) -> dict[str, Any]:
@@ -80,6 +86,8 @@ class Layout:
         custom: dict | None = None,
         mappings: list | None = None,
         minmax: tuple[float | None, float | None] = (None, None),
+        links: list[dict] | None = None,
+        field_links: list[dict] | None = None,
     ) -> None:
         if self.x + w > 24:
             self.y += self.row_h
@@ -93,6 +101,8 @@ class Layout:
             defaults["custom"] = custom
         if mappings:
             defaults["mappings"] = mappings
+        if field_links:
+            defaults["links"] = field_links
         if minmax[0] is not None:
             defaults["min"] = minmax[0]
         if minmax[1] is not None:
@@ -110,6 +120,7 @@ class Layout:
                 "targets": targets,
                 "fieldConfig": {"defaults": defaults, "overrides": []},
                 "options": options or {},
+                **({"links": links} if links else {}),
             }
         )
         self.next_id += 1
@@ -178,7 +189,17 @@ def dashboard(uid: str, title: str, description: str, layout: Layout, variables:
             ]
         },
         "annotations": {"list": []},
-        "links": [],
+        "links": [
+            {
+                "title": "gpuwarden dashboards",
+                "type": "dashboards",
+                "tags": ["gpuwarden"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+            },
+            {"title": "Runbooks", "type": "link", "url": RUNBOOKS, "targetBlank": True},
+        ],
         "panels": layout.panels,
     }
 
@@ -202,6 +223,7 @@ def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
+        links=[RUNBOOK_LINK],
     )
     layout.add(
         kind="table",
@@ -212,6 +234,7 @@ def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
         w=8,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
+        links=[RUNBOOK_LINK],
     )
     layout.add(
         kind="table",
@@ -222,6 +245,7 @@ def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
         ],
         unit="none",
         w=8,
+        links=[RUNBOOK_LINK],
     )
     layout.add(
         kind="table",
@@ -256,16 +280,6 @@ def _node_utilization(layout: Layout, gpu_legend: str) -> None:
         custom=threshold_lines(),
         minmax=(0, 1),
     )
-    layout.add(
-        kind="timeseries",
-        title="Memory bandwidth busy",
-        description="Share of the last sample period in which device memory was read or written (not occupancy). "
-        "Needs the "
-        "point_samples group (--metrics.enable-groups); DRAM active in the profiling row is the default.",
-        targets=[target(f"gpuwarden_memory_bandwidth_utilization_ratio{{{GPU_SELECTOR}}}", gpu_legend)],
-        unit="percentunit",
-        minmax=(0, 1),
-    )
 
 
 def _node_memory(layout: Layout, gpu_legend: str) -> None:
@@ -294,11 +308,11 @@ def _node_memory(layout: Layout, gpu_legend: str) -> None:
     )
     layout.add(
         kind="timeseries",
-        title="Memory used, reserved",
-        description="Bytes used by processes and reserved by the driver (v2; reserved: memory_detail group).",
+        title="Memory used and total",
+        description="Bytes used by processes (NVML memory v2) and each GPU's total.",
         targets=[
             target(f"gpuwarden_memory_used_bytes{{{GPU_SELECTOR}}}", "used " + gpu_legend),
-            target(f"gpuwarden_memory_reserved_bytes{{{GPU_SELECTOR}}}", "reserved " + gpu_legend),
+            target(f"gpuwarden_memory_total_bytes{{{GPU_SELECTOR}}}", "total " + gpu_legend),
         ],
         unit="bytes",
     )
@@ -409,20 +423,6 @@ def _node_clocks_and_throttling(layout: Layout, gpu_legend: str) -> None:
     """The "Clocks and throttling" row."""
     layout.row("Clocks and throttling")
     layout.add(
-        kind="state-timeline",
-        title="Clock-event reasons",
-        description="Why the clocks are held down, per GPU and reason (1 = active). "
-        "gpu_idle is normal when idle; sw_power_cap is normal at full load. Needs the clocks_detail group; "
-        "Throttle time share (default) answers the same from counters.",
-        targets=[
-            target(f'gpuwarden_clock_event_active{{{GPU_SELECTOR},reason!="gpu_idle"}} == 1', "{{gpu}} {{reason}}")
-        ],
-        unit="none",
-        w=12,
-        thresholds=_steps((None, "transparent"), (1, "orange")),
-        mappings=[{"type": "value", "options": {"1": {"text": "active", "color": "orange"}}}],
-    )
-    layout.add(
         kind="timeseries",
         title="Throttle time share",
         description="Share of time the driver held the clocks down, per reason (cumulative counters, not point "
@@ -436,17 +436,11 @@ def _node_clocks_and_throttling(layout: Layout, gpu_legend: str) -> None:
     )
     layout.add(
         kind="timeseries",
-        title="SM clock / max",
-        description="SM clock against the GPU's maximum. Needs the clocks_detail group (maximum clocks).",
-        targets=[
-            target(
-                f'gpuwarden_clock_hertz{{{GPU_SELECTOR},clock="sm"}} / ignoring(clock) group_left '
-                f'gpuwarden_clock_max_hertz{{{GPU_SELECTOR},clock="sm"}}',
-                gpu_legend,
-            )
-        ],
-        unit="percentunit",
-        minmax=(0, 1),
+        title="SM clock",
+        description="SM clock per GPU: a busy GPU far below its boost clock (1,980 MHz on H100 SXM) is held down; "
+        "Throttle time share says why.",
+        targets=[target(f'gpuwarden_clock_hertz{{{GPU_SELECTOR},clock="sm"}}', gpu_legend)],
+        unit="hertz",
     )
     layout.add(
         kind="state-timeline",
@@ -474,10 +468,10 @@ def _node_errors(layout: Layout) -> None:
     )
     layout.add(
         kind="table",
-        title="Remapped rows",
-        description="Remapped rows by cause (memory_detail group), and pending / failed flags (failed = RMA; default).",
+        title="Row remapping: pending and failed",
+        description="1: a row remap is pending (applied at the next GPU reset); 2: a remap failed (no spare rows: "
+        "RMA); 3: both. Remapped rows by cause: the memory_detail group.",
         targets=[
-            target(f"gpuwarden_remapped_rows{{{GPU_SELECTOR}}}", fmt="table", instant=True),
             target(
                 f"gpuwarden_remapped_rows_pending{{{GPU_SELECTOR}}} + 2 * "
                 f"gpuwarden_remapped_rows_failed{{{GPU_SELECTOR}}}",
@@ -518,18 +512,19 @@ def _node_topology_and_nvlink(layout: Layout, gpu_legend: str) -> None:
     layout.row("Topology and NVLink")
     layout.add(
         kind="stat",
-        title="Active NVLinks per GPU",
-        description="Links up per GPU (18 on H100/H200 SXM).",
-        targets=[target(f"gpuwarden_nvlink_active_links{{{GPU_SELECTOR}}}", gpu_legend, instant=True)],
-        unit="none",
+        title="Active NVLinks of the GPU's links",
+        description="Active NVLinks as a share of the links the GPU has (18 on H100/H200 SXM): anything below 100 % "
+        "is a link down (GpuwardenNvlinkDown pages). The GPU-to-GPU matrix: /api/v1/topology.",
+        targets=[
+            target(
+                f"gpuwarden_nvlink_active_links{{{GPU_SELECTOR}}} / gpuwarden_nvlink_links{{{GPU_SELECTOR}}}",
+                gpu_legend,
+                instant=True,
+            )
+        ],
+        unit="percentunit",
+        w=24,
         thresholds=_steps((None, "red"), (1, "green")),
-    )
-    layout.add(
-        kind="table",
-        title="Topology (nvidia-smi topo -m)",
-        description="Connection from each GPU to each peer. Needs the topology group (default: /api/v1/topology).",
-        targets=[target(f"gpuwarden_topology_info{{{GPU_SELECTOR}}}", fmt="table", instant=True)],
-        unit="none",
     )
 
 
@@ -601,31 +596,19 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
     layout.row("Profiling (GPM): what the GPU's time goes to")
     layout.add(
         kind="timeseries",
-        title="SM activity and occupancy",
-        description="SMs busy (averaged over the SMs, unlike GPU busy) and resident warps as a share of the maximum, "
-        "from "
-        "NVML GPM: rate(activity seconds) / rate(window seconds). DCGM's SM_ACTIVE and SM_OCCUPANCY (occupancy: "
-        "gpm_detail group).",
-        targets=[
-            target(gpm_ratio("gpuwarden_gpm_sm_active_seconds_total"), gpu_legend + " SM active"),
-            target(gpm_ratio("gpuwarden_gpm_sm_occupancy_seconds_total"), gpu_legend + " occupancy"),
-        ],
+        title="SM activity",
+        description="SMs busy (averaged over the SMs, unlike GPU busy), from NVML GPM: rate(activity seconds) / "
+        "rate(window seconds); DCGM's SM_ACTIVE. Occupancy: the gpm_detail group.",
+        targets=[target(gpm_ratio("gpuwarden_gpm_sm_active_seconds_total"), gpu_legend + " SM active")],
         unit="percentunit",
         minmax=(0, 1),
     )
     layout.add(
         kind="timeseries",
-        title="Tensor cores and FP pipes",
-        description="Share of time each math pipe was active (GPM). Tensor high is healthy for training; FP32 high "
-        "with "
-        "tensor near 0 means FP32 math: bf16 mixed precision or TF32 would use the tensor cores. FP pipes: "
-        "gpm_detail group.",
-        targets=[
-            target(
-                gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe=~"tensor|fp32|fp16|fp64"'),
-                gpu_legend + " {{pipe}}",
-            )
-        ],
+        title="Tensor cores",
+        description="Share of time the tensor cores were active (GPM). Mixed-precision training keeps them busy "
+        "20-40 % or more; near 0 on a busy GPU is FP32 math (the FP32/FP16/FP64 pipes: the gpm_detail group).",
+        targets=[target(gpm_ratio("gpuwarden_gpm_pipe_active_seconds_total", 'pipe="tensor"'), gpu_legend + " tensor")],
         unit="percentunit",
         minmax=(0, 1),
     )
@@ -714,6 +697,8 @@ def _fleet_fleet_health(layout: Layout) -> None:
         w=16,
         thresholds=_steps((None, "green"), (1, "orange"), (2, "red")),
         mappings=HEALTH_MAPPING,
+        links=[RUNBOOK_LINK],
+        field_links=[NODE_DRILLDOWN],
     )
 
 
