@@ -138,12 +138,32 @@ def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
         rules = httpx.get(f"http://127.0.0.1:{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
         shipped = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_text())["groups"]
         assert sum(len(g["rules"]) for g in rules) == sum(len(g["rules"]) for g in shipped)  # the shipped rules
+        nodes = httpx.get(f"http://127.0.0.1:{prom}/api/v1/label/node/values", timeout=5).json()["data"]
+        assert len(nodes) == 5, nodes  # five nodes, not one "127.0.0.1"
     finally:
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=30)[0]
     assert "Prometheus: http://127.0.0.1" in output
     time.sleep(1)
-    assert not list(tmp_path.glob("gpuwarden-demo.*")), "the script removes its work folder"
+    (work,) = tmp_path.glob("gpuwarden-demo.*")
+    assert not (work / "tsdb").exists(), "the script removes its data"
+    assert (work / "prometheus.log").is_file() and list(work.glob("node-*.log")), "and keeps its logs"
+    assert f"logs kept in {work}" in output
     for port in (base, prom, fleet):  # everything it started is gone
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+
+
+def test_the_container_free_demo_refuses_a_busy_port(tmp_path: Path) -> None:
+    """A port already held would be scraped (or served) by whatever holds it: one line naming it, exit 2."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = {**os.environ, "BASE_PORT": str(port), "TMPDIR": str(tmp_path)}
+        env.setdefault("GPUWARDEN", shutil.which("gpuwarden") or "gpuwarden")
+        result = subprocess.run([str(DEMO / "run-local.sh")], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and f"port {port} is in use" in result.stderr, result.stderr
+    assert not list(tmp_path.glob("gpuwarden-demo.*"))  # nothing was started

@@ -7,30 +7,71 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BASE_PORT=${BASE_PORT:-10045} PROM_PORT=${PROM_PORT:-9090} FLEET_PORT=${FLEET_PORT:-10050}
 GRAFANA_PORT=${GRAFANA_PORT:-3000}
-GPUWARDEN=${GPUWARDEN:-gpuwarden}
-command -v "$GPUWARDEN" >/dev/null || { echo "run-local.sh: $GPUWARDEN not found; pip install . first" >&2; exit 2; }
-command -v prometheus >/dev/null || { echo "run-local.sh: prometheus not found on PATH" >&2; exit 2; }
+# gpuwarden on PATH, else the README quickstart's venv (.venv at the repository root)
+if [ -z "${GPUWARDEN:-}" ]; then
+  GPUWARDEN=gpuwarden
+  command -v gpuwarden >/dev/null || [ ! -x "$ROOT/.venv/bin/gpuwarden" ] || GPUWARDEN="$ROOT/.venv/bin/gpuwarden"
+fi
+command -v "$GPUWARDEN" >/dev/null || {
+  echo "run-local.sh: gpuwarden not found on PATH or in $ROOT/.venv; install it (README, Quickstart) or set GPUWARDEN" >&2
+  exit 2
+}
+command -v prometheus >/dev/null || {
+  echo "run-local.sh: prometheus not found on PATH (Debian: apt install prometheus)" >&2
+  exit 2
+}
+# every port must be free: a busy one would be scraped (or served) by whatever holds it
+for port in $(seq "$BASE_PORT" $((BASE_PORT + 4))) "$PROM_PORT" "$FLEET_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "run-local.sh: port $port is in use; choose others with BASE_PORT, PROM_PORT or FLEET_PORT" >&2
+    exit 2
+  fi
+done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpuwarden-demo.XXXXXX")
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT INT TERM
+stop() {  # every child (killed outright after 10 s), then the data; the logs stay, for what went wrong
+  trap - EXIT INT TERM
+  local children
+  children=$(jobs -p)
+  if [ -n "$children" ]; then
+    kill $children 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 $children 2>/dev/null || break; sleep 0.2; done
+    kill -9 $children 2>/dev/null || true  # (set -e: a kill of what already ended must not end this function)
+  fi
+  wait 2>/dev/null || true
+  rm -rf "$WORK/tsdb" "$WORK/rules" "$WORK/grafana"
+  echo "stopped; logs kept in $WORK"
+}
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 
 scenarios=(training thermal-throttling nvlink-down shared-gpu data-starvation)
-targets=""
+nodes=(node-training node-thermal node-nvlink-down node-shared-gpu node-starved)  # as compose.yaml names them
+static=""
 for i in "${!scenarios[@]}"; do
   port=$((BASE_PORT + i))
   groups=()
   [ "${scenarios[$i]}" = data-starvation ] && groups=(--metrics.enable-groups=all)
   "$GPUWARDEN" --sim --nvml.scenario="${scenarios[$i]}" --no-pods.attribution \
     --web.listen-address="127.0.0.1:$port" "${groups[@]}" >"$WORK/node-$port.log" 2>&1 &
-  targets="$targets\"127.0.0.1:$port\","
+  static="$static      - targets: ['127.0.0.1:$port']
+        labels: {node: ${nodes[$i]}}
+"
 done
 
 mkdir -p "$WORK/rules"
 cp "$ROOT/alert_rules/gpuwarden.rules.yaml" "$WORK/rules/"
-# the demo's Prometheus configuration with the local nodes as targets
-awk -v t="[${targets%,}]" '
-  /- targets:/ { print "      - targets: " t; skip = 1; next }
-  skip && /^          - / { next }
-  { skip = 0; print }' "$ROOT/deploy/demo/prometheus.yml" >"$WORK/prometheus.yml"
+# the demo's Prometheus configuration with the local nodes as targets, each its own `node` (all are 127.0.0.1)
+cat >"$WORK/prometheus.yml" <<CONFIG
+global:
+  scrape_interval: 5s
+  evaluation_interval: 5s
+rule_files:
+  - rules/gpuwarden.rules.yaml
+scrape_configs:
+  - job_name: gpuwarden
+    static_configs:
+$static
+CONFIG
 prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
   --web.listen-address="127.0.0.1:$PROM_PORT" >"$WORK/prometheus.log" 2>&1 &
 "$GPUWARDEN" fleet --prometheus-url="http://127.0.0.1:$PROM_PORT" \
