@@ -152,3 +152,32 @@ def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(sim):
     (lost,) = findings
     assert f"nvidia-smi -r -i {lost.gpu}" in lost.recommended_action
     assert lost.holders, lost  # the processes last seen on it: the job that died with it
+
+
+def test_pending_page_retirement_is_not_called_a_row_remap(sim):
+    """Pre-Ampere GPUs (the legacy-pcie scenario) retire pages: the finding says so, with the driver-reload action,
+    not the row-remap one."""
+    clock = ManualClock()
+    sim("legacy-pcie", clock=clock)
+    poller = Poller(settings(), wall_clock=clock)
+    try:
+        for _ in range(3):
+            poller.poll_once()
+            clock.advance(1)
+        finding = by_check(diagnose(poller.poll_once()))[("row_remap", 1)]
+    finally:
+        poller.stop(timeout=0.2)
+    assert finding.observed == "page retirement pending", finding
+    assert "retire pages" in finding.likely_cause and "reload the driver" in finding.recommended_action
+    assert "row" not in finding.recommended_action.lower()
+
+
+def test_a_holder_without_a_pod_is_named_by_its_pid_once():
+    from gpuwarden.health.diagnosis import _describe
+
+    holder = {"pid": 4242, "name": "python", "namespace": "", "pod": "", "container": "",
+              "used_memory_bytes": 2 * 1024**3, "memory_share": 0.5}  # fmt: skip
+    text = _describe((holder,))
+    assert text.count("4242") == 1 and "python" in text, text
+    in_pod = {**holder, "namespace": "ml", "pod": "train-0", "container": "main"}
+    assert "ml/train-0/main pid 4242 2.0 GiB (50%)" in _describe((in_pod,))

@@ -216,9 +216,12 @@ def check_row_remap(c: CheckContext) -> Verdict:
         return c.verdict(CRITICAL, "remap failed", "no failure")
     retired = sum(values.get((RETIRED_PAGES.name, (cause,)), 0) for cause in ("single_bit", "double_bit"))
     if retired >= limits.retired_pages_limit:
-        return c.verdict(CRITICAL, f"{retired:.0f} retired pages", f"< {limits.retired_pages_limit}")
-    if values.get((REMAPPED_ROWS_PENDING.name, ())) or values.get((RETIRED_PAGES_PENDING.name, ())):
-        return c.verdict(WARNING, "remap or retirement pending", "none pending")
+        observed = f"{retired:.0f} retired pages"
+        return c.verdict(CRITICAL, observed, f"< {limits.retired_pages_limit}", detail="page_retirement")
+    if values.get((REMAPPED_ROWS_PENDING.name, ())):
+        return c.verdict(WARNING, "row remap pending", "none pending")
+    if values.get((RETIRED_PAGES_PENDING.name, ())):  # pre-Ampere GPUs retire pages instead of remapping rows
+        return c.verdict(WARNING, "page retirement pending", "none pending", detail="page_retirement")
     return c.verdict(OK, "none pending", "none pending")
 
 

@@ -26,6 +26,12 @@ ADVICE: dict[str, tuple[str, str]] = {
         "Memory rows were remapped (pending until the next reset) or a remap failed (no spare rows left).",
         "Pending: reset the GPU at the next maintenance window. Failed: drain, run the field diagnostic, open an RMA.",
     ),
+    "page_retirement": (
+        "Memory pages were retired for ECC errors (GPUs before Ampere retire pages instead of remapping rows): "
+        "pending retirements apply when the driver reloads; at the limit the GPU has no more to give.",
+        "Pending: reload the driver or reboot at the next maintenance window. At the limit: drain, run the field "
+        "diagnostic, open an RMA.",
+    ),
     "xid": (
         "The driver reported a critical XID (reset, reboot or hardware class; see NVIDIA's XID catalog).",
         "Drain the node and reset the GPU; check `dmesg | grep -i xid` and the runbook for that XID.",
@@ -170,9 +176,10 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
         for verdict in snapshot.health.get(gpu.uuid, ()):
             if verdict.severity == "ok":
                 continue
-            cause, action = (
-                BOTTLENECK_ADVICE[verdict.detail] if verdict.check == "bottleneck" else ADVICE[verdict.check]
-            )
+            if verdict.check == "bottleneck":
+                cause, action = BOTTLENECK_ADVICE[verdict.detail]
+            else:  # a check's own detail where it has advice of its own (page retirement under row_remap)
+                cause, action = ADVICE.get(verdict.detail) or ADVICE[verdict.check]
             observed, holders = verdict.observed, ()
             if verdict.check in WHO_HOLDS_IT:
                 holders = _holders(snapshot, gpu.uuid)
@@ -228,7 +235,8 @@ def _describe(holders: tuple[dict[str, object], ...]) -> str:
         memory = holder["used_memory_bytes"]
         size = "?" if memory is None else f"{int(memory) / 1024**3:.1f} GiB"  # type: ignore[call-overload]
         share = holder["memory_share"]
-        parts.append(f"{_who(holder)} pid {holder['pid']} {size}" + ("" if share is None else f" ({share:.0%})"))
+        pid = f" pid {holder['pid']}" if holder["pod"] else ""  # _who names the PID when no pod was found
+        parts.append(f"{_who(holder)}{pid} {size}" + ("" if share is None else f" ({share:.0%})"))
     text = "held by " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
     containers = {(h["namespace"], h["pod"], h["container"]) for h in holders if h["pod"]}
     if len(containers) > 1:
