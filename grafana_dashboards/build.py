@@ -22,9 +22,15 @@ from gpuwarden.health.thresholds import DEFAULT as LIMITS
 
 HERE = Path(__file__).resolve().parent
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-NODE_SELECTOR = 'job=~"$job",instance=~"$instance"'
-GPU_SELECTOR = NODE_SELECTOR + ',uuid=~"$gpu"'
+# Node by name (the `node` label the chart's scrape config adds; ".*" lets series without one through), then the
+# scrape instance (pod IP or host:port), then the GPU by index.
+NODE_SELECTOR = 'job=~"$job",node=~"$node",instance=~"$instance"'
+GPU_SELECTOR = NODE_SELECTOR + ',gpu=~"$gpu"'
 RATE_INTERVAL = "$__rate_interval"
+JOIN = [
+    {"id": "merge", "options": {}},
+    {"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}}},
+]
 RUNBOOKS = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
 RUNBOOK_LINK = {"title": "Runbooks: what each check and alert means, what to do", "url": RUNBOOKS, "targetBlank": True}
 NODE_DRILLDOWN = {
@@ -89,6 +95,8 @@ class Layout:
         links: list[dict] | None = None,
         field_links: list[dict] | None = None,
     ) -> None:
+        """One panel. A table of several queries gets them merged into one table by their labels, with the
+        bookkeeping columns (Time, __name__, job) hidden: Grafana otherwise shows a frame picker and raw columns."""
         if self.x + w > 24:
             self.y += self.row_h
             self.x = self.row_h = 0
@@ -121,6 +129,7 @@ class Layout:
                 "fieldConfig": {"defaults": defaults, "overrides": []},
                 "options": options or {},
                 **({"links": links} if links else {}),
+                **({"transformations": JOIN} if kind == "table" and len(targets) > 1 else {}),
             }
         )
         self.next_id += 1
@@ -144,7 +153,7 @@ HEALTH_MAPPING = [
 ]
 
 
-def variable(name: str, label: str, query: str, multi: bool = True) -> dict[str, Any]:
+def variable(name: str, label: str, query: str, multi: bool = True, all_value: str = ".+") -> dict[str, Any]:
     return {
         "name": name,
         "label": label,
@@ -155,7 +164,7 @@ def variable(name: str, label: str, query: str, multi: bool = True) -> dict[str,
         "refresh": 2,
         "multi": multi,
         "includeAll": True,
-        "allValue": ".+",
+        "allValue": all_value,
         "current": {},
         "sort": 1,
     }
@@ -202,6 +211,17 @@ def dashboard(uid: str, title: str, description: str, layout: Layout, variables:
         ],
         "panels": layout.panels,
     }
+
+
+NODE_VARIABLES = [
+    variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
+    variable("node", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, node)', all_value=".*"),
+    variable(
+        "instance",
+        "Instance (pod or host:port)",
+        'label_values(gpuwarden_nvml_up{job=~"$job",node=~"$node"}, instance)',
+    ),
+]
 
 
 def busy(window: str = RATE_INTERVAL, sel: str = GPU_SELECTOR) -> str:
@@ -570,9 +590,8 @@ def node_dashboard() -> dict[str, Any]:
     _node_topology_and_nvlink(layout, gpu_legend)
     _node_exporter(layout)
     variables = [
-        variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
-        variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
-        variable("gpu", "GPU", 'label_values(gpuwarden_gpu_info{job=~"$job",instance=~"$instance"}, uuid)'),
+        *NODE_VARIABLES,
+        variable("gpu", "GPU", f"label_values(gpuwarden_gpu_info{{{NODE_SELECTOR}}}, gpu)"),
     ]
     return dashboard(
         "gpuwarden-node",
@@ -925,9 +944,9 @@ def fleet_dashboard() -> dict[str, Any]:
     _fleet_hot_failing_and_disconnected(layout)
     _fleet_versions(layout)
     variables = [
-        variable("job", "Job", "label_values(gpuwarden_nvml_up, job)"),
-        variable("instance", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, instance)'),
-        {"name": "price", "label": "Price per GPU-hour", "type": "constant", "query": "2.5", "hide": 0},
+        *NODE_VARIABLES,
+        # what a GPU-hour costs, for the idle-cost panels: set it to yours (a textbox, shown, not a hidden constant)
+        {"name": "price", "label": "Price per GPU-hour", "type": "textbox", "query": "2.5", "current": {}, "hide": 0},
     ]
     return dashboard(
         "gpuwarden-fleet",

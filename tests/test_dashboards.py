@@ -129,6 +129,7 @@ def substitute(expr: str) -> str:
         expr.replace("$__rate_interval", "10s")
         .replace("$__range", "60s")
         .replace('"$job"', '"gpuwarden"')
+        .replace('"$node"', '".*"')
         .replace('"$instance"', '".+"')
         .replace('"$gpu"', '".+"')
         .replace("$price", "2.5")
@@ -153,7 +154,7 @@ def prometheus(tmp_path_factory):
                 else []
             )
             parts.exporter(scenario, "--health.thresholds-file", str(thresholds), *flags)
-        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
+        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240), node_labels=True)
         thermal = parts.instance_of("thermal-throttling")
         uuids = [g["uuid"] for g in httpx.get(f"http://{thermal}/api/v1/gpus", timeout=5).json()["gpus"]]
         kubelet.pods = [
@@ -242,3 +243,18 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
     assert set(by_namespace) == {"research", "inference"} and all(v >= 0 for v in by_namespace.values())
     hottest = rows("gpuwarden-fleet.json", "Hottest GPUs")
     assert {r["metric"]["instance"] for r in hottest[:2]} == {thermal}
+
+
+def test_pickers_list_nodes_by_name_and_gpus_by_index(prometheus):
+    """Not pod IPs and UUIDs: the node picker reads the `node` label, the GPU picker the index."""
+    node = dashboards()["gpuwarden-node.json"]
+    variables = {v["name"]: v for v in node["templating"]["list"]}
+    for name, check in (("node", lambda v: v.startswith("node-")), ("gpu", str.isdigit)):
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variables[name]["definition"])
+        body = httpx.get(
+            prometheus.prometheus + f"/api/v1/label/{match.group(2)}/values",
+            params={"match[]": substitute(match.group(1))},
+            timeout=10,
+        ).json()
+        assert body["data"] and all(check(value) for value in body["data"]), (name, body["data"])
+    assert variables["node"]["allValue"] == ".*"  # series without a node label (systemd hosts) still show

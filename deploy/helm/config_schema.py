@@ -68,7 +68,7 @@ def render(text: str) -> str:
     block = json.dumps(config_schema(), separators=(", ", ": "))
     new, count = MARKER.subn(f'    "config": {block},\n', text, count=1)
     if count != 1:
-        raise SystemExit("values.schema.json: no top-level \"config\" property found")
+        raise SystemExit('values.schema.json: no top-level "config" property found')
     json.loads(new)
     return new
 

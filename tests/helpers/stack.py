@@ -108,21 +108,22 @@ class Stack:
         wait_ready(f"http://127.0.0.1:{port}/-/ready")
         return port
 
-    def start_prometheus(self, rules_text: str | None = None, alertmanager_port: int | None = None) -> str:
+    def start_prometheus(
+        self, rules_text: str | None = None, alertmanager_port: int | None = None, node_labels: bool = False
+    ) -> str:
+        """Prometheus scraping the exporters. `node_labels`: each target gets its own `node` label (node-PORT), as
+        the chart's relabeling gives each pod its node's name."""
         port = free_port()
+        targets = [f"127.0.0.1:{p}" for p in self.exporters] + self.dead_targets
+        if node_labels:
+            static = [
+                {"targets": [t], "labels": {"cluster": "test", "node": f"node-{t.rsplit(':', 1)[1]}"}} for t in targets
+            ]
+        else:
+            static = [{"targets": targets, "labels": {"cluster": "test"}}]
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "scrape_configs": [
-                {
-                    "job_name": "gpuwarden",
-                    "static_configs": [
-                        {
-                            "targets": [f"127.0.0.1:{p}" for p in self.exporters] + self.dead_targets,
-                            "labels": {"cluster": "test"},
-                        }
-                    ],
-                }
-            ],
+            "scrape_configs": [{"job_name": "gpuwarden", "static_configs": static}],
         }
         if rules_text is not None:
             (self.tmp / "rules.yaml").write_text(rules_text)
