@@ -663,7 +663,7 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
         title="Bottleneck class",
         description="What each GPU's time went to over the bottleneck window (gpuwarden_bottleneck_info): idle, "
         "tensor_bound, "
-        "memory_bound, compute_without_tensor, communication_bound, host_transfer_bound, data_starved, mixed. "
+        "memory_bound, compute_without_tensor, communication_bound, host_transfer_bound, launch_bound, waiting, mixed. "
         "/api/v1/diagnosis gives the numbers and what to do.",
         targets=[
             target(
@@ -812,7 +812,8 @@ def _fleet_profiling_gpm_useful_work(layout: Layout) -> None:
         title="Bottleneck classes by node",
         description="How many GPUs of each node are in each bottleneck class now (gpuwarden_bottleneck_info): "
         "tensor_bound is "
-        "healthy; data_starved, host_transfer_bound and communication_bound GPUs wait; idle GPUs have no process.",
+        "healthy; waiting, launch_bound, host_transfer_bound and communication_bound GPUs wait; idle GPUs have no "
+        "process.",
         targets=[
             target(
                 f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table", instant=True

@@ -166,10 +166,10 @@ def test_utilization_idle_starved_waste_and_namespaces(world: dict[str, Any]) ->
     assert starved_nodes == {instance(world, "data-starvation")}
     classes = body["bottlenecks"]  # from GPM: what each GPU's time goes to
     by_node = {entry["node"]: entry["classes"] for entry in classes["by_node"]}
-    assert by_node[instance(world, "data-starvation")] == {"data_starved": 8}
+    assert by_node[instance(world, "data-starvation")] == {"waiting": 8}
     assert by_node[instance(world, "healthy")] == {"idle": 8}
-    assert classes["gpus_by_class"]["data_starved"] >= 8 and classes["wasted_gpu_hours_by_class"]["data_starved"] > 0
-    assert any("data_starved" in entry["classes"] for entry in classes["by_namespace"])
+    assert classes["gpus_by_class"]["waiting"] >= 8 and classes["wasted_gpu_hours_by_class"]["waiting"] > 0
+    assert any("waiting" in entry["classes"] for entry in classes["by_namespace"])
     assert instance(world, "training") not in idle_nodes | starved_nodes
     nodes = {n["node"]: n for n in body["by_node"]}
     healthy, training = nodes[instance(world, "healthy")], nodes[instance(world, "training")]

@@ -410,23 +410,41 @@ HEALTHY_CLASSES = frozenset({"idle", "tensor_bound"})
 
 
 def bottleneck_class(
-    limits: Thresholds, running: bool, sm: float, tensor: float, dram: float, nvlink_bps: float, pcie_rx_bps: float
+    limits: Thresholds,
+    running: bool,
+    sm: float,
+    tensor: float,
+    dram: float,
+    nvlink_bps: float,
+    pcie_rx_bps: float,
+    fp32: float = 0.0,
+    busy: float | None = None,
 ) -> str:
-    """What a GPU's time goes to over the window, from its GPM activity shares and traffic."""
+    """What a GPU's time goes to over the window: the limit that dominates, compared with the others, not one
+    threshold chain. The math pipes are compared with each other (a bf16 job at 22 % tensor and 2 % FP32 is a
+    tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead).
+    The numbers and the jobs that set them: docs/diagnosis.md."""
     if not running:
         return "idle"
-    if tensor >= limits.bottleneck_tensor_ratio:
+    tensor_dominates = (
+        tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
+    )
+    if tensor >= limits.bottleneck_tensor_ratio or (tensor_dominates and sm >= limits.bottleneck_sm_idle_ratio):
         return "tensor_bound"
     if dram >= limits.bottleneck_dram_ratio:
         return "memory_bound"
     if sm >= limits.bottleneck_sm_busy_ratio:
-        return "compute_without_tensor"
+        # FP32 math is the class only where the FP32 pipe carries it: never tell a tensor job to use bf16
+        return "compute_without_tensor" if fp32 > tensor else "mixed"
     if sm < limits.bottleneck_sm_idle_ratio:
         if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
             return "communication_bound"
         if pcie_rx_bps >= limits.bottleneck_pcie_bytes_per_second:
             return "host_transfer_bound"
-        return "data_starved"
+        launch = busy is not None and busy >= limits.bottleneck_launch_busy_ratio
+        if launch and sm < limits.bottleneck_launch_sm_share * busy:
+            return "launch_bound"
+        return "waiting"
     return "mixed"
 
 
@@ -443,9 +461,11 @@ def check_bottleneck(c: CheckContext) -> Verdict:
     nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
     pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
     running = c.values.get((PROCESSES.name, ()), 0) > 0
-    kind = bottleneck_class(limits, running, sm, tensor, dram, nvlink, pcie_rx)
+    busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
+    kind = bottleneck_class(limits, running, sm, tensor, dram, nvlink, pcie_rx, fp32, busy)
+    busy_text = "n/a" if busy is None else f"{busy:.0%}"
     observed = (
-        f"{kind}: SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "
+        f"{kind}: driver busy {busy_text}, SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "
         f"NVLink {nvlink / 1e9:.1f} GB/s, PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
     )
     # Healthy classes (no process; tensor cores busy) are said by the gauge and the verdict, not as findings of

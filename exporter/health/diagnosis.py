@@ -98,7 +98,8 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
     ),
     "tensor_bound": (
         "The tensor cores are busy: the job does what these GPUs are built for.",
-        "Nothing to fix here; larger batches or fused kernels may still raise throughput.",
+        "Nothing to fix here: the job already runs its math on the tensor cores (mixed precision); larger batches "
+        "or fused kernels may still raise throughput.",
     ),
     "memory_bound": (
         "Device-memory bandwidth is near its peak while the tensor cores wait: element-wise or memory-bound kernels "
@@ -121,11 +122,20 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
         "Pinned memory (pin_memory=True), non_blocking copies overlapped with compute, more DataLoader workers, "
         "keep data on the GPU between steps.",
     ),
-    "data_starved": (
-        "A process holds the GPU but the SMs are mostly idle and little data moves: the job waits for input "
-        "(DataLoader, CPU preprocessing, storage) or for checkpoints.",
-        "DataLoader num_workers 4-8 per GPU, pin_memory, a local NVMe cache of the data set, asynchronous "
-        "checkpoints; profile the input pipeline.",
+    "waiting": (
+        "A process holds the GPU but the SMs are mostly idle and little moves over NVLink or PCIe: the job waits on "
+        "something outside the GPU: its input pipeline, a checkpoint being written, or other ranks. The GPU's "
+        "counters cannot tell these apart (low GPU activity is not always data starvation).",
+        "Look at the process on the host before changing the input pipeline: DataLoader worker processes busy "
+        "(input-bound: more workers, pin_memory, a local cache), threads in D state (I/O: asynchronous or sharded "
+        "checkpoints), every thread asleep (waiting on peers or the network: find the slowest rank); "
+        "`py-spy dump --pid PID` shows where each thread is.",
+    ),
+    "launch_bound": (
+        "The driver reports a kernel running much of the time while the SMs barely work: many tiny kernels launched "
+        "one by one from Python (launch overhead), or latency-bound kernels.",
+        "Fewer, larger kernels: CUDA graphs (torch.cuda.graphs, torch.compile mode='reduce-overhead'), "
+        "torch.compile's fusion, larger batches; profile a step to find the small kernels.",
     ),
     "mixed": (
         "Moderate SM activity without one dominant limit.",

@@ -100,6 +100,14 @@ class Thresholds:
     # bottleneck classes from GPM activity (information, never paged), judged over this window
     bottleneck_window_s: int = setting(300, ge=1)
     bottleneck_tensor_ratio: float = setting(0.3, gt=0, le=1)  # tensor cores active at least this share: healthy
+    # mixed precision sits at 20-40 % tensor (bf16 transformer on H100: tensor 22 %, FP32 2 %): the tensor pipe
+    # dominates when it is at least this share and this many times the FP32 pipe's
+    bottleneck_tensor_min_ratio: float = setting(0.1, gt=0, le=1)
+    bottleneck_pipe_dominance: float = setting(2.0, ge=1)
+    # "busy but SMs nearly idle": the driver counts a kernel running while the SMs barely work (a Python loop of
+    # tiny kernels on H100: driver busy 31 %, SM 0 %): launch overhead
+    bottleneck_launch_busy_ratio: float = setting(0.2, gt=0, le=1)
+    bottleneck_launch_sm_share: float = setting(0.25, gt=0, le=1)  # SM activity below this share of driver busy
     bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
     bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
     bottleneck_sm_idle_ratio: float = setting(0.3, gt=0, le=1)  # SMs below this: waiting on something

@@ -260,7 +260,7 @@ BOTTLENECK_INFO = _f(
     "gpuwarden_bottleneck_info",
     "gauge",
     "What the GPU's time went to over the bottleneck window (GPM): idle, tensor_bound, memory_bound, "
-    "compute_without_tensor, communication_bound, host_transfer_bound, data_starved or mixed; always 1.",
+    "compute_without_tensor, communication_bound, host_transfer_bound, launch_bound, waiting or mixed; always 1.",
     "class",
 )
 # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background

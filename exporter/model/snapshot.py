@@ -156,7 +156,7 @@ class Verdict:
     observed: str
     threshold: str
     since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
-    detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, data_starved, ...)
+    detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, waiting, ...)
 
 
 @dataclass(frozen=True, slots=True)
