@@ -28,7 +28,7 @@ SPEC = importlib.util.spec_from_file_location("dashboards_build", FOLDER / "buil
 build = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(build)
 UNITS = {"percentunit", "bytes", "Bps", "celsius", "watt", "hertz", "joule", "s", "ops", "none"}
-SCENARIOS = ["healthy", "thermal-throttling", "ecc-uncorrectable", "nvlink-down", "gpu-lost"]
+SCENARIOS = ["healthy", "thermal-throttling", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "mig-inference"]
 # what a query may reference beyond the exporter's families
 EXTERNAL = {"ALERTS", "up"}
 
@@ -258,3 +258,42 @@ def test_pickers_list_nodes_by_name_and_gpus_by_index(prometheus):
         ).json()
         assert body["data"] and all(check(value) for value in body["data"]), (name, body["data"])
     assert variables["node"]["allValue"] == ".*"  # series without a node label (systemd hosts) still show
+
+
+QUERY_START = re.compile(r"^(rate|increase|sum|max|min|avg|count|topk|bottomk|max_over_time|time)\b\s*[( ]")
+
+
+def doc_queries() -> list[tuple[str, str]]:
+    """The PromQL the README and docs/ give as queries to run: ```promql blocks, and code spans that start with a
+    function or aggregation or join two gpuwarden series (not `name{labels} value` sample notation)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text(encoding="utf-8")
+        for block in re.findall(r"```promql\n(.*?)```", text, re.S):
+            # a block may hold several queries, each under its own comment line
+            for query in re.split(r"^#.*$", block, flags=re.M):
+                if query.strip():
+                    found.append((path.name, query.strip()))
+        for span in re.findall(r"`([^`\n]+)`", text):
+            if "gpuwarden_" in span and (QUERY_START.match(span) or span.count("gpuwarden_") >= 2):
+                found.append((path.name, span))
+    return found
+
+
+def test_every_doc_query_parses_and_default_ones_return_data(prometheus):
+    """Every query the docs tell a reader to run is valid PromQL; those over default series return data from nodes
+    at the default metric set (opt-in ones, e.g. the "before" column of the NVLink table, only parse)."""
+    from gpuwarden.model.families import GROUPS
+
+    opt_in = {m.family.name for g in GROUPS.values() for m in g.members if m.label is None and not m.zero_rows}
+    queries = doc_queries()
+    assert len(queries) >= 20, queries  # the extraction itself works
+    bad, empty = [], []
+    for where, query in queries:
+        body = httpx.get(prometheus.prometheus + "/api/v1/query", params={"query": query}, timeout=10).json()
+        if body["status"] != "success":
+            bad.append((where, query, body.get("error")))
+        elif not body["data"]["result"] and not set(re.findall(r"gpuwarden_\w+", query)) & opt_in:
+            empty.append((where, query))
+    assert not bad, bad
+    assert not empty, empty

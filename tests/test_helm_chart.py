@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -629,3 +630,23 @@ def test_network_policy_admits_only_the_listed_scrapers_to_the_metrics_port() ->
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == peers and rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_the_runbooks_kubectl_commands_match_what_the_chart_deploys() -> None:
+    """The runbooks' kubectl commands name the chart's namespace, pod labels and port as rendered (the nvidia-smi,
+    dmesg and lspci commands need a GPU host and are not run here: docs/runbooks.md says so)."""
+    objects = render()
+    daemonset = one(objects, "DaemonSet")
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    text = (ROOT / "docs" / "runbooks.md").read_text(encoding="utf-8")
+    commands = re.findall(r"`(kubectl [^`]+)`", text)
+    assert len(commands) >= 3, commands
+    for command in commands:
+        if namespace := re.search(r"-n (\S+)", command):
+            assert namespace.group(1) == daemonset["metadata"]["namespace"], command
+        if selector := re.search(r"-l (\S+)=(\S+)", command):
+            assert labels.get(selector.group(1)) == selector.group(2), (command, labels)
+        if forward := re.search(r"port-forward \S+ (\d+)", command):
+            assert int(forward.group(1)) == ports["metrics"], (command, ports)
+    assert "not run by the tests" in text  # the untestable commands are listed as such
