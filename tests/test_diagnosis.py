@@ -31,6 +31,31 @@ def findings_for(sim, tmp_path):
         poller.stop(timeout=0.2)
 
 
+@pytest.fixture
+def default_poller(sim):
+    """A poller over `scenario` at the default thresholds, polled once a second of a manual clock: call it with the
+    scenario and how many seconds to run; it returns the poller and the clock (stopped at the end of the test)."""
+    pollers: list[Poller] = []
+
+    def run(scenario: str, seconds: int) -> tuple[Poller, ManualClock]:
+        clock = ManualClock()
+        sim(scenario, clock=clock)
+        poller = Poller(settings(), wall_clock=clock)
+        pollers.append(poller)
+        advance(poller, clock, seconds)
+        return poller, clock
+
+    yield run
+    for poller in pollers:
+        poller.stop(timeout=0.2)
+
+
+def advance(poller: Poller, clock: ManualClock, seconds: int) -> None:
+    for _ in range(seconds):
+        poller.poll_once()
+        clock.advance(1)
+
+
 def by_check(findings):
     return {(f.check, f.gpu): f for f in findings}
 
@@ -88,49 +113,31 @@ def test_diagnosis_endpoints(live_server):
     assert gpu["health"]["row_remap"]["level"] == 2
 
 
-def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(sim):
+def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(default_poller):
     """Right after a (re)start, a GPU at 92 °C in HW thermal slowdown has not yet been watched for the 2-5 minutes
     its verdicts need: the API says "pending" with the time seen, and findings say what it will be, never "ok"."""
-    clock = ManualClock()
-    sim("thermal-throttling", clock=clock)
-    poller = Poller(settings(), wall_clock=clock)  # default thresholds: 120 s at 90 °C, 300 s of slowdown
-    try:
-        for _ in range(30):
-            poller.poll_once()
-            clock.advance(1)
-        early = by_check(diagnose(poller.poll_once()))
-        temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
-        assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
-        assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
-        assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
-        assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
-        assert ("temperature", 0) not in early  # the cool GPUs: nothing
-        verdicts = {v.check: v for v in poller.snapshot.health[poller.snapshot.gpus[2].uuid]}
-        assert verdicts["temperature"].level == 0  # pending pages nothing and leaves the gauges ok
-        for _ in range(330):
-            poller.poll_once()
-            clock.advance(1)
-        late = by_check(diagnose(poller.poll_once()))
-        assert late[("temperature", 2)].severity == "critical"
-        assert late[("thermal_throttling", 2)].severity == "warning"
-    finally:
-        poller.stop(timeout=0.2)
+    poller, clock = default_poller("thermal-throttling", 30)  # default thresholds: 120 s at 90 °C, 300 s slowdown
+    early = by_check(diagnose(poller.poll_once()))
+    temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
+    assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
+    assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
+    assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
+    assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
+    assert ("temperature", 0) not in early  # the cool GPUs: nothing
+    verdicts = {v.check: v for v in poller.snapshot.health[poller.snapshot.gpus[2].uuid]}
+    assert verdicts["temperature"].level == 0  # pending pages nothing and leaves the gauges ok
+    advance(poller, clock, 330)
+    late = by_check(diagnose(poller.poll_once()))
+    assert late[("temperature", 2)].severity == "critical"
+    assert late[("thermal_throttling", 2)].severity == "warning"
 
 
-def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(sim):
+def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(default_poller):
     """Whose job just failed or is at risk: the processes (and pods) holding the GPU, as /api/v1/processes knows
     them; the XID by name as well as number; the reset command for this GPU."""
-    clock = ManualClock()
-    sim("ecc-uncorrectable", clock=clock)
-    poller = Poller(settings(), wall_clock=clock)
-    try:
-        for _ in range(8):  # the scenario's double-bit errors on GPU 1 come at 5 s
-            poller.poll_once()
-            clock.advance(1)
-        poller.xid.record(poller.snapshot.gpus[1].uuid, 48, clock())  # its XID 48 (events need the watcher)
-        found = by_check(diagnose(poller.poll_once()))
-    finally:
-        poller.stop(timeout=0.2)
+    poller, clock = default_poller("ecc-uncorrectable", 8)  # its double-bit errors on GPU 1 come at 5 s
+    poller.xid.record(poller.snapshot.gpus[1].uuid, 48, clock())  # its XID 48 (events need the watcher thread)
+    found = by_check(diagnose(poller.poll_once()))
     ecc, xid = found[("ecc", 1)], found[("xid", 1)]
     for finding in (ecc, xid):
         assert finding.holders and all(h["pid"] for h in finding.holders), finding
@@ -138,35 +145,19 @@ def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(sim)
     assert "XID 48 (double-bit ECC error)" in xid.observed
 
 
-def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(sim):
-    clock = ManualClock()
-    sim("gpu-lost", clock=clock)
-    poller = Poller(settings(), wall_clock=clock)
-    try:
-        for _ in range(40):
-            poller.poll_once()
-            clock.advance(1)
-        findings = [f for f in diagnose(poller.poll_once()) if f.check == "gpu_lost"]
-    finally:
-        poller.stop(timeout=0.2)
+def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(default_poller):
+    poller, _ = default_poller("gpu-lost", 40)
+    findings = [f for f in diagnose(poller.poll_once()) if f.check == "gpu_lost"]
     (lost,) = findings
     assert f"nvidia-smi -r -i {lost.gpu}" in lost.recommended_action
     assert lost.holders, lost  # the processes last seen on it: the job that died with it
 
 
-def test_pending_page_retirement_is_not_called_a_row_remap(sim):
+def test_pending_page_retirement_is_not_called_a_row_remap(default_poller):
     """Pre-Ampere GPUs (the legacy-pcie scenario) retire pages: the finding says so, with the driver-reload action,
     not the row-remap one."""
-    clock = ManualClock()
-    sim("legacy-pcie", clock=clock)
-    poller = Poller(settings(), wall_clock=clock)
-    try:
-        for _ in range(3):
-            poller.poll_once()
-            clock.advance(1)
-        finding = by_check(diagnose(poller.poll_once()))[("row_remap", 1)]
-    finally:
-        poller.stop(timeout=0.2)
+    poller, _ = default_poller("legacy-pcie", 3)
+    finding = by_check(diagnose(poller.poll_once()))[("row_remap", 1)]
     assert finding.observed == "page retirement pending", finding
     assert "retire pages" in finding.likely_cause and "reload the driver" in finding.recommended_action
     assert "row" not in finding.recommended_action.lower()
