@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuwarden.collect.poller import Poller
@@ -172,3 +174,75 @@ def test_a_holder_without_a_pod_is_named_by_its_pid_once():
     assert text.count("4242") == 1 and "python" in text, text
     in_pod = {**holder, "namespace": "ml", "pod": "train-0", "container": "main"}
     assert "ml/train-0/main pid 4242 2.0 GiB (50%)" in _describe((in_pod,))
+
+
+def fake_proc(root: Path, pid: int, main: str, others: str = "S", workers: str = "") -> Path:
+    """A /proc with `pid` (main thread in state `main`, a second thread in `others`) and worker children in the
+    states of `workers` (one letter each)."""
+    (root / "self").mkdir(parents=True, exist_ok=True)
+    task = root / str(pid) / "task"
+    for tid, state in ((pid, main), (pid + 1, others)):
+        (task / str(tid)).mkdir(parents=True, exist_ok=True)
+        (task / str(tid) / "stat").write_text(f"{tid} (py thon) {state} 1 2 3\n")
+    children = [pid + 100 + i for i in range(len(workers))]
+    (task / str(pid) / "children").write_text(" ".join(map(str, children)) + " ")
+    for child, state in zip(children, workers, strict=True):
+        (root / str(child)).mkdir(parents=True, exist_ok=True)
+        (root / str(child) / "stat").write_text(f"{child} (pt_data_worker) {state} 1\n")
+    return root
+
+
+def test_a_thread_sample_reads_states_and_worker_children(tmp_path):
+    from gpuwarden.attribution.activity import sample
+
+    root = fake_proc(tmp_path / "proc", 4242, main="R", others="D", workers="RRS")
+    seen = sample(root, 4242)
+    assert seen is not None and seen.main_running and seen.disk_wait == 1 and seen.running == 1
+    assert (seen.workers, seen.workers_running) == (3, 2)
+    assert sample(root, 999) is None  # not visible: no evidence, not a crash
+
+
+@pytest.mark.parametrize(
+    ("main", "others", "workers", "cause"),
+    [
+        ("S", "D", "", "I/O stall"),  # a checkpoint being written
+        ("S", "S", "RRRR", "Input-bound"),  # a slow DataLoader: its workers always running
+        ("R", "S", "", "Host-bound"),  # a Python loop the GPU waits on
+        ("S", "S", "SS", "Waiting on others"),  # every thread asleep: peers, the network
+    ],
+)
+def test_a_waiting_gpu_gets_its_cause_from_the_host(sim, tmp_path, main, others, workers, cause):
+    """Three idle causes that look the same from the GPU get three different causes and actions from /proc."""
+    clock = ManualClock()
+    sim("data-starvation", clock=clock)
+    thresholds = write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 5})
+    poller = Poller(
+        settings(health={"thresholds_file": str(thresholds)}, processes={"proc_root": str(tmp_path / "proc")}),
+        wall_clock=clock,
+    )
+    try:
+        advance(poller, clock, 1)
+        for views in poller.snapshot.processes.values():
+            fake_proc(tmp_path / "proc", views[0].pid, main, others, workers)
+        advance(poller, clock, 20)
+        finding = by_check(diagnose(poller.poll_once()))[("bottleneck", 0)]
+    finally:
+        poller.stop(timeout=0.2)
+    assert finding.observed.startswith("waiting"), finding
+    assert finding.likely_cause.startswith(cause) and "Host evidence (PID" in finding.likely_cause, finding
+    others_actions = {"I/O stall": "DataLoader", "Input-bound": "checkpoint", "Host-bound": "checkpoint"}
+    if cause in others_actions:
+        assert others_actions[cause] not in finding.recommended_action  # not the advice for another cause
+
+
+def test_without_the_hosts_proc_a_waiting_gpu_says_what_could_not_be_seen(sim, tmp_path):
+    clock = ManualClock()
+    sim("data-starvation", clock=clock)
+    thresholds = write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 5})
+    poller = Poller(settings(health={"thresholds_file": str(thresholds)}), wall_clock=clock)
+    try:
+        advance(poller, clock, 20)
+        finding = by_check(diagnose(poller.poll_once()))[("bottleneck", 0)]
+    finally:
+        poller.stop(timeout=0.2)
+    assert "Host evidence: none" in finding.likely_cause

@@ -21,6 +21,7 @@ from gpuwarden.model.snapshot import (
     ContainerUsage,
     GpuInfo,
     GpuSnapshot,
+    HostEvidence,
     PeerLink,
     ProcessExit,
     ProcessView,
@@ -70,6 +71,7 @@ class Draft:
     containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)
     process_exits: tuple[ProcessExit, ...] = ()
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
+    host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from gpuwarden.model.snapshot import Snapshot
+from gpuwarden.model.snapshot import HostEvidence, Snapshot
 
 # check → (likely cause, recommended action)
 ADVICE: dict[str, tuple[str, str]] = {
@@ -157,6 +157,58 @@ class Finding:
     holders: tuple[dict[str, object], ...] = ()  # processes holding the GPU's memory, largest first
 
 
+# What a waiting GPU's main process does on the host → the cause and action (shares of the samples; docs/diagnosis.md)
+WAITING_CAUSES: tuple[tuple[str, float, str, str], ...] = (
+    (
+        "io_wait",
+        0.3,
+        "I/O stall: the job's threads wait on storage (D state) while the GPU idles: a checkpoint being written, or "
+        "data read from slow or remote storage.",
+        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint async_save), checkpoint less often, "
+        "faster or local storage for the data set.",
+    ),
+    (
+        "workers_running",
+        0.6,
+        "Input-bound: the DataLoader worker processes are busy nearly all the time and the GPU waits for batches.",
+        "More DataLoader workers (num_workers), pin_memory, cheaper or GPU-side preprocessing, a local cache of "
+        "the decoded data set.",
+    ),
+    (
+        "main_running",
+        0.7,
+        "Host-bound: the job's main thread runs on the CPU nearly all the time while the GPU waits: Python work "
+        "between steps (preprocessing, logging, metrics) or launching kernels one by one.",
+        "Move the work off the training loop or onto the GPU; CUDA graphs or torch.compile for the launches; "
+        "profile the step on the CPU side (py-spy).",
+    ),
+    (
+        "asleep",
+        0.7,
+        "Waiting on others: every thread of the job sleeps while the GPU idles: it waits on other ranks (a "
+        "straggler, a collective), a parameter server or the network.",
+        "Find the slowest rank (compare this job's GPUs on other nodes in the fleet view); check the network and "
+        "NCCL settings.",
+    ),
+)
+
+
+def waiting_cause(evidence: HostEvidence | None, cause: str, action: str) -> tuple[str, str]:
+    """The cause of a `waiting` GPU from the host's evidence where /proc shows its process; the GPU-side text
+    (which lists the candidates) otherwise, saying what could not be seen."""
+    if evidence is None or evidence.samples < 3:
+        return cause + " Host evidence: none (the host's /proc is not mounted, or not yet sampled).", action
+    for share, limit, found_cause, found_action in WAITING_CAUSES:
+        if getattr(evidence, share) >= limit:
+            seen = (
+                f" Host evidence (PID {evidence.pid}, {evidence.samples} samples): main thread running "
+                f"{evidence.main_running:.0%}, I/O wait {evidence.io_wait:.0%}, workers running "
+                f"{evidence.workers_running:.0%} ({evidence.workers} workers), all asleep {evidence.asleep:.0%}."
+            )
+            return found_cause + seen, found_action
+    return cause + f" Host evidence (PID {evidence.pid}) shows no single cause.", action
+
+
 # Findings that name the processes (and pods) on the GPU: whose job is at risk or already failed.
 WHO_HOLDS_IT = ("memory_pressure", "ecc", "xid", "gpu_lost")
 
@@ -188,6 +240,8 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
                 continue
             if verdict.check == "bottleneck":
                 cause, action = BOTTLENECK_ADVICE[verdict.detail]
+                if verdict.detail == "waiting":
+                    cause, action = waiting_cause(snapshot.host_evidence.get(gpu.uuid), cause, action)
             else:  # a check's own detail where it has advice of its own (page retirement under row_remap)
                 cause, action = ADVICE.get(verdict.detail) or ADVICE[verdict.check]
             observed, holders = verdict.observed, ()

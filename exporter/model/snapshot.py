@@ -160,6 +160,20 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class HostEvidence:
+    """What the host's /proc showed of a waiting GPU's main process (exporter/attribution/activity.py): shares of
+    the samples in which its main thread ran, a thread waited on I/O, a worker child ran, or nothing ran."""
+
+    pid: int
+    samples: int
+    main_running: float
+    io_wait: float
+    workers_running: float
+    asleep: float
+    workers: int
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """One container holding one device, as the kubelet reports it (device_id is the plugin's ID)."""
 
@@ -242,6 +256,8 @@ class Snapshot:
     process_exits: tuple[ProcessExit, ...] = ()  # recent exits from near-full GPUs, oldest first
     # uuid → the processes last seen on a GPU that is now lost (NVML no longer lists them): whose job died with it
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
+    # uuid → what the host shows of the main process of a GPU whose class is `waiting` (where /proc is mounted)
+    host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
 
     def gpu(self, key: str) -> GpuSnapshot | None:
