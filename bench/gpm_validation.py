@@ -89,7 +89,7 @@ EXPECTED = {
     "fp32_matmul_tf32_off": "compute_without_tensor",
     "d2d_copy": "memory_bound",
     "h2d_pinned_copy": "host_transfer_bound",
-    "starved": "data_starved",
+    "starved": "waiting",  # was data_starved (renamed: the GPU cannot tell input from I/O or peers)
 }
 
 

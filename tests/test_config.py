@@ -267,3 +267,34 @@ def test_the_expected_gpu_count_is_served_only_where_set():
     assert "\ngpuwarden_gpus_expected 8.0\n" in text and "\ngpuwarden_gpus 8.0\n" in text
     with running_cli("--sim") as (url, _):
         assert "gpuwarden_gpus_expected" not in httpx.get(url + "/metrics", timeout=10).text
+
+
+def test_the_fleet_service_ignores_its_own_service_link_variables_with_one_line():
+    """A Service named gpuwarden-fleet injects GPUWARDEN_FLEET_PORT=tcp://… into the namespace's pods."""
+    import os
+    import time
+
+    import httpx
+
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+    links = {"GPUWARDEN_FLEET_PORT": "tcp://10.0.0.2:10046", "GPUWARDEN_FLEET_SERVICE_HOST": "10.0.0.2"}
+    argv = ["fleet", "--prometheus-url", "http://127.0.0.1:9", "--web.listen-address", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", *argv], env={**base, **links}, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    lines = [line for line in proc.stderr.read().splitlines() if "service-link" in line]
+    assert len(lines) == 1 and "GPUWARDEN_FLEET_SERVICE_HOST" in lines[0], lines

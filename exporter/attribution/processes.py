@@ -99,6 +99,7 @@ class ProcessesStep:
         if root is None:
             return {}
         found: dict[str, HostEvidence] = {}
+        looked: dict[int, activity.ThreadSample | None] = {}  # one look per process, however many GPUs it holds
         for uuid in waiting:
             pid = draft.processes[uuid][0].pid  # the largest holder of the GPU's memory: the job's main process
             known_pid, tally = self._activity.get(uuid, (pid, activity.ActivityTally()))
@@ -106,8 +107,10 @@ class ProcessesStep:
                 tally = activity.ActivityTally()
             if draft.taken_at - tally.sampled_at >= activity.SAMPLE_EVERY_S:
                 tally.sampled_at = draft.taken_at
-                if (seen := activity.sample(root, pid)) is not None:
-                    tally.add(seen)
+                if pid not in looked:
+                    looked[pid] = activity.sample(root, pid)
+                if looked[pid] is not None:
+                    tally.add(looked[pid])
             self._activity[uuid] = (pid, tally)
             if tally.samples:
                 found[uuid] = tally.evidence(pid)

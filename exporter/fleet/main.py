@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from gpuwarden.cli.common import EXIT_CONFIG, ConfigError
@@ -12,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def main(argv: list[str]) -> int:
     from gpuwarden.config.web import WebConfig, load_web_config
-    from gpuwarden.fleet.settings import parse
+    from gpuwarden.fleet.settings import ENV_PREFIX, environment_names, parse
 
     try:
         settings = parse(argv)
@@ -22,12 +23,13 @@ def main(argv: list[str]) -> int:
         return EXIT_CONFIG
     from gpuwarden import __version__
     from gpuwarden.cli import logs
-    from gpuwarden.cli.common import EXIT_LISTEN, bind_listener
+    from gpuwarden.cli.common import EXIT_LISTEN, bind_listener, log_service_links
     from gpuwarden.fleet.app import create_app
     from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
     from gpuwarden.web.server import HttpServer
 
     logs.setup("info", "logfmt")
+    log_service_links(os.environ, ENV_PREFIX, environment_names())
     log.info(
         "gpuwarden fleet %s listening on %s, asking %s (%s)",
         __version__,

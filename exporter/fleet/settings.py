@@ -115,6 +115,11 @@ def _flag(name: str) -> str:
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
+def environment_names() -> dict[str, str]:
+    """GPUWARDEN_FLEET_<SETTING> → the setting's name."""
+    return {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
+
+
 def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSettings:
     """Flags over GPUWARDEN_FLEET_* over defaults; ConfigError with one line on any problem."""
     environ = os.environ if environ is None else environ
@@ -128,7 +133,7 @@ def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSet
             help=f"{field.description} Env: {ENV_PREFIX}{name.upper()}.",
         )
     args = vars(parser.parse_args(argv))
-    known = {f"{ENV_PREFIX}{name.upper()}": name for name in FleetSettings.model_fields}
+    known = environment_names()
     mine = own_environment(environ, ENV_PREFIX)
     ignored = check_known(mine, known, "gpuwarden fleet")
     values: dict[str, Any] = {known[var]: raw for var, raw in mine.items() if var not in ignored}
