@@ -208,13 +208,28 @@ def test_help_names_choices_and_never_prints_an_empty_default():
     assert "One of: logfmt, json." in text and "Default: none." in text
 
 
+def answered_200(proc: subprocess.Popen, url: str, timeout: float = 20) -> None:
+    """Wait until `url` answers 200; fail if the process exits first or the time runs out."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
+        assert time.monotonic() < deadline, f"{url} did not answer 200 in {timeout} s"
+        time.sleep(0.1)
+
+
 def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_still_fail():
     """A Service named gpuwarden makes Kubernetes inject GPUWARDEN_PORT=tcp://… and friends into every pod of the
     namespace: the exporter serves, says once what it ignored, and an unknown variable of our own still exits 2."""
     import os
-    import time
-
-    import httpx
 
     port = free_port()
     links = {
@@ -237,15 +252,7 @@ def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.1)
+        answered_200(proc, f"http://127.0.0.1:{port}/readyz")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -272,9 +279,6 @@ def test_the_expected_gpu_count_is_served_only_where_set():
 def test_the_fleet_service_ignores_its_own_service_link_variables_with_one_line():
     """A Service named gpuwarden-fleet injects GPUWARDEN_FLEET_PORT=tcp://… into the namespace's pods."""
     import os
-    import time
-
-    import httpx
 
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
@@ -284,15 +288,7 @@ def test_the_fleet_service_ignores_its_own_service_link_variables_with_one_line(
         [sys.executable, "-m", "gpuwarden", *argv], env={**base, **links}, stderr=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        answered_200(proc, f"http://127.0.0.1:{port}/healthz")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
