@@ -107,12 +107,53 @@ def test_grafana_is_provisioned_with_the_prometheus_and_both_dashboards() -> Non
     assert Path(home).name in boards and home.startswith(provider["options"]["path"])
 
 
+def free_block(length: int) -> int:
+    """The first of `length` consecutive loopback ports that are all free now (the demo's nodes take BASE_PORT..+4)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        if base + length > 65535:
+            continue
+        held = []
+        try:
+            for port in range(base, base + length):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    pytest.fail(f"no {length} consecutive free loopback ports found")
+
+
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def demo_report(prom: int, output: Path, tmp_path: Path) -> str:
+    """What a failed demo run needs for its diagnosis: its output, each target's last error, each log's tail."""
+    lines = ["run-local.sh printed:", output.read_text(errors="replace")[-2000:]]
+    try:
+        targets = httpx.get(f"http://127.0.0.1:{prom}/api/v1/targets", timeout=2).json()["data"]["activeTargets"]
+        lines += [f"target {t['scrapeUrl']} {t['health']} {t.get('lastError', '')}" for t in targets]
+    except (httpx.HTTPError, ValueError, KeyError) as error:
+        lines.append(f"Prometheus targets not readable: {error!r}")
+    for log in sorted(tmp_path.glob("gpuwarden-demo.*/*.log")):
+        lines += [f"--- {log.name}:", log.read_text(errors="replace")[-1500:]]
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (the test command does)")
 def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
-    base, prom, fleet = free_port(), free_port(), free_port()
-    while any(abs(base - p) < 6 for p in (prom, fleet)):
-        base = free_port()
+    base = free_block(5)
+    prom, fleet = free_port(), free_port()
+    while any(base <= p < base + 5 for p in (prom, fleet)) or prom == fleet:
+        prom, fleet = free_port(), free_port()
     env = {
         **os.environ,
         "BASE_PORT": str(base),
@@ -121,18 +162,25 @@ def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
         "TMPDIR": str(tmp_path),
     }
     env.setdefault("GPUWARDEN", shutil.which("gpuwarden") or "gpuwarden")
-    proc = subprocess.Popen([str(DEMO / "run-local.sh")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)  # fmt: skip
+    output = tmp_path / "run-local.out"
+    with output.open("w") as sink:
+        # Ctrl-C as from a terminal, whatever the launcher of the tests did with SIGINT (a background one ignores it)
+        proc = subprocess.Popen([str(DEMO / "run-local.sh")], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=default_sigint)  # fmt: skip
     try:
 
         def all_up() -> bool:
+            assert proc.poll() is None, f"run-local.sh exited {proc.returncode}\n{demo_report(prom, output, tmp_path)}"
             try:
                 targets = httpx.get(f"http://127.0.0.1:{prom}/api/v1/targets", timeout=2).json()["data"]
             except (httpx.HTTPError, ValueError):
                 return False
             return sum(t["health"] == "up" for t in targets["activeTargets"]) == 5
 
-        wait_for(all_up, timeout=60, step=0.5)
+        try:
+            wait_for(all_up, timeout=60, step=0.5)
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{demo_report(prom, output, tmp_path)}") from None
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{fleet}/api/v1/fleet/health", timeout=5).status_code == 200,
                  timeout=30, step=0.5)  # fmt: skip
         rules = httpx.get(f"http://127.0.0.1:{prom}/api/v1/rules", timeout=5).json()["data"]["groups"]
@@ -141,14 +189,16 @@ def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
         nodes = httpx.get(f"http://127.0.0.1:{prom}/api/v1/label/node/values", timeout=5).json()["data"]
         assert len(nodes) == 5, nodes  # five nodes, not one "127.0.0.1"
     finally:
-        proc.send_signal(signal.SIGINT)
-        output = proc.communicate(timeout=30)[0]
-    assert "Prometheus: http://127.0.0.1" in output
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    printed = output.read_text()
+    assert "Prometheus: http://127.0.0.1" in printed
     time.sleep(1)
     (work,) = tmp_path.glob("gpuwarden-demo.*")
     assert not (work / "tsdb").exists(), "the script removes its data"
     assert (work / "prometheus.log").is_file() and list(work.glob("node-*.log")), "and keeps its logs"
-    assert f"logs kept in {work}" in output
+    assert f"logs kept in {work}" in printed
     for port in (base, prom, fleet):  # everything it started is gone
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
