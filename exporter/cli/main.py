@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
         "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
         "compares its readings with nvidia-smi on a GPU host; `gpuwarden fleet --prometheus-url URL` "
-        "serves the fleet view from Prometheus.",
+        "serves the fleet view from Prometheus; `gpuwarden npd-plugin` and `gpuwarden slurm-healthcheck` tell "
+        "node-problem-detector and Slurm what the exporter found.",
         epilog="Precedence: defaults < --config file < GPUWARDEN_* environment < flags.",
     )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
@@ -130,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         from gpuwarden.fleet.main import main as fleet
 
         return fleet(argv[1:])
+    if argv[:1] == ["npd-plugin"]:
+        from gpuwarden.remediation.npd import main as npd_plugin
+
+        return npd_plugin(argv[1:])
+    if argv[:1] == ["slurm-healthcheck"]:
+        from gpuwarden.remediation.slurm import main as slurm_healthcheck
+
+        return slurm_healthcheck(argv[1:])
     # Start-up allocates ~100,000 objects that nearly all live for good: the cyclic GC's collections during it
     # (about a tenth of the import time) find nothing to free. settle_memory() turns it back on after the first
     # snapshot, with one full collection; whatever ends start-up early turns it back on here.
@@ -283,6 +292,7 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
         guard=guard,
         # the first fast cycle publishes within the call deadline whatever NVML does (a hung init included)
         first_snapshot_wait_s=min(settings.poll.call_deadline, FIRST_SNAPSHOT_WAIT_MAX_S),
+        expected_gpus=lambda: poller.settings.nvml.expected_gpus,
     )
     # header deadline and size limit, admission, shedding (exporter/web/limits.py); in-flight requests get 5 s at exit
     server = HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0)

@@ -73,6 +73,8 @@ class Draft:
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
+    # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
+    gpus_skipped: dict[int, str] = field(default_factory=dict)
 
 
 class EnrichmentStep(Protocol):

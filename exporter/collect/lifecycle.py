@@ -66,6 +66,7 @@ class NvmlLifecycle:
         self.nvml_error: str | None = "starting"
         self.driver: dict[str, str] = {}
         self.reinit_total = 0
+        self.skipped: dict[int, str] = {}  # GPUs NVML counts that discovery could not open: index → why
         self.fatal: str | None = None
         self._initialised_once = False
         self._init_retry_at = 0.0
@@ -129,16 +130,19 @@ class NvmlLifecycle:
         waiting = [future for future in futures.values() if future is not None]
         concurrent.futures.wait(waiting, timeout=deadline)
         found: list[GpuState] = []
+        self.skipped = {}
         for index, future in futures.items():
             if future is None or not future.done():
                 call = self._count_timeout(f"discover-{index}", "nvmlDeviceGetHandleByIndex")
                 log.warning("gpu %d skipped at discovery: %s did not answer within %.1f s", index, call, deadline)
+                self.skipped[index] = "timeout"
                 continue
             try:
                 handle, uuid = future.result()
             except GpuSkipped as exc:
                 # no_permission: a GPU this container may not open; lost: it will show as missing.
                 log.warning("gpu %d skipped at discovery: %s", index, exc.reason)
+                self.skipped[index] = exc.reason
                 continue
             except NvmlDownError as exc:
                 self.library_down(exc.reason)

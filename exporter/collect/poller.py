@@ -258,6 +258,7 @@ class Poller:
                 collect_errors=self.ledger.errors(),
                 collect_timeouts=self.ledger.timeouts(),
                 reinit_total=nvml.reinit_total,
+                gpus_skipped=dict(nvml.skipped) if nvml.nvml_up else {},
                 tier_duration=dict(self.tier_duration),
                 tier_finished=dict(self.tier_finished),
             )

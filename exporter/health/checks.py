@@ -178,6 +178,7 @@ class CheckContext:
     pstate_exempt: bool
     thresholds: Thresholds
     evaluator: HealthEvaluator
+    wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
 
     def verdict(
         self, level: int, observed: object = "", threshold: object = "", severity: str | None = None, detail: str = ""
@@ -272,8 +273,10 @@ def check_nvlink(c: CheckContext) -> Verdict:
     links = {labels[0]: value for (name, labels), value in values.items() if name == NVLINK_UP.name}
     seen_up = c.evaluator.links_seen_up.setdefault(c.uuid, set())
     seen_up.update(link for link, up in links.items() if up)
-    # a link that was never up in our history may simply be unused: not a regression
-    down = sorted((link for link, up in links.items() if not up and link in seen_up), key=int)
+    # a link that was never up in our history may simply be unused, unless discovery found its remote end (a peer
+    # GPU or an NVSwitch): then it is wired, and down is a fault even if it went down before this exporter started
+    expected = seen_up | c.wired_links
+    down = sorted((link for link, up in links.items() if not up and link in expected), key=int)
     if c.sustained("nvlink_down", bool(down), limits.nvlink_down_for_s):
         return c.verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
     for kind in ("replay", "recovery"):
@@ -544,8 +547,10 @@ class HealthEvaluator:
             history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
             history.add(now, values)
             exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
+            nvlink = gpu.info.nvlink
+            wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
             result[gpu.uuid] = tuple(
-                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self))
+                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired))
                 for name, check in CHECK_FUNCTIONS.items()
             )
         return self._stamp(result, now)

@@ -259,6 +259,8 @@ class Snapshot:
     # uuid → what the host shows of the main process of a GPU whose class is `waiting` (where /proc is mounted)
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
+    # GPUs NVML counts that discovery could not open (index → gpu_is_lost, no_permission, timeout): not in `gpus`
+    gpus_skipped: dict[int, str] = field(default_factory=dict)
 
     def gpu(self, key: str) -> GpuSnapshot | None:
         """Find a GPU by index ("0") or UUID."""

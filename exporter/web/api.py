@@ -7,6 +7,7 @@ import html
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import anyio
@@ -316,8 +317,74 @@ def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
     return router
 
 
-def _diagnosis_routes(snapshots: SnapshotSource) -> APIRouter:
+class CheckVerdict(BaseModel):
+    level: int = Field(description="0 ok, 1 warning, 2 critical")
+    severity: str = Field(description="ok, info, warning or critical")
+    observed: str
+    threshold: str
+    since: float | None = Field(None, description="unix time this non-ok level began; absent while ok")
+
+
+class GpuHealth(BaseModel):
+    index: int
+    uuid: str
+    up: bool = Field(description="false: the GPU stopped answering (lost, fallen off the bus)")
+    stale: bool
+    checks: dict[str, CheckVerdict]
+
+
+class NodeHealth(BaseModel):
+    taken_at: float = Field(description="unix time of the snapshot; 0 before the first one (the exporter starts)")
+    nvml_up: bool
+    nvml_error: str | None
+    gpus_expected: int | None = Field(description="nvml.expected_gpus; null when not set")
+    gpus_skipped: dict[str, str] = Field(
+        description="GPUs NVML counts that could not be opened (index → lost, no_permission, timeout)"
+    )
+    gpus: list[GpuHealth]
+
+
+def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
+    """Every GPU's verdicts and nothing else: what the remediation commands (npd-plugin, slurm-healthcheck) read,
+    a few KB where /api/v1/gpus is a few hundred."""
+    return {
+        "taken_at": snap.taken_at,
+        "nvml_up": snap.nvml_up,
+        "nvml_error": snap.nvml_error,
+        "gpus_expected": expected_gpus or None,
+        "gpus_skipped": {str(index): reason for index, reason in sorted(snap.gpus_skipped.items())},
+        "gpus": [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "up": gpu.up,
+                "stale": gpu.stale,
+                "checks": {
+                    v.check: {
+                        "level": v.level,
+                        "severity": v.severity,
+                        "observed": v.observed,
+                        "threshold": v.threshold,
+                        **({"since": v.since} if v.level else {}),
+                    }
+                    for v in snap.health.get(gpu.uuid, ())
+                },
+            }
+            for gpu in snap.gpus
+        ],
+    }
+
+
+def _diagnosis_routes(snapshots: SnapshotSource, expected_gpus: Callable[[], int]) -> APIRouter:
     router = APIRouter()
+
+    @router.get(
+        "/api/v1/health",
+        response_model=NodeHealth,
+        summary="Every GPU's health verdicts (what npd-plugin and slurm-healthcheck act on)",
+    )
+    def health() -> Any:
+        return node_health(snapshots(), expected_gpus())
 
     @router.get(
         "/api/v1/diagnosis",
@@ -385,6 +452,7 @@ def _page_routes(snapshots: SnapshotSource, telemetry_path: str) -> APIRouter:
                 "/api/v1/topology",
                 "/api/v1/processes",
                 "/api/v1/diagnosis",
+                "/api/v1/health",
                 "/readyz",
                 "/healthz",
                 "/docs",
@@ -403,6 +471,7 @@ def create_app(
     snapshots: SnapshotSource,
     ready: Readiness,
     telemetry_path: str = "/metrics",
+    expected_gpus: Callable[[], int] = lambda: 0,
 ) -> FastAPI:
     """The exporter's JSON API and documentation over a source of snapshots; it never sees the poller or NVML.
     Built on the first request that exporter/web/front.py does not answer itself (scrapes and probes); the header
@@ -425,7 +494,7 @@ def create_app(
 
     app.include_router(_probe_routes(snapshots, ready, telemetry_path))
     app.include_router(_gpu_routes(snapshots))
-    app.include_router(_diagnosis_routes(snapshots))
+    app.include_router(_diagnosis_routes(snapshots, expected_gpus))
     app.include_router(_topology_routes(snapshots))
     app.include_router(_page_routes(snapshots, telemetry_path))
     add_offline_docs(app)

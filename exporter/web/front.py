@@ -193,6 +193,7 @@ def create_front(
     basic_auth_users: dict[str, str] | None = None,
     guard: ConnectionGuard | None = None,
     first_snapshot_wait_s: float = 0.0,
+    expected_gpus: Callable[[], int] = lambda: 0,
 ) -> Any:
     """The ASGI app the exporter serves: basic auth (probes exempt), then the front (the server has already
     bounded the request). Scrapes before the first snapshot wait for it up to `first_snapshot_wait_s`."""
@@ -200,7 +201,7 @@ def create_front(
     def api() -> Any:
         from gpuwarden.web.api import create_app
 
-        return create_app(snapshots, ready, telemetry_path)
+        return create_app(snapshots, ready, telemetry_path, expected_gpus)
 
     app: Any = Front(snapshots, ready, renderer, telemetry_path, api, first_snapshot_wait_s)
     if basic_auth_users:
