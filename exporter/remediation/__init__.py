@@ -1,0 +1,1 @@
+"""Remediation: what the systems that act (node-problem-detector, Slurm) hear from the exporter's verdicts."""

@@ -1,0 +1,325 @@
+"""`gpuwarden npd-plugin` held to node-problem-detector's custom-plugin protocol, run as NPD runs it (a process, its
+exit code and stdout) against the real exporter over the simulator: 0 OK, 1 problem with a message of at most 80
+bytes naming the GPU, 2 Unknown whenever the exporter cannot be asked; every shipped scenario; the exporter down,
+slow, refusing credentials. NPD itself is not installable here (no package): its protocol and config types are
+checked directly (deploy/npd/gpuwarden-npd.json against the fields NPD's config types accept)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+
+from gpuwarden.sim import install_simulator
+from gpuwarden.sim.scenario import load_scenario, shipped_scenarios
+from gpuwarden.web.front import create_front, readiness_under
+from tests.helpers.common import LiveServer, ServedApp, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = ("hardware", "nvlink", "thermal", "driver")
+FAMILY_CHECKS = {
+    "hardware": {"gpu_lost", "ecc", "row_remap", "xid", "pcie"},
+    "nvlink": {"nvlink"},
+    "thermal": {"temperature", "thermal_throttling"},
+    "driver": {"persistence_mode"},
+}
+NPD_TIMEOUT_S = 5.0  # NPD's default plugin timeout
+
+
+def plugin(url: str, condition: str, state: Path, *flags: str) -> tuple[int, str, str, float]:
+    """One run as NPD makes it: (exit code, stdout, stderr, seconds)."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "npd-plugin", "--condition", condition, "--exporter-url", url,
+         "--state-dir", str(state), *flags],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return done.returncode, done.stdout.strip(), done.stderr.strip(), time.monotonic() - began
+
+
+# sustain windows at zero, so that faults whose verdict waits minutes (NVLink down 5 min, 91 °C for 2 min) are
+# judged within the test; the defaults are the alert rules' (exporter/health/thresholds.py)
+IMPATIENT = {"nvlink_down_for_s": 0, "temperature_critical_for_s": 0, "thermal_slowdown_for_s": 0, "gpu_lost_for_s": 0}
+
+
+@pytest.fixture
+def exporter(make_poller, tmp_path_factory):  # noqa: ANN001, ANN201 - the fixtures; a starter
+    """The exporter over a scenario whose timed faults (t=5 s, t=8 s) have already happened. One at a time: the
+    simulator is process-wide, so a second start replaces what the first one reads."""
+    started: list[LiveServer] = []
+
+    def start(name: str, impatient: bool = False) -> LiveServer:
+        for server in started:
+            server.__exit__()
+        started.clear()
+        install_simulator(load_scenario(name), start=time.monotonic() - 30)
+        sections: dict = {"poll": {"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0}}
+        if impatient:
+            path = tmp_path_factory.mktemp("thresholds") / "thresholds.yaml"
+            path.write_text(yaml.safe_dump(IMPATIENT))
+            sections["health"] = {"thresholds_file": str(path)}
+        server = LiveServer(make_poller(**sections))
+        started.append(server.__enter__())
+        time.sleep(2.2)  # two slow cycles: health verdicts from the faults' readings
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__()
+    from gpuwarden.nvml import library
+
+    library.install(None)
+
+
+@pytest.mark.parametrize("scenario", sorted(shipped_scenarios()))
+def test_every_scenario_follows_the_protocol(scenario: str, exporter, tmp_path: Path) -> None:  # noqa: ANN001
+    server = exporter(scenario)
+    for family in FAMILIES:
+        document = server.get("/api/v1/health").json()
+        critical = [
+            f"GPU{gpu['index']} {check}"
+            for gpu in document["gpus"]
+            for check, verdict in gpu["checks"].items()
+            if check in FAMILY_CHECKS[family] and verdict["level"] == 2
+        ]
+        if family == "hardware":  # GPUs NVML counts that were lost before discovery
+            critical += [f"GPU{i} gpu_lost" for i, why in document["gpus_skipped"].items() if why == "gpu_is_lost"]
+        code, out, err, took = plugin(server.url, family, tmp_path, "--debounce", "1")
+        assert took < NPD_TIMEOUT_S and err == "", (family, took, err)
+        assert 0 < len(out.encode()) <= 80, out
+        if not document["nvml_up"]:
+            assert code == (1 if family == "driver" else 2), (family, out)
+        elif critical:
+            assert code == 1, (family, out)
+            assert any(out.startswith(fault) for fault in critical), (out, critical)  # the worst names its GPU
+        else:
+            assert code == 0, (family, out, document)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "family", "starts"),
+    [
+        ("ecc-uncorrectable", "hardware", "GPU1 "),
+        ("gpu-lost", "hardware", "GPU6 gpu_lost"),
+        ("nvlink-down", "nvlink", "GPU4 nvlink"),
+        ("thermal-throttling", "thermal", "GPU"),
+        ("driver-not-loaded", "driver", "NVML down"),
+    ],
+)
+def test_each_fault_is_reported_by_its_condition_and_only_there(
+    scenario: str,
+    family: str,
+    starts: str,
+    exporter,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    server = exporter(scenario, impatient=True)
+    code, out, _, _ = plugin(server.url, family, tmp_path, "--debounce", "1")
+    assert code == 1 and out.startswith(starts), out
+    others = [f for f in FAMILIES if f != family]
+    expected_elsewhere = 2 if family == "driver" else 0  # with NVML down nothing else can be observed
+    if scenario in ("nvlink-down", "thermal-throttling", "driver-not-loaded"):
+        assert [plugin(server.url, f, tmp_path, "--debounce", "1")[0] for f in others] == [expected_elsewhere] * 3
+    healthy = exporter("training")  # the same plugin against a healthy node: the condition is False
+    assert plugin(healthy.url, family, tmp_path / "h", "--debounce", "1")[0] == 0
+
+
+def test_an_exporter_that_cannot_be_asked_is_unknown_never_recovered(tmp_path: Path) -> None:
+    closed = free_port()
+    code, out, _, took = plugin(f"http://127.0.0.1:{closed}", "hardware", tmp_path)
+    assert code == 2 and "unreachable" in out and len(out.encode()) <= 80
+    # one that accepts and never answers: Unknown within --timeout, well inside NPD's 5 s
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        code, out, _, took = plugin(url, "hardware", tmp_path, "--timeout", "1.5")
+    assert code == 2 and "timed out" in out, out
+    assert took < NPD_TIMEOUT_S - 1, took
+
+
+def test_an_exporter_still_starting_or_answering_nonsense_is_unknown(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    app = FastAPI()
+    answers = {"/api/v1/health": JSONResponse({"taken_at": 0, "nvml_up": False, "nvml_error": "starting", "gpus": []})}
+    app.get("/api/v1/health")(lambda: answers["/api/v1/health"])
+    served = ServedApp(app)
+    served.start()
+    try:
+        code, out, _, _ = plugin(served.url, "driver", tmp_path)
+        assert code == 2 and "starting" in out  # not a driver fault: nothing was read yet
+        answers["/api/v1/health"] = PlainTextResponse("<html>proxy error</html>", status_code=200)
+        code, out, _, _ = plugin(served.url, "hardware", tmp_path)
+        assert code == 2 and "other than" in out
+        answers["/api/v1/health"] = JSONResponse({"error": "boom"}, status_code=503)
+        code, out, _, _ = plugin(served.url, "hardware", tmp_path)
+        assert code == 2 and "HTTP 503" in out
+        stale = time.time() - 600  # a reading ten minutes old: the exporter's poller is stuck
+        answers["/api/v1/health"] = JSONResponse({"taken_at": stale, "nvml_up": True, "gpus": []})
+        code, out, _, _ = plugin(served.url, "hardware", tmp_path)
+        assert code == 2 and "old" in out
+    finally:
+        served.stop()
+
+
+def health_document(fault: bool) -> dict:
+    level = 2 if fault else 0
+    checks = {"ecc": {"level": level, "severity": ("ok", "", "critical")[level], "observed": "2 uncorrected",
+                      "threshold": "0", "since": time.time() if fault else None}}  # fmt: skip
+    gpu = {"index": 3, "uuid": "GPU-3", "up": True, "stale": False, "checks": checks}
+    return {"taken_at": time.time(), "nvml_up": True, "nvml_error": None, "gpus_expected": None, "gpus_skipped": {},
+            "gpus": [gpu]}  # fmt: skip
+
+
+def test_only_the_unhealthy_direction_is_debounced_and_unknown_keeps_the_count(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    now = {"fault": True, "status": 200}
+    app.get("/api/v1/health")(lambda: JSONResponse(health_document(now["fault"]), status_code=now["status"]))
+    served = ServedApp(app)
+    served.start()
+    state = tmp_path / "npd"
+
+    def run() -> int:
+        return plugin(served.url, "hardware", state, "--debounce", "3")[0]
+
+    try:
+        assert run() == 0 and run() == 0  # seen once, twice: not yet
+        now["status"] = 503
+        assert run() == 2  # no answer: Unknown, and the count stays
+        now["status"] = 200
+        assert run() == 1  # the third sighting: reported
+        assert json.loads((state / "hardware.json").read_text()) == {"seen": 3, "fault": "GPU3 ecc"}
+        now["status"] = 503
+        assert run() == 2  # a fault is never cleared by a failed probe
+        now["fault"], now["status"] = False, 200
+        assert run() == 0  # recovery: at once
+        now["fault"] = True
+        assert run() == 0  # and the count starts again
+        # with nowhere to keep the count, a fault is reported at once (early rather than never)
+        blocked = tmp_path / "file"
+        blocked.write_text("")
+        code, _, err, _ = plugin(served.url, "hardware", blocked / "npd", "--debounce", "3")
+        assert code == 1 and "debounce off" in err
+    finally:
+        served.stop()
+
+
+def test_basic_auth_from_the_web_config(make_poller, tmp_path: Path) -> None:  # noqa: ANN001
+    install_simulator(load_scenario("ecc-uncorrectable"), start=time.monotonic() - 30)
+    poller = make_poller(poll={"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0})
+    hashed = bcrypt.hashpw(b"npd-secret", bcrypt.gensalt(rounds=4)).decode()
+    app = create_front(lambda: poller.snapshot, readiness_under(lambda: poller.settings), None, "/metrics",
+                       {"npd": hashed})  # fmt: skip
+    served = ServedApp(app)
+    poller.start()
+    served.start()
+    try:
+        poller.ready_once.wait(10)
+        time.sleep(2.2)
+        web_config = tmp_path / "web.yml"
+        web_config.write_text(f"basic_auth_users:\n  npd: '{hashed}'\n")
+        password = tmp_path / "password"
+        password.write_text("npd-secret\n")
+        base = ("--web.config.file", str(web_config), "--debounce", "1")
+        code, out, err, _ = plugin(served.url, "hardware", tmp_path, *base)
+        assert code == 2 and "--auth.username" in err and "\n" not in err  # one line naming the flags
+        code, out, _, _ = plugin(served.url, "hardware", tmp_path, *base, "--auth.username", "npd",
+                                 "--auth.password-file", str(password))  # fmt: skip
+        assert code == 1 and out.startswith("GPU1 "), out
+        password.write_text("wrong")
+        code, out, _, _ = plugin(served.url, "hardware", tmp_path, *base, "--auth.username", "npd",
+                                 "--auth.password-file", str(password))  # fmt: skip
+        assert code == 2 and "HTTP 401" in out
+    finally:
+        served.stop()
+        poller.stop(timeout=0.5)
+        from gpuwarden.nvml import library
+
+        library.install(None)
+
+
+def test_a_web_config_with_tls_means_https_trusting_the_exporters_certificate(tmp_path: Path) -> None:
+    from gpuwarden.remediation.verdicts import endpoint_from
+
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("tls_server_config:\n  cert_file: tls/server.crt\n  key_file: tls/server.key\n")
+    found = endpoint_from(None, web_config, None, None, None, "", None, 3.0)
+    assert found.url == "https://127.0.0.1:10045" and found.ca_file == (tmp_path / "tls" / "server.crt").resolve()
+
+
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--condition", "gpu"], "--condition"),
+        (["--condition", "hardware", "--debounce", "0"], "--debounce"),
+        (["--condition", "hardware", "--exporter-url", "127.0.0.1:10045"], "--exporter-url"),
+        (["--condition", "hardware", "--max-output-length", "5"], "--max-output-length"),
+        (["--condition", "hardware", "--tls.cert-file", "/x"], "--tls.key-file"),
+    ],
+)
+def test_bad_flags_are_unknown_with_one_line_naming_the_flag(flags: list[str], names: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "gpuwarden", "npd-plugin", *flags], capture_output=True, text=True)
+    assert done.returncode == 2 and names in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_health_document_is_small(exporter) -> None:  # noqa: ANN001
+    """NPD runs up to `concurrency` plugins every 30 s on every node: each asks for the verdicts alone."""
+    server = exporter("healthy")
+    body = server.get("/api/v1/health").content
+    assert len(body) < 32 * 1024  # a few KB for 8 GPUs
+    assert len(server.get("/api/v1/gpus").content) > 5 * len(body)
+
+
+NPD_PLUGIN_CONFIG_FIELDS = {
+    "invoke_interval",
+    "timeout",
+    "max_output_length",
+    "concurrency",
+    "enable_message_change_based_condition_update",
+    "skip_initial_status",
+}
+NPD_TOP_FIELDS = {"plugin", "pluginConfig", "source", "metricsReporting", "conditions", "rules"}
+NPD_RULE_FIELDS = {"type", "condition", "reason", "path", "args", "timeout", "invoke_interval"}
+
+
+def _seconds(duration: str) -> float:
+    assert duration.endswith("s") and duration[:-1].isdigit(), duration
+    return float(duration[:-1])
+
+
+def test_the_shipped_npd_config_is_one_npd_accepts() -> None:
+    """The fields NPD's custom plugin config types define (types/config.go), its validation (a rule's timeout
+    not above the global one, a permanent rule's condition declared), and each rule's command line parsed by
+    gpuwarden itself."""
+    config = json.loads((ROOT / "deploy" / "npd" / "gpuwarden-npd.json").read_text())
+    assert set(config) <= NPD_TOP_FIELDS and config["plugin"] == "custom"
+    plugin_config = config["pluginConfig"]
+    assert set(plugin_config) <= NPD_PLUGIN_CONFIG_FIELDS
+    global_timeout = _seconds(plugin_config["timeout"])
+    assert global_timeout <= 5 and plugin_config["max_output_length"] == 80
+    declared = {c["type"]: c for c in config["conditions"]}
+    assert all(set(c) == {"type", "reason", "message"} for c in config["conditions"])
+    covered = set()
+    for rule in config["rules"]:
+        assert set(rule) <= NPD_RULE_FIELDS and rule["type"] in ("permanent", "temporary")
+        assert rule["type"] == "temporary" or rule["condition"] in declared
+        assert _seconds(rule.get("timeout", plugin_config["timeout"])) <= global_timeout
+        assert rule["args"][0] == "npd-plugin"
+        parsed = __import__("gpuwarden.remediation.npd", fromlist=["build_parser"]).build_parser()
+        args = parsed.parse_args(rule["args"][1:])
+        assert args.timeout < global_timeout  # the plugin gives up before NPD kills it
+        covered.add(args.condition)
+    assert covered == set(FAMILIES)  # one condition per family
