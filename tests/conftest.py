@@ -5,11 +5,13 @@ Nothing of gpuwarden is mocked: the only stand-in is the C library beneath pynvm
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuwarden.collect.poller import Poller
 from gpuwarden.nvml import library
@@ -85,3 +87,37 @@ def kubelet() -> Iterator[FakeKubelet]:
         fake = FakeKubelet(Path(short) / "kubelet.sock").start()
         yield fake
         fake.stop()
+
+
+# sustain windows at zero, so that faults whose verdict waits minutes (NVLink down 5 min, 91 °C for 2 min) are
+# judged within the test; the defaults are the alert rules' (exporter/health/thresholds.py)
+IMPATIENT = {"nvlink_down_for_s": 0, "temperature_critical_for_s": 0, "thermal_slowdown_for_s": 0, "gpu_lost_for_s": 0}
+
+
+@pytest.fixture
+def scenario_exporter(make_poller, tmp_path_factory):  # noqa: ANN001, ANN201 - the fixtures; a starter
+    """The exporter over a scenario whose timed faults (t=5 s, t=8 s) have already happened. One at a time: the
+    simulator is process-wide, so a second start replaces what the first one reads."""
+    started: list[LiveServer] = []
+
+    def start(name: str, impatient: bool = False) -> LiveServer:
+        for server in started:
+            server.__exit__()
+        started.clear()
+        install_simulator(load_scenario(name), start=time.monotonic() - 30)
+        sections: dict = {"poll": {"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0}}
+        if impatient:
+            path = tmp_path_factory.mktemp("thresholds") / "thresholds.yaml"
+            path.write_text(yaml.safe_dump(IMPATIENT))
+            sections["health"] = {"thresholds_file": str(path)}
+        server = LiveServer(make_poller(**sections))
+        started.append(server.__enter__())
+        time.sleep(2.2)  # two slow cycles: health verdicts from the faults' readings
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__()
+    from gpuwarden.nvml import library
+
+    library.install(None)

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-import yaml
 
 from gpuwarden.sim import install_simulator
 from gpuwarden.sim.scenario import load_scenario, shipped_scenarios
 from gpuwarden.web.front import create_front, readiness_under
-from tests.helpers.common import LiveServer, ServedApp, free_port
+from tests.helpers.common import ServedApp, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("hardware", "nvlink", "thermal", "driver")
@@ -44,43 +43,9 @@ def plugin(url: str, condition: str, state: Path, *flags: str) -> tuple[int, str
     return done.returncode, done.stdout.strip(), done.stderr.strip(), time.monotonic() - began
 
 
-# sustain windows at zero, so that faults whose verdict waits minutes (NVLink down 5 min, 91 °C for 2 min) are
-# judged within the test; the defaults are the alert rules' (exporter/health/thresholds.py)
-IMPATIENT = {"nvlink_down_for_s": 0, "temperature_critical_for_s": 0, "thermal_slowdown_for_s": 0, "gpu_lost_for_s": 0}
-
-
-@pytest.fixture
-def exporter(make_poller, tmp_path_factory):  # noqa: ANN001, ANN201 - the fixtures; a starter
-    """The exporter over a scenario whose timed faults (t=5 s, t=8 s) have already happened. One at a time: the
-    simulator is process-wide, so a second start replaces what the first one reads."""
-    started: list[LiveServer] = []
-
-    def start(name: str, impatient: bool = False) -> LiveServer:
-        for server in started:
-            server.__exit__()
-        started.clear()
-        install_simulator(load_scenario(name), start=time.monotonic() - 30)
-        sections: dict = {"poll": {"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0}}
-        if impatient:
-            path = tmp_path_factory.mktemp("thresholds") / "thresholds.yaml"
-            path.write_text(yaml.safe_dump(IMPATIENT))
-            sections["health"] = {"thresholds_file": str(path)}
-        server = LiveServer(make_poller(**sections))
-        started.append(server.__enter__())
-        time.sleep(2.2)  # two slow cycles: health verdicts from the faults' readings
-        return server
-
-    yield start
-    for server in started:
-        server.__exit__()
-    from gpuwarden.nvml import library
-
-    library.install(None)
-
-
 @pytest.mark.parametrize("scenario", sorted(shipped_scenarios()))
-def test_every_scenario_follows_the_protocol(scenario: str, exporter, tmp_path: Path) -> None:  # noqa: ANN001
-    server = exporter(scenario)
+def test_every_scenario_follows_the_protocol(scenario: str, scenario_exporter, tmp_path: Path) -> None:  # noqa: ANN001
+    server = scenario_exporter(scenario)
     for family in FAMILIES:
         document = server.get("/api/v1/health").json()
         critical = [
@@ -117,17 +82,17 @@ def test_each_fault_is_reported_by_its_condition_and_only_there(
     scenario: str,
     family: str,
     starts: str,
-    exporter,  # noqa: ANN001
+    scenario_exporter,  # noqa: ANN001
     tmp_path: Path,
 ) -> None:
-    server = exporter(scenario, impatient=True)
+    server = scenario_exporter(scenario, impatient=True)
     code, out, _, _ = plugin(server.url, family, tmp_path, "--debounce", "1")
     assert code == 1 and out.startswith(starts), out
     others = [f for f in FAMILIES if f != family]
     expected_elsewhere = 2 if family == "driver" else 0  # with NVML down nothing else can be observed
     if scenario in ("nvlink-down", "thermal-throttling", "driver-not-loaded"):
         assert [plugin(server.url, f, tmp_path, "--debounce", "1")[0] for f in others] == [expected_elsewhere] * 3
-    healthy = exporter("training")  # the same plugin against a healthy node: the condition is False
+    healthy = scenario_exporter("training")  # the same plugin against a healthy node: the condition is False
     assert plugin(healthy.url, family, tmp_path / "h", "--debounce", "1")[0] == 0
 
 
@@ -275,9 +240,9 @@ def test_bad_flags_are_unknown_with_one_line_naming_the_flag(flags: list[str], n
     assert "Traceback" not in done.stderr
 
 
-def test_the_health_document_is_small(exporter) -> None:  # noqa: ANN001
+def test_the_health_document_is_small(scenario_exporter) -> None:  # noqa: ANN001
     """NPD runs up to `concurrency` plugins every 30 s on every node: each asks for the verdicts alone."""
-    server = exporter("healthy")
+    server = scenario_exporter("healthy")
     body = server.get("/api/v1/health").content
     assert len(body) < 32 * 1024  # a few KB for 8 GPUs
     assert len(server.get("/api/v1/gpus").content) > 5 * len(body)

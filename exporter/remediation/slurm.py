@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,7 +53,24 @@ class SlurmError(Exception):
     """A Slurm command failed or answered something unreadable."""
 
 
+# slurmd runs a HealthCheckProgram with an empty environment (no PATH): Slurm's tools are looked for on PATH, then
+# where distributions and source builds put them
+SLURM_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+_bin_dir: str | None = None
+
+
+def tool(name: str) -> str:
+    """The path of a Slurm command: --slurm-bin-dir, else PATH, else the usual places."""
+    if _bin_dir:
+        return str(Path(_bin_dir) / name)
+    found = shutil.which(name) or next((f"{d}/{name}" for d in SLURM_DIRS if os.access(f"{d}/{name}", os.X_OK)), None)
+    if found is None:
+        raise SlurmError(f"{name} not found on PATH or in {', '.join(SLURM_DIRS)}: give --slurm-bin-dir")
+    return found
+
+
 def run(command: list[str]) -> str:
+    command = [tool(command[0]), *command[1:]]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -117,6 +135,11 @@ def build_parser() -> OneLineParser:
         "--conditions",
         default=",".join(family_names()),
         help=f"condition families that drain (default all: {','.join(family_names())})",
+    )
+    parser.add_argument(
+        "--slurm-bin-dir",
+        default=None,
+        help=f"where sinfo and scontrol are (default: PATH, then {', '.join(SLURM_DIRS)})",
     )
     parser.add_argument(
         "--state-dir",
@@ -221,6 +244,8 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as error:
         print(f"gpuwarden slurm-healthcheck: {error}", file=sys.stderr)
         return EXIT_UNKNOWN
+    global _bin_dir
+    _bin_dir = args.slurm_bin_dir
     name = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     verdict = _judge(args, target)
     if verdict.state == "unknown":

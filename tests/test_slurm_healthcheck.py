@@ -1,0 +1,158 @@
+"""`gpuwarden slurm-healthcheck` against a real slurmctld and slurmd on loopback (Debian's slurm-wlm and munge,
+started by tests/helpers/slurm.py) and the real exporter over the simulator: a critical verdict drains the node with
+gpuwarden's reason; a repair resumes it; an admin's drain is never touched; the cap, the opt-out feature, a person's
+resume and dry-run hold; Unknown changes nothing. The last test has slurmd itself run the shipped wrapper."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.common import free_port, wait_for
+from tests.helpers.slurm import SlurmCluster, missing
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(missing()), reason=f"Slurm not installed ({', '.join(missing())}; the test command does)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="slurmctld and slurmd run as root here (CI runs as root)"),
+]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):  # noqa: ANN001, ANN201
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster(slurm: SlurmCluster) -> SlurmCluster:
+    slurm.reset()
+    return slurm
+
+
+def healthcheck(cluster: SlurmCluster, url: str, state: Path, *flags: str, node: str = "gpu-1") -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "slurm-healthcheck", "--node", node, "--exporter-url", url,
+         "--state-dir", str(state), *flags],
+        env=cluster.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_critical_fault_drains_and_its_repair_resumes(
+    cluster: SlurmCluster, scenario_exporter, tmp_path: Path
+) -> None:  # noqa: ANN001
+    sick = scenario_exporter("ecc-uncorrectable")
+    began = time.monotonic()
+    code, out = healthcheck(cluster, sick.url, tmp_path)
+    assert time.monotonic() - began < 10, "well inside slurmd's 60 s"
+    state, reason = cluster.node("gpu-1")
+    assert code == 1 and "drain" in state, (state, out)
+    assert reason.startswith("gpuwarden: GPU1 ecc") or reason.startswith("gpuwarden: GPU1 xid"), reason
+    assert healthcheck(cluster, sick.url, tmp_path)[0] == 1 and cluster.node("gpu-1") == (state, reason)  # no churn
+    # the exporter down: Unknown, nothing changes (never read as a repair)
+    code, out = healthcheck(cluster, f"http://127.0.0.1:{free_port()}", tmp_path)
+    assert code == 2 and "nothing changed" in out and "drain" in cluster.node("gpu-1")[0]
+    repaired = scenario_exporter("training")
+    code, out = healthcheck(cluster, repaired.url, tmp_path)
+    assert code == 0 and cluster.node("gpu-1")[0] in ("idle", "mixed", "allocated"), out
+
+
+def test_an_admins_drain_is_never_touched(
+    cluster: SlurmCluster,
+    scenario_exporter,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    cluster.scontrol("update", "NodeName=gpu-1", "State=DRAIN", "Reason=admin: fan replacement")
+    sick = scenario_exporter("ecc-uncorrectable")
+    code, out = healthcheck(cluster, sick.url, tmp_path)
+    assert code == 1 and "someone else" in out
+    assert cluster.node("gpu-1")[1] == "admin: fan replacement"
+    healthy = scenario_exporter("training")
+    healthcheck(cluster, healthy.url, tmp_path)
+    assert cluster.node("gpu-1") == ("drained", "admin: fan replacement")  # healthy GPUs do not resume it
+
+
+def test_the_cap_counts_gpuwardens_drains_in_the_partition(
+    cluster: SlurmCluster, scenario_exporter, tmp_path: Path
+) -> None:  # noqa: ANN001
+    cluster.scontrol("update", "NodeName=gpu-2", "State=DRAIN", "Reason=gpuwarden: GPU0 xid: XID 79")
+    cluster.scontrol("update", "NodeName=gpu-3", "State=DRAIN", "Reason=admin: not counted")
+    sick = scenario_exporter("ecc-uncorrectable")
+    code, out = healthcheck(cluster, sick.url, tmp_path, "--max-drained", "1")
+    assert code == 1 and "--max-drained 1" in out and "gpu-2" in out
+    assert "drain" not in cluster.node("gpu-1")[0]
+    healthcheck(cluster, sick.url, tmp_path, "--max-drained", "2")
+    assert cluster.node("gpu-1")[1].startswith("gpuwarden: ")
+
+
+def test_dry_run_only_logs(
+    cluster: SlurmCluster,
+    scenario_exporter,  # noqa: ANN001
+    tmp_path: Path,
+) -> None:
+    sick = scenario_exporter("ecc-uncorrectable")
+    code, out = healthcheck(cluster, sick.url, tmp_path, "--dry-run")
+    assert code == 1 and "dry-run: would run: scontrol update NodeName=gpu-1 State=DRAIN Reason=gpuwarden: GPU1" in out
+    assert "drain" not in cluster.node("gpu-1")[0]
+    cluster.scontrol("update", "NodeName=gpu-1", "State=DRAIN", "Reason=gpuwarden: earlier")
+    healthy = scenario_exporter("training")
+    code, out = healthcheck(cluster, healthy.url, tmp_path, "--dry-run")
+    assert "would run: scontrol update NodeName=gpu-1 State=RESUME" in out
+    assert cluster.node("gpu-1")[0] == "drained"
+
+
+def test_a_persons_resume_and_the_opt_out_feature_are_honoured(
+    cluster: SlurmCluster, scenario_exporter, tmp_path: Path
+) -> None:  # noqa: ANN001
+    sick = scenario_exporter("ecc-uncorrectable")
+    healthcheck(cluster, sick.url, tmp_path)
+    assert "drain" in cluster.node("gpu-1")[0]
+    cluster.scontrol("update", "NodeName=gpu-1", "State=RESUME")  # a person puts it back, fault and all
+    code, out = healthcheck(cluster, sick.url, tmp_path)
+    assert "resumed by a person" in out and "drain" not in cluster.node("gpu-1")[0]
+    healthy = scenario_exporter("training")
+    healthcheck(cluster, healthy.url, tmp_path)  # the fault clears: the memory of the resume goes
+    sick = scenario_exporter("ecc-uncorrectable")
+    healthcheck(cluster, sick.url, tmp_path)  # and when it comes back, it drains again
+    assert "drain" in cluster.node("gpu-1")[0]
+    code, out = healthcheck(cluster, sick.url, tmp_path, "--max-drained", "5", node="gpu-4")
+    assert "gpuwarden-no-drain" in out and "drain" not in cluster.node("gpu-4")[0]
+
+
+def test_bad_flags_and_unknown_nodes_are_one_line_and_change_nothing(cluster: SlurmCluster, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "gpuwarden", "slurm-healthcheck", "--max-drained", "0"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--max-drained" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "gpuwarden", "slurm-healthcheck", "--conditions", "gpu"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "--conditions" in done.stderr
+
+
+def test_slurmd_runs_the_shipped_wrapper_and_it_drains(scenario_exporter, tmp_path: Path) -> None:  # noqa: ANN001
+    """slurmd runs the HealthCheckProgram at start and every HealthCheckInterval, as root, with no arguments and an
+    empty environment: the shipped wrapper must find gpuwarden, sinfo and scontrol by itself."""
+    sick = scenario_exporter("ecc-uncorrectable")
+    defaults = tmp_path / "defaults"
+    gpuwarden = Path(sys.executable).parent / "gpuwarden"
+    defaults.write_text(
+        f'FLAGS="--exporter-url {sick.url} --state-dir {tmp_path / "state"}"\nGPUWARDEN={gpuwarden}\n'
+        f"SLURM_CONF={tmp_path / 'slurm' / 'slurm.conf'}\nexport SLURM_CONF\n"  # a slurm.conf not in /etc/slurm
+    )
+    wrapper = tmp_path / "gpuwarden-healthcheck"
+    text = (ROOT / "deploy" / "slurm" / "gpuwarden-healthcheck").read_text()
+    wrapper.write_text(text.replace("DEFAULTS=/etc/default/gpuwarden-healthcheck", f"DEFAULTS={defaults}"))
+    wrapper.chmod(0o755)
+    own = SlurmCluster(tmp_path / "slurm", health_check=wrapper, interval=2).start()
+    try:
+        wait_for(lambda: own.node("gpu-1")[1].startswith("gpuwarden: GPU1"), timeout=40, step=0.5)
+        assert "drain" in own.node("gpu-1")[0]
+    finally:
+        own.stop()
