@@ -75,6 +75,8 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
     hardware |= {"gpuwarden_http_rejected_total", "gpuwarden_config_reloads_total"}
     # A setting the CLI renders beside the snapshot (nvml.expected_gpus): test_config.
     hardware |= {"gpuwarden_gpus_expected"}
+    # Only where processes run inside Slurm job steps (their cgroups on a host /proc), covered in test_processes.
+    hardware |= {"gpuwarden_slurm_job_gpu_memory_used_bytes", "gpuwarden_slurm_job_sm_active_seconds_total"}
     missing = set(FAMILIES) - hardware - {n for n in seen} - {n.removesuffix("_total") for n in seen}
     assert not missing, missing
 

@@ -312,3 +312,52 @@ def test_the_diagnosis_endpoint_names_the_holders_of_a_full_gpu(live_server, tmp
         (4102, "research", "nb-bob", "notebook"),
     ]
     assert "shared by 2 containers" in finding["observed"] and "expandable_segments" in finding["recommended_action"]
+
+
+def slurm_cgroup_v2(job: str) -> str:
+    return f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"
+
+
+def test_slurm_cgroup_layouts_give_the_job_and_its_user() -> None:
+    from gpuwarden.attribution.host import parse_slurm
+
+    assert parse_slurm(slurm_cgroup_v2("4242")) == ("4242", None)
+    v1 = "12:memory:/slurm/uid_1000/job_77/step_batch/task_0\n4:devices:/slurm/uid_1000/job_77/step_batch\n"
+    assert parse_slurm(v1) == ("77", "1000")
+    assert parse_slurm("0::/system.slice/slurmstepd.scope/system\n") == ("", None)  # slurmstepd itself
+    assert parse_slurm(systemd_cgroup(UID_A, CID_A)) == ("", None)
+    assert parse_slurm("0::/user.slice/user-1000.slice/job_5.scope\n") == ("", None)  # not Slurm's
+
+
+def test_processes_of_slurm_jobs_get_per_job_series_and_memory_findings(sim, tmp_path: Path) -> None:
+    """A Slurm node: the processes' cgroups name the job; per-job series in the manner of the per-container ones,
+    the job's user from /proc/PID/status, and the memory finding naming the job."""
+    proc, _ = stage_host(
+        tmp_path, {4101: ("python3", slurm_cgroup_v2("4242")), 4102: ("python3", slurm_cgroup_v2("4243"))}, {}
+    )
+    (proc / "4101" / "status").write_text("Name:\tpython3\nUid:\t0\t0\t0\t0\n")
+    (proc / "4102" / "status").write_text("Name:\tpython3\nUid:\t64999\t64999\t64999\t64999\n")  # no passwd entry
+    poller, series = poll(sim, FULL_GPU, 6, processes={"proc_root": str(proc)})
+    last = series[-1]
+    assert values(last, "gpuwarden_slurm_job_gpu_memory_used_bytes", gpu="0", job="4242", user="root") == [60 * GIB]
+    assert values(last, "gpuwarden_slurm_job_gpu_memory_used_bytes", gpu="0", job="4243", user="64999") == [19 * GIB]
+    (finding,) = [f for f in diagnose(poller.snapshot) if f.check == "memory_pressure"]
+    assert "held by Slurm job 4242 (root, pid 4101) 60.0 GiB" in finding.observed, finding.observed
+    assert finding.holders[0]["slurm_job"] == "4242"
+    # no job series where processes are not in a Slurm job (a Kubernetes node)
+    hosted = two_pods(tmp_path / "k8s", "nb")
+    _, k8s = poll(sim, FULL_GPU, 2, processes=hosted)
+    assert not values(k8s[-1], "gpuwarden_slurm_job_gpu_memory_used_bytes")
+
+
+def test_per_job_sm_seconds_follow_the_jobs_share(sim, tmp_path: Path) -> None:
+    proc, _ = stage_host(tmp_path, {4101: ("train", slurm_cgroup_v2("9")), 4102: ("nb", slurm_cgroup_v2("10"))}, {})
+    _, series = poll(sim, SHARED, 6, processes={"proc_root": str(proc)})
+
+    def rate(job: str) -> float:
+        first, final = (
+            values(s, "gpuwarden_slurm_job_sm_active_seconds_total", job=job)[0] for s in (series[2], series[-1])
+        )
+        return (final - first) / (len(series) - 3)
+
+    assert rate("9") == pytest.approx(0.6, abs=0.01) and rate("10") == pytest.approx(0.2, abs=0.01)

@@ -12,6 +12,7 @@ Reads are bounded (a cgroup file is read up to 64 KiB) and cached per PID until 
 from __future__ import annotations
 
 import logging
+import pwd
 import re
 import time
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
 _PRINTABLE = re.compile(r"[^\x21-\x7e]")
+# Slurm's cgroup layouts: v1 /slurm/uid_1000/job_123/step_0/task_0 (per controller), v2
+# /system.slice/slurmstepd.scope/job_123/step_0/user/task_0 (the path may carry the node name on multi-slurmd hosts)
+_SLURM_JOB = re.compile(r"/slurm[^/]*/(?:[^/\n]*/)*?job_(\d+)(?:/|$)", re.MULTILINE)
+_SLURM_UID = re.compile(r"/slurm[^/]*/uid_(\d+)/")
 _MAX_READ = 64 * 1024
 RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
 
@@ -33,6 +38,8 @@ class HostProcess:
     name: str  # /proc/PID/comm, "" where the host's /proc does not show the PID
     pod_uid: str | None
     container_id: str | None
+    slurm_job: str = ""  # the Slurm job ID whose step holds the process ("" outside Slurm)
+    slurm_user: str = ""  # the job's user (name where the host knows it, else the UID)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,30 @@ def _read(path: Path) -> str:
             return handle.read(_MAX_READ).decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def parse_slurm(text: str) -> tuple[str, str | None]:
+    """(Slurm job ID, UID where the path names it) from a /proc/PID/cgroup text; ("", None) outside a Slurm job."""
+    job = _SLURM_JOB.search(text)
+    if job is None:
+        return "", None
+    uid = _SLURM_UID.search(text)
+    return job.group(1), (uid.group(1) if uid else None)
+
+
+def _user(uid: str | None, status: str) -> str:
+    """The job's user: the UID from the cgroup path (v1) or /proc/PID/status, as a name where the host has one."""
+    if uid is None:
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                uid = line.split()[1]
+                break
+    if uid is None:
+        return ""
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (KeyError, ValueError):
+        return uid
 
 
 def parse_cgroup(text: str) -> tuple[str | None, str | None]:
@@ -86,8 +117,11 @@ class HostProcesses:
         else:
             base = self.proc_root / str(pid)
             name = _PRINTABLE.sub("", _read(base / "comm").strip())[:64]
-            pod_uid, container_id = parse_cgroup(_read(base / "cgroup"))
-            found = HostProcess(name, pod_uid, container_id)
+            cgroup = _read(base / "cgroup")
+            pod_uid, container_id = parse_cgroup(cgroup)
+            job, uid = parse_slurm(cgroup)
+            user = _user(uid, _read(base / "status")) if job else ""
+            found = HostProcess(name, pod_uid, container_id, job, user)
             if not name and pod_uid is None:
                 return found  # not visible (yet): asked again next time, not cached
         self._processes[pid] = found

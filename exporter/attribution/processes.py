@@ -4,7 +4,8 @@ exits from near-full GPUs remembered (the out-of-memory pattern). An assembly st
 Attribution, best first: the process's cgroup names its pod (host /proc and the pod log directory, see
 exporter/attribution/host.py) and the pod has one container holding the GPU, or one log directory; else the GPU is
 allocated to exactly one container (an exclusive GPU: its processes are that container's); else unattributed
-(namespace, pod and container empty). Per-container series are bounded by the containers on the node, however many
+(namespace, pod and container empty). Outside Kubernetes, a process in a Slurm job step's cgroup is the job's (job
+ID and user). Per-container and per-job series are bounded by the containers and jobs on the node, however many
 processes come and go; per-PID series are opt-in and capped (exporter/exposition/render.py).
 """
 
@@ -17,7 +18,15 @@ from dataclasses import dataclass, field
 from gpuwarden.attribution import activity
 from gpuwarden.attribution.host import HostProcesses
 from gpuwarden.model.families import MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
-from gpuwarden.model.snapshot import Allocation, ContainerUsage, GpuSnapshot, HostEvidence, ProcessExit, ProcessView
+from gpuwarden.model.snapshot import (
+    Allocation,
+    ContainerUsage,
+    GpuSnapshot,
+    HostEvidence,
+    JobUsage,
+    ProcessExit,
+    ProcessView,
+)
 
 MAX_WINDOW_S = 30.0  # a longer gap between two reads (a stall, a restart) is not credited to anyone
 EXIT_MEMORY_RATIO = 0.95  # a GPU this full when a process leaves it: the exit is remembered as a likely OOM
@@ -32,6 +41,7 @@ UNATTRIBUTED: Key = ("", "", "")
 class _GpuState:
     fast_at: float = 0.0  # the fast reading last accounted, so a snapshot published twice is not counted twice
     sm_seconds: dict[Key, float] = field(default_factory=dict)  # per container, while the container is seen
+    job_sm_seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # per Slurm job, while it is seen
     previous: dict[int, ProcessView] | None = None
     memory_ratio: float = 0.0
 
@@ -73,6 +83,9 @@ class ProcessesStep:
                 self._account(gpu, state, views, fast_at, now)
                 state.memory_ratio = (used / total) if used is not None and total else 0.0
             draft.containers[gpu.uuid] = self._usage(state, views, draft.pods.get(gpu.uuid, ()))
+            jobs = self._job_usage(state, views)
+            if jobs:
+                draft.slurm_jobs[gpu.uuid] = jobs
         lost = {gpu.uuid for gpu in draft.gpus if not gpu.up}
         self._last_seen = {
             u: v for u, v in {**self._last_seen, **draft.processes}.items() if u in lost | set(draft.processes)
@@ -151,6 +164,8 @@ class ProcessesStep:
                     pod=key[1],
                     container=key[2],
                     attributed_by=how,
+                    slurm_job=host.slurm_job,
+                    slurm_user=host.slurm_user,
                 )
             )
         return views
@@ -166,6 +181,9 @@ class ProcessesStep:
                 if view.sm_ratio is not None:
                     key = (view.namespace, view.pod, view.container)
                     state.sm_seconds[key] = state.sm_seconds.get(key, 0.0) + view.sm_ratio * window
+                    if view.slurm_job:
+                        job = (view.slurm_job, view.slurm_user)
+                        state.job_sm_seconds[job] = state.job_sm_seconds.get(job, 0.0) + view.sm_ratio * window
         current = {view.pid: view for view in views}
         if state.previous is not None and state.memory_ratio >= EXIT_MEMORY_RATIO:
             for pid, gone in state.previous.items():
@@ -186,6 +204,22 @@ class ProcessesStep:
                     )
         state.previous = current
         state.fast_at = fast_at
+
+    @staticmethod
+    def _job_usage(state: _GpuState, views: list[ProcessView]) -> tuple[JobUsage, ...]:
+        """One row per Slurm job holding the GPU: bounded by the jobs running on the node, as containers are."""
+        memory: dict[tuple[str, str], int] = {}
+        count: dict[tuple[str, str], int] = {}
+        for view in views:
+            if view.slurm_job:
+                key = (view.slurm_job, view.slurm_user)
+                memory[key] = memory.get(key, 0) + (view.used_memory_bytes or 0)
+                count[key] = count.get(key, 0) + 1
+        for gone in [k for k in state.job_sm_seconds if k not in memory]:
+            del state.job_sm_seconds[gone]
+        return tuple(
+            JobUsage(k[0], k[1], memory[k], state.job_sm_seconds.get(k, 0.0), count[k]) for k in sorted(memory)
+        )
 
     @staticmethod
     def _usage(state: _GpuState, views: list[ProcessView], allocations: tuple[Allocation, ...]) -> tuple:

@@ -22,6 +22,7 @@ from gpuwarden.model.snapshot import (
     GpuInfo,
     GpuSnapshot,
     HostEvidence,
+    JobUsage,
     PeerLink,
     ProcessExit,
     ProcessView,
@@ -69,6 +70,7 @@ class Draft:
     mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
     processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)
+    slurm_jobs: dict[str, tuple[JobUsage, ...]] = field(default_factory=dict)
     process_exits: tuple[ProcessExit, ...] = ()
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)

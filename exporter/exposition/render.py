@@ -49,6 +49,8 @@ from gpuwarden.model.families import (
     POD_ATTRIBUTION_UNMATCHED_DEVICES,
     POD_ATTRIBUTION_UP,
     PROCESS_GPU_MEMORY_USED_BYTES,
+    SLURM_JOB_GPU_MEMORY_USED_BYTES,
+    SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL,
     TOPOLOGY_INFO,
     XID_ERRORS_TOTAL,
     XID_LAST_TIMESTAMP_SECONDS,
@@ -155,6 +157,9 @@ def _gpu_rows(snap: Snapshot, rows: Rows) -> None:
             rows[CONTAINER_GPU_MEMORY_USED_BYTES.name].append((ids + holder, usage.used_memory_bytes))
             rows[CONTAINER_SM_ACTIVE_SECONDS_TOTAL.name].append((ids + holder, usage.sm_seconds_total))
             rows[CONTAINER_PROCESSES.name].append((ids + holder, usage.processes))
+        for job in snap.slurm_jobs.get(gpu.uuid, ()):
+            rows[SLURM_JOB_GPU_MEMORY_USED_BYTES.name].append((ids + [job.job, job.user], job.used_memory_bytes))
+            rows[SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL.name].append((ids + [job.job, job.user], job.sm_seconds_total))
         for process in snap.processes.get(gpu.uuid, ())[: snap.pid_series]:  # sorted by memory: the largest
             if process.used_memory_bytes is not None:
                 labels = [str(process.pid), process.name, process.namespace, process.pod, process.container]

@@ -277,6 +277,8 @@ def _holders(snapshot: Snapshot, uuid: str) -> tuple[dict[str, object], ...]:
             "namespace": p.namespace,
             "pod": p.pod,
             "container": p.container,
+            "slurm_job": p.slurm_job,
+            "slurm_user": p.slurm_user,
             "used_memory_bytes": p.used_memory_bytes,
             "memory_share": None if p.memory_share is None else round(p.memory_share, 4),
         }
@@ -287,6 +289,8 @@ def _holders(snapshot: Snapshot, uuid: str) -> tuple[dict[str, object], ...]:
 def _who(holder: dict[str, object]) -> str:
     if holder["pod"]:
         return "/".join(str(holder[k]) for k in ("namespace", "pod", "container") if holder[k])
+    if holder.get("slurm_job"):
+        return f"Slurm job {holder['slurm_job']} ({holder['slurm_user'] or 'unknown user'}, pid {holder['pid']})"
     return f"pid {holder['pid']} ({holder['name'] or 'unknown'}, no pod found)"
 
 

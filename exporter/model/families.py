@@ -316,6 +316,23 @@ CONTAINER_PROCESSES = _f(
     "pod",
     "container",
 )
+# Slurm: the job holding the GPU, from its processes' cgroups (present only for processes inside a Slurm job step)
+SLURM_JOB_GPU_MEMORY_USED_BYTES = _f(
+    "gpuwarden_slurm_job_gpu_memory_used_bytes",
+    "gauge",
+    "GPU memory held by the Slurm job's processes on the GPU (job and user from the processes' cgroups).",
+    "job",
+    "user",
+    unit="bytes",
+)
+SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL = _f(
+    "gpuwarden_slurm_job_sm_active_seconds_total",
+    "counter",
+    "Seconds of SM utilization of the Slurm job's processes on the GPU: rate() is the job's share of the GPU.",
+    "job",
+    "user",
+    unit="seconds",
+)
 PROCESS_GPU_MEMORY_USED_BYTES = _f(
     "gpuwarden_process_gpu_memory_used_bytes",
     "gauge",
@@ -576,6 +593,8 @@ _FAMILIES = [
     CONTAINER_GPU_MEMORY_USED_BYTES,
     CONTAINER_SM_ACTIVE_SECONDS_TOTAL,
     CONTAINER_PROCESSES,
+    SLURM_JOB_GPU_MEMORY_USED_BYTES,
+    SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL,
     PROCESS_GPU_MEMORY_USED_BYTES,
     GPU_INFO,
     GPU_UP,

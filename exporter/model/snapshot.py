@@ -199,6 +199,8 @@ class ProcessView:
     pod: str
     container: str
     attributed_by: str  # cgroup, allocation, or "" (unattributed)
+    slurm_job: str = ""  # the Slurm job whose step holds the process, from its cgroup ("" outside Slurm)
+    slurm_user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +210,17 @@ class ContainerUsage:
     namespace: str
     pod: str
     container: str
+    used_memory_bytes: int
+    sm_seconds_total: float
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobUsage:
+    """What one Slurm job's processes hold of one GPU (the per-container rows' counterpart outside Kubernetes)."""
+
+    job: str
+    user: str
     used_memory_bytes: int
     sm_seconds_total: float
     processes: int
@@ -253,6 +266,7 @@ class Snapshot:
     mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)  # uuid → containers per MIG slice
     processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)  # uuid → processes, by memory
     containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)  # uuid → per-container usage
+    slurm_jobs: dict[str, tuple[JobUsage, ...]] = field(default_factory=dict)  # uuid → per-Slurm-job usage
     process_exits: tuple[ProcessExit, ...] = ()  # recent exits from near-full GPUs, oldest first
     # uuid → the processes last seen on a GPU that is now lost (NVML no longer lists them): whose job died with it
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)

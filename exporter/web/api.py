@@ -52,6 +52,8 @@ class ProcessModel(BaseModel):
     pod: str
     container: str
     attributed_by: str = Field(description="cgroup, allocation, or empty when no container was found")
+    slurm_job: str = Field("", description="the Slurm job whose step holds the process (from its cgroup)")
+    slurm_user: str = Field("", description="the Slurm job's user")
 
 
 class NodeProcess(ProcessModel):
