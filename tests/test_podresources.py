@@ -117,6 +117,62 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
     assert sampled == set(mig)
 
 
+def test_dra_allocations_of_whole_gpus_and_mig_slices_attribute_as_the_device_plugins_do(
+    kubelet: FakeKubelet, live_server: Callable[..., object]
+) -> None:
+    """On a DRA node the kubelet names devices by driver, pool and device (gpu-<minor>, and
+    gpu-<minor>-mig-<profile>-<profile ID>-<placement start> for a slice), never by UUID: matched through the minor
+    numbers and slice placements NVML reports, the allocations and the processes' pods are those the device plugin
+    path gives."""
+    scenario = {
+        "name": "dra",
+        "node": {"count": 3, "mig_instances": {1: 3}},
+        "processes": [{"gpu": 0, "pid": 4101, "name": "train", "memory_gib": {"constant": 30}}],
+    }
+    server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
+    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore[attr-defined]
+    snap = server.poller.snapshot  # type: ignore[attr-defined]
+    gpus = {g.index: g for g in snap.gpus}
+    assert [gpus[i].info.minor_number for i in range(3)] == [0, 1, 2]
+    mig = gpus[1].info.mig_uuids
+    node = "gpu-node-7"  # NVIDIA's driver: one pool per node, named after it
+    kubelet.claims = [
+        ("ml", "trainer-0", "main", "train-gpu", [("gpu.nvidia.com", node, "gpu-0")]),
+        *[
+            ("infer", f"svc-{i}", "main", f"slice-{i}", [("gpu.nvidia.com", node, f"gpu-1-mig-1g10gb-19-{i}")])
+            for i in range(3)
+        ],  # fmt: skip
+        ("net", "router", "main", "nic", [("nic.example.com", node, "gpu-2")]),  # another driver: not a GPU
+        ("ml", "ghost", "main", "gone", [("gpu.nvidia.com", node, "gpu-9")]),  # no such GPU here
+    ]
+
+    def series() -> dict:
+        return parse_exposition(server.get("/metrics").text)  # type: ignore[attr-defined]
+
+    wait_for(lambda: len(values(series(), "gpuwarden_gpu_allocation", gpu="1")) == 3)
+    found = series()
+    assert values(found, "gpuwarden_gpu_allocation", gpu="0", pod="trainer-0", container="main") == [1]
+    assert not values(found, "gpuwarden_gpu_allocation", gpu="2")
+    assert values(found, "gpuwarden_pod_attribution_unmatched_devices") == [1]  # gpu-9
+    held = {dict(labels)["mig_uuid"]: dict(labels)["pod"] for (name, labels), _ in found.items()
+            if name == "gpuwarden_mig_allocation"}  # fmt: skip
+    assert held == {u: f"svc-{i}" for i, u in enumerate(mig)}  # placement start i is slot i's slice
+    # the GPU's process belongs to the pod its DRA claim gave it (an exclusive GPU: no host /proc needed)
+    assert values(found, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="trainer-0") == [30 * 2**30]
+    (process,) = server.get("/api/v1/processes").json()["processes"]  # type: ignore[attr-defined]
+    assert (process["pod"], process["attributed_by"]) == ("trainer-0", "allocation")
+
+
+def test_dra_names_that_are_not_nvidias_or_name_no_gpu_stay_unmatched() -> None:
+    from gpuwarden.attribution.podresources import dra_aliases, dra_key
+
+    aliases = dra_aliases([("GPU-a", 3, ()), ("GPU-b", 5, (("MIG-x", 19, 4),)), ("GPU-c", None, ())])
+    assert dra_key("gpu-3", aliases) == "GPU-a" and dra_key("gpu-5-mig-1g10gb-19-4", aliases) == "MIG-x"
+    assert dra_key("gpu-0", aliases) == "gpu-0"  # index 0 is not minor 0: never guessed
+    assert dra_key("gpu-5-mig-1g10gb-19-3", aliases) == "gpu-5-mig-1g10gb-19-3"  # another placement
+    assert dra_key("gpu-5-mig-2g20gb-14-4", aliases) == "gpu-5-mig-2g20gb-14-4"  # another profile
+
+
 def test_over_http_pods_come_and_go_and_the_socket_disappears(
     kubelet: FakeKubelet, live_server: Callable[..., object], caplog: pytest.LogCaptureFixture
 ) -> None:

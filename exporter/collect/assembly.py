@@ -158,8 +158,11 @@ class PodsStep:
         view = attribution.view if attribution is not None else podresources.DISABLED
         draft.pods_state = view.state
         gpus = [(g.index, g.uuid, g.info.mig_uuids or ()) for g in draft.gpus if g.up]
-        draft.pods, draft.pods_unmatched = podresources.assign(view, gpus)
-        draft.mig_pods = podresources.assign_mig(view, gpus)
+        aliases = podresources.dra_aliases(
+            (g.uuid, g.info.minor_number, g.info.mig_placements or ()) for g in draft.gpus if g.up
+        )
+        draft.pods, draft.pods_unmatched = podresources.assign(view, gpus, aliases)
+        draft.mig_pods = podresources.assign_mig(view, gpus, aliases)
 
 
 class SnapshotAssembler:

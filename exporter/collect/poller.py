@@ -109,7 +109,11 @@ class Poller:
         if not pods.attribution:
             return None
         return podresources.PodAttribution(
-            pods.resources_socket, pods.refresh_interval, pods.resource_names, wall_clock=self._wall
+            pods.resources_socket,
+            pods.refresh_interval,
+            pods.resource_names,
+            wall_clock=self._wall,
+            dra_drivers=pods.dra_drivers,
         )
 
     # -- public ----------------------------------------------------------------------------------------

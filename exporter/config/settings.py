@@ -217,6 +217,12 @@ class PodsSettings:
         ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-*"),
         description="Extended-resource name globs that are GPUs. Comma-separated in env and flags.",
     )
+    dra_drivers: tuple[str, ...] = setting(
+        ("gpu.nvidia.com",),
+        description="DRA drivers whose devices are GPUs (Kubernetes 1.34+): their devices gpu-<minor> and "
+        "gpu-<minor>-mig-<profile>-<profile ID>-<start> are matched to GPUs and MIG slices without API access. "
+        "Comma-separated in env and flags; empty: DRA allocations ignored.",
+    )
 
 
 @_section

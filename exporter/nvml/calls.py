@@ -65,6 +65,7 @@ nvmlDeviceGetName = _op(pynvml.nvmlDeviceGetName, "static")
 nvmlDeviceGetSerial = _op(pynvml.nvmlDeviceGetSerial, "static")
 nvmlDeviceGetPciInfo_v3 = _op(pynvml.nvmlDeviceGetPciInfo_v3, "static")
 nvmlDeviceGetVbiosVersion = _op(pynvml.nvmlDeviceGetVbiosVersion, "static")
+nvmlDeviceGetMinorNumber = _op(pynvml.nvmlDeviceGetMinorNumber, "static", READ + "; DRA names a GPU gpu-<minor>")
 nvmlDeviceGetCudaComputeCapability = _op(pynvml.nvmlDeviceGetCudaComputeCapability, "static")
 nvmlDeviceGetMaxClockInfo = _op(pynvml.nvmlDeviceGetMaxClockInfo, "static")
 nvmlDeviceGetTemperatureThreshold = _op(pynvml.nvmlDeviceGetTemperatureThreshold, "static")
@@ -123,6 +124,12 @@ nvmlDeviceGetMigDeviceHandleByIndex = _op(
 )
 nvmlDeviceGetGpuInstanceId = _op(
     pynvml.nvmlDeviceGetGpuInstanceId, "slow", READ + "; on a MIG handle: the instance GPM samples per slice"
+)
+nvmlDeviceGetGpuInstanceById = _op(
+    pynvml.nvmlDeviceGetGpuInstanceById, "slow", READ + "; a MIG slice's GPU instance, for its profile and placement"
+)
+nvmlGpuInstanceGetInfo = _op(
+    pynvml.nvmlGpuInstanceGetInfo, "slow", READ + "; profile ID and placement start: the slice's name under DRA"
 )
 
 # -- GPM, profiling-class activity (gpuwarden.nvml.gpm, fast tier; Hopper and newer) ------------------------------

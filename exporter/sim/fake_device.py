@@ -7,7 +7,15 @@ from typing import Any
 
 import pynvml
 
-from gpuwarden.sim.fakecommon import _HANDLE_BASE, OK, _out, _pointer_value, _set_pointer, _val
+from gpuwarden.sim.fakecommon import (
+    _HANDLE_BASE,
+    OK,
+    SimulatedMemoryCorruption,
+    _out,
+    _pointer_value,
+    _set_pointer,
+    _val,
+)
 from gpuwarden.sim.scenario import ProcessSpec
 
 _GIB = 1024**3
@@ -100,6 +108,36 @@ class DeviceSymbols:
         if slot < 0:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT  # a whole GPU is not a GPU instance
         _out(ref).value = mig_gpu_instance_id(slot)
+        return OK
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any, ref: Any) -> int:
+        """/dev/nvidia<minor>: the number NVIDIA's DRA driver names a GPU by (gpu-<minor>)."""
+        return self._uint(handle, ref, "nvmlDeviceGetMinorNumber", lambda i: i)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: Any, ref: Any) -> int:
+        index, code = self._device(handle, "nvmlDeviceGetGpuInstanceById")
+        if code != OK:
+            return code
+        if (_pointer_value(handle) - _HANDLE_BASE) % 0x100:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT  # a MIG handle is not a parent GPU
+        slots = range(self.scenario.node.mig_instances.get(index, 0))
+        slot = next((s for s in slots if mig_gpu_instance_id(s) == _val(gi_id)), None)
+        if slot is None:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        _set_pointer(ref, _GI_HANDLE_BASE + index * 0x100 + slot)
+        return OK
+
+    def nvmlGpuInstanceGetInfo(self, gi: Any, ref: Any) -> int:
+        """A 1g.10gb slice (H100 GPU instance profile ID 19) placed at its slot, as the real driver fills it."""
+        value = _pointer_value(gi) - _GI_HANDLE_BASE
+        index, slot = divmod(value, 0x100)
+        if value < 0 or index >= self.count or slot >= self.scenario.node.mig_instances.get(index, 0):
+            raise SimulatedMemoryCorruption(f"nvmlGpuInstanceGetInfo on {hex(_pointer_value(gi))}: not a GPU instance")
+        info = _out(ref)
+        info.id = mig_gpu_instance_id(slot)
+        info.profileId = MIG_1G_PROFILE_ID
+        info.placement.start = slot
+        info.placement.size = 1
         return OK
 
     def mig_uuid(self, index: int, slot: int) -> str:
@@ -201,6 +239,10 @@ class DeviceSymbols:
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any, ref: Any) -> int:
         return self._uint(handle, ref, "nvmlDeviceGetPcieReplayCounter", lambda i: self._events("pcie_replay", i))
+
+
+_GI_HANDLE_BASE = 0x7F0000A00000  # GPU instance handles: apart from device handles, so a mix-up fails loudly
+MIG_1G_PROFILE_ID = 19  # nvidia-smi mig -lgip: 1g.10gb on H100 80GB
 
 
 def mig_gpu_instance_id(slot: int) -> int:

@@ -18,6 +18,8 @@ class FakeKubelet:
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
         self.pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]] = []
+        # DRA allocations (Kubernetes 1.34+): (namespace, pod, container, claim, [(driver, pool, device), ...])
+        self.claims: list[tuple[str, str, str, str, list[tuple[str, str, str]]]] = []
         self.calls = 0
         self.server: grpc.Server | None = None
 
@@ -30,6 +32,15 @@ class FakeKubelet:
                 container = pod.containers.add(name=container_name)
                 for resource, ids in devices:
                     container.devices.add(resource_name=resource, device_ids=ids)
+        for namespace, name, container_name, claim_name, devices in self.claims:
+            pod = next((p for p in response.pod_resources if (p.namespace, p.name) == (namespace, name)), None)
+            pod = pod or response.pod_resources.add(name=name, namespace=namespace)
+            container = next((c for c in pod.containers if c.name == container_name), None)
+            container = container or pod.containers.add(name=container_name)
+            claim = container.dynamic_resources.add(claim_name=claim_name, claim_namespace=namespace)
+            for driver, pool, device in devices:
+                resource = claim.claim_resources.add(driver_name=driver, pool_name=pool, device_name=device)
+                resource.cdi_devices.add(name=f"k8s.gpu.nvidia.com/claim={claim_name}-{device}")
         return response
 
     def start(self) -> FakeKubelet:

@@ -1,12 +1,16 @@
 """Pod attribution: which pods hold which GPU, read from the kubelet's pod-resources API.
 
 The kubelet answers `List` on a unix socket with every pod's containers and the device IDs the device plugin
-handed them. A background thread refreshes that view every `pods.refresh_interval` — never per scrape — and
-the poller copies the latest view into each snapshot, so `gpuwarden_gpu_allocation` joins GPU metrics to pods.
+handed them, and (Kubernetes 1.34+) the devices DRA claims gave them, named by driver, pool and device: NVIDIA's
+driver says `gpu-<minor>` for a GPU and `gpu-<minor>-mig-<profile>-<profile ID>-<placement start>` for a MIG slice,
+which `dra_aliases` matches to the GPUs' minor numbers and the slices' placements (no API access needed). A
+background thread refreshes that view every `pods.refresh_interval` — never per scrape — and the poller copies the
+latest view into each snapshot, so `gpuwarden_gpu_allocation` joins GPU metrics to pods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -45,13 +49,52 @@ def device_key(device_id: str) -> str:
     return _REPLICA_SUFFIX.sub("", device_id.strip())
 
 
-def parse_list_response(response: object, resource_patterns: Iterable[str]) -> tuple[Allocation, ...]:
+_DRA_GPU = re.compile(r"^gpu-(\d+)$")
+_DRA_MIG = re.compile(r"^gpu-(\d+)-mig-[0-9a-z+]+-(\d+)-(\d+)$")
+
+
+def dra_aliases(gpus: Iterable[tuple[str, int | None, Iterable[tuple[str, int, int]]]]) -> dict[str, str]:
+    """NVIDIA DRA device names → the IDs the device plugin would have used (GPU UUID, MIG UUID), from each GPU's
+    (uuid, minor number, MIG placements). A name no visible GPU answers to is left out (counted as unmatched)."""
+    aliases: dict[str, str] = {}
+    for uuid, minor, placements in gpus:
+        if minor is None:
+            continue
+        aliases[f"gpu-{minor}"] = uuid
+        for mig_uuid, profile_id, start in placements:
+            aliases[f"gpu-{minor}:{profile_id}:{start}"] = mig_uuid
+    return aliases
+
+
+def dra_key(device_name: str, aliases: dict[str, str]) -> str:
+    """The device-plugin ID a DRA device name stands for, or the name itself where no GPU answers to it."""
+    if _DRA_GPU.match(device_name):
+        return aliases.get(device_name, device_name)
+    mig = _DRA_MIG.match(device_name)
+    if mig:  # the profile's name (1g10gb) is the driver's spelling; ID and placement identify the slice
+        return aliases.get(f"gpu-{mig.group(1)}:{mig.group(2)}:{mig.group(3)}", device_name)
+    return device_name
+
+
+def parse_list_response(
+    response: object, resource_patterns: Iterable[str], dra_drivers: Iterable[str] = ("gpu.nvidia.com",)
+) -> tuple[Allocation, ...]:
     """Flatten a ListPodResourcesResponse into one Allocation per (container, GPU), keeping only devices of the
-    wanted resources. Replicas of one GPU in one container (time-slicing gives a container several) count once."""
+    wanted resources and DRA drivers (a DRA device keeps its name, gpu-0, until `assign` resolves it). Replicas of
+    one GPU in one container (time-slicing gives a container several) count once."""
     patterns = tuple(resource_patterns)
+    drivers = set(dra_drivers)
     seen: dict[tuple[str, str, str, str], Allocation] = {}
     for pod in response.pod_resources:  # type: ignore[attr-defined]
         for container in pod.containers:
+            for claim in container.dynamic_resources:
+                for resource in claim.claim_resources:
+                    if resource.driver_name in drivers and resource.device_name:
+                        key = resource.device_name
+                        seen.setdefault(
+                            (key, pod.namespace, pod.name, container.name),
+                            Allocation(key, pod.namespace, pod.name, container.name),
+                        )
             for devices in container.devices:
                 if not any(fnmatch(devices.resource_name, pattern) for pattern in patterns):
                     continue
@@ -65,7 +108,7 @@ def parse_list_response(response: object, resource_patterns: Iterable[str]) -> t
 
 
 def assign(
-    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
+    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]], aliases: dict[str, str] | None = None
 ) -> tuple[dict[str, tuple[Allocation, ...]], int]:
     """Map allocations onto the visible GPUs: by UUID, by index (the plugin's index strategy), or by the UUID of
     one of the GPU's MIG instances (a MIG slice is charged to its parent GPU). Returns uuid → allocations and the
@@ -79,7 +122,7 @@ def assign(
     assigned: dict[str, dict[tuple[str, str, str], Allocation]] = {}
     unmatched: set[str] = set()
     for allocation in view.allocations:
-        uuid = by_key.get(allocation.device_id)
+        uuid = by_key.get(dra_key(allocation.device_id, aliases or {}))
         if uuid is None:
             unmatched.add(allocation.device_id)
         else:  # one series per container and GPU, however many slices of the GPU it holds
@@ -89,16 +132,17 @@ def assign(
 
 
 def assign_mig(
-    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]]
+    view: AttributionView, gpus: Iterable[tuple[int, str, Iterable[str]]], aliases: dict[str, str] | None = None
 ) -> dict[str, tuple[Allocation, ...]]:
     """The allocations of MIG slices, by parent GPU UUID, one per container and slice: what joins a slice's
     activity (gpuwarden_mig_gpm_*) to the pod that holds it."""
     parent = {mig_uuid: uuid for _, uuid, mig_uuids in gpus for mig_uuid in mig_uuids}
     found: dict[str, list[Allocation]] = {}
     for allocation in view.allocations:
-        uuid = parent.get(allocation.device_id)
-        if uuid is not None:
-            found.setdefault(uuid, []).append(allocation)
+        slice_id = dra_key(allocation.device_id, aliases or {})
+        uuid = parent.get(slice_id)
+        if uuid is not None:  # under DRA the slice is named by its MIG UUID here, as the device plugin names it
+            found.setdefault(uuid, []).append(dataclasses.replace(allocation, device_id=slice_id))
     return {uuid: tuple(allocations) for uuid, allocations in found.items()}
 
 
@@ -144,10 +188,12 @@ class PodAttribution:
         refresh_interval: float,
         resource_patterns: tuple[str, ...],
         wall_clock: Callable[[], float] = time.time,
+        dra_drivers: tuple[str, ...] = ("gpu.nvidia.com",),
     ) -> None:
         self.socket_path = socket_path
         self.refresh_interval = refresh_interval
         self.resource_patterns = resource_patterns
+        self.dra_drivers = dra_drivers
         self._wall = wall_clock
         self.view: AttributionView = AttributionView(state="starting")
         self._client: PodResourcesClient | None = None
@@ -189,7 +235,7 @@ class PodAttribution:
             try:
                 if self._client is None:
                     self._client = PodResourcesClient(self.socket_path)
-                allocations = parse_list_response(self._client.list(), self.resource_patterns)
+                allocations = parse_list_response(self._client.list(), self.resource_patterns, self.dra_drivers)
                 view = AttributionView(state="ok", allocations=allocations, refreshed_at=self._wall())
                 if previous != "ok":
                     log.info(

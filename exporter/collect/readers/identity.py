@@ -1,4 +1,4 @@
-"""Static identity: name, serial, PCI bus id, VBIOS, compute capability (read at discovery)."""
+"""Static identity: name, serial, PCI bus id, VBIOS, compute capability, minor number (read at discovery)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ def read_static(dev: GpuDevice, out: SampleWriter) -> None:
     capability = dev.call(nvml.nvmlDeviceGetCudaComputeCapability)
     cc = f"{capability[0]}.{capability[1]}" if capability else ""
     out.add(GPU_INFO, 1, name, serial, bus_id, vbios, cc)
+    minor = dev.call(nvml.nvmlDeviceGetMinorNumber)  # /dev/nvidia<minor>; NVIDIA's DRA driver says gpu-<minor>
     out.set_info(name=name, serial=serial, pci_bus_id=bus_id, vbios_version=vbios, compute_capability=cc)
+    if minor is not None:
+        out.set_info(minor_number=int(minor))
 
 
 STATIC = Reader("identity", Tier.STATIC, (GPU_INFO,), read_static)
