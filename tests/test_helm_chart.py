@@ -71,8 +71,9 @@ def kinds(objects: list[dict[str, Any]]) -> list[str]:
     return sorted(o["kind"] for o in objects)
 
 
-def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+def container(objects: list[dict[str, Any]], name: str = "gpuwarden") -> dict[str, Any]:
+    (found,) = [c for c in one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return found
 
 
 VARIANTS = {
@@ -113,6 +114,21 @@ VARIANTS = {
             "prometheusURL": "http://prometheus-operated.monitoring:9090",
             "pricePerGpuHour": 3.2,
         }
+    },
+    "npd": {"npd": {"enabled": True}},
+    "npd-with-tls-and-basic-auth": {
+        "npd": {"enabled": True, "debounce": 3, "pluginArgs": ["--auth.username=npd"]},
+        "webConfig": {
+            "enabled": True,
+            "tls": True,
+            "tlsSecret": "gpuwarden-tls",
+            "config": {
+                "tls_server_config": {
+                    "cert_file": "/etc/gpuwarden/tls/tls.crt",
+                    "key_file": "/etc/gpuwarden/tls/tls.key",
+                }
+            },
+        },
     },
     "nothing-optional": {
         "serviceMonitor": {"enabled": False},
@@ -225,7 +241,12 @@ def test_default_install_objects() -> None:
 def test_security_settings(variant: str) -> None:
     objects = render(VARIANTS[variant])
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
-    ctr = pod["containers"][0]
+    ctr = container(objects)
+    for other in pod["containers"]:  # NPD's sidecar too: no privilege, no capability, a read-only root
+        assert other["securityContext"]["allowPrivilegeEscalation"] is False
+        assert (
+            other["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not other["securityContext"]["privileged"]
+        )
     assert pod["hostPID"] is False and pod["hostIPC"] is False and pod["hostNetwork"] is False
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -245,7 +266,10 @@ def test_security_settings(variant: str) -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
         host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
         # the host's /proc and pod logs only when asked for, read-only, still non-root and without hostPID
-        assert host_paths == ({"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set())
+        expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set()
+        if VARIANTS[variant].get("npd"):
+            expected |= {"npd-state"}  # NPD's debounce counts on the host's tmpfs (/run), written by NPD alone
+        assert host_paths == expected
         assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths)
         assert "--no-pods.attribution" in ctr["args"]
     # no GPU is requested: the exporter must not take GPUs away from the scheduler
@@ -650,3 +674,57 @@ def test_the_runbooks_kubectl_commands_match_what_the_chart_deploys() -> None:
         if forward := re.search(r"port-forward \S+ (\d+)", command):
             assert int(forward.group(1)) == ports["metrics"], (command, ports)
     assert "not run by the tests" in text  # the untestable commands are listed as such
+
+
+# -- node-problem-detector (npd.enabled) ---------------------------------------------------------------------------
+
+
+def npd_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-npd")]
+    return json.loads(config_map["data"]["gpuwarden-npd.json"])
+
+
+def test_npd_is_off_by_default_and_on_renders_the_shipped_config_with_a_token_for_npd_alone() -> None:
+    from tests.helpers.npd import check_npd_config
+
+    assert not [o for o in render() if o["metadata"]["name"].endswith("-npd")]
+    assert [c["name"] for c in one(render(), "DaemonSet")["spec"]["template"]["spec"]["containers"]] == ["gpuwarden"]
+    objects = render(VARIANTS["npd"])
+    config = npd_config(objects)
+    assert config == json.loads((ROOT / "deploy" / "npd" / "gpuwarden-npd.json").read_text())  # one config
+    assert check_npd_config(config) == {"hardware", "nvlink", "thermal", "driver"}
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    npd = container(objects, "node-problem-detector")
+    assert npd["image"] == container(objects)["image"]  # NPD runs where `gpuwarden npd-plugin` exists
+    assert npd["command"][0] == "/npd/node-problem-detector"
+    (init,) = pod["initContainers"]
+    assert init["image"].startswith("registry.k8s.io/node-problem-detector/") and init["command"][0] == "cp"
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert pod["automountServiceAccountToken"] is False
+    assert token in {m["mountPath"] for m in npd["volumeMounts"]}
+    assert token not in {m["mountPath"] for m in container(objects).get("volumeMounts", [])}  # the exporter: none
+    state = next(v for v in pod["volumes"] if v["name"] == "npd-state")
+    assert state["hostPath"] == {"path": "/run/gpuwarden/npd", "type": "DirectoryOrCreate"}  # survives the pod
+    (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == "system:node-problem-detector"
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def test_npd_rules_follow_the_exporters_web_config_and_extra_flags() -> None:
+    from gpuwarden.remediation.npd import build_parser
+    from tests.helpers.npd import check_npd_config
+
+    objects = render(VARIANTS["npd-with-tls-and-basic-auth"])
+    config = npd_config(objects)
+    check_npd_config(config)
+    for rule in config["rules"]:
+        args = build_parser().parse_args(rule["args"][1:])
+        assert args.exporter_url == "https://127.0.0.1:10045" and args.debounce == 3 and args.username == "npd"
+        assert str(args.web_config) == "/etc/gpuwarden/web/web-config.yml"
+    mounts = {m["mountPath"] for m in container(objects, "node-problem-detector")["volumeMounts"]}
+    assert {"/etc/gpuwarden/web", "/etc/gpuwarden/tls"} <= mounts  # the web-config's certificate is readable there
+
+
+def test_npd_values_are_checked() -> None:
+    result = run_render("template", "--values-json", json.dumps({"npd": {"enabled": True, "debounce": 0}}))
+    assert result.returncode != 0 and "debounce" in result.stdout + result.stderr

@@ -42,6 +42,7 @@ CORE = {
     ],
     ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
     ("networking.k8s.io", "v1"): [("networkpolicies", "NetworkPolicy", True)],
+    ("rbac.authorization.k8s.io", "v1"): [("clusterrolebindings", "ClusterRoleBinding", False)],
 }
 MONITORING = {
     ("monitoring.coreos.com", "v1"): [
