@@ -24,7 +24,7 @@ from gpuwarden.config.web import BasicAuth
 from gpuwarden.fleet import planner
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
-from gpuwarden.fleet.views import Fleet
+from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import jsonable_errors, problem
 from gpuwarden.web.limits import ConnectionGuard
@@ -202,6 +202,8 @@ def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
         page = TEMPLATES.get_template("overview.html").render(
             inventory=inventory,
             health=health,
+            health_nodes=health_by_node(health["unhealthy_gpus"]),
+            rows=PAGE_ROWS,
             cordon=cordon,
             usage=usage,
             settings=settings,
@@ -220,7 +222,12 @@ def create_app(
     guard: ConnectionGuard | None = None,
 ) -> FastAPI:
     client = client or PrometheusClient(
-        settings.prometheus_url, settings.query_timeout, settings.cache_ttl, max_answer_bytes=settings.max_answer_bytes
+        settings.prometheus_url,
+        settings.query_timeout,
+        settings.cache_ttl,
+        max_answer_bytes=settings.max_answer_bytes,
+        max_concurrent=settings.max_concurrent_queries,
+        cache_max_bytes=settings.cache_max_bytes,
     )
     fleet = Fleet(client, settings)
     max_window_s = parse_duration(settings.max_window)

@@ -2,6 +2,8 @@
 
 Every query is an instant query evaluated on the server — the fleet service never pulls raw series — with a
 deadline, and its answer is cached for `cache_ttl` seconds: concurrent callers of the same query share one request.
+At most `max_concurrent` queries are in flight at once, whatever the number of requests (the backend's own
+concurrency limit is never the one that trips), and the cache holds at most `cache_max_bytes` (estimated).
 Failures are typed so the HTTP layer can answer 503 (unreachable, 5xx) or 504 (too slow) with a JSON reason.
 """
 
@@ -82,15 +84,23 @@ class PrometheusClient:
         transport: httpx.AsyncBaseTransport | None = None,
         registry: CollectorRegistry | None = None,
         max_answer_bytes: int = 8 * 1024 * 1024,
+        max_concurrent: int = 4,
+        cache_max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_concurrent = max_concurrent
+        self.cache_max_bytes = cache_max_bytes
+        self._slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
+        self._cache_bytes = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.max_answer_bytes = max_answer_bytes
         self.timeout = timeout
         self.cache_ttl = cache_ttl
         self._client = httpx.AsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=headers, transport=transport
         )
-        self._cache: dict[str, tuple[float, list[Series]]] = {}
+        self._cache: dict[str, tuple[float, list[Series], int]] = {}  # key → (when, answer, estimated bytes)
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
         self.registry = registry or CollectorRegistry()
         self.metrics = ClientMetrics(self.registry)
@@ -118,9 +128,17 @@ class PrometheusClient:
             return await asyncio.shield(pending)
         future: asyncio.Future[list[Series]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrent)
         started = time.monotonic()
         try:
-            result = await self._fetch(expr, at)
+            async with self._slots:
+                self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
+                try:
+                    result = await self._fetch(expr, at)
+                finally:
+                    self.in_flight -= 1
         except BaseException as exc:
             self.metrics.duration.observe(time.monotonic() - started)
             self.metrics.queries.labels(_OUTCOME.get(type(exc).__name__, "unavailable")).inc()
@@ -131,13 +149,31 @@ class PrometheusClient:
             self.metrics.duration.observe(time.monotonic() - started)
             self.metrics.queries.labels("ok").inc()
             future.set_result(result)
-            self._cache[key] = (time.monotonic(), result)
-            if len(self._cache) > 512:  # queries are a fixed set times a few windows; bound it anyway
-                oldest = min(self._cache, key=lambda k: self._cache[k][0])
-                del self._cache[oldest]
+            self._remember(key, result)
             return result
         finally:
             del self._inflight[key]
+
+    def _remember(self, key: str, result: list[Series]) -> None:
+        """Cache an answer; the oldest answers (and any expired) go while the estimate is over cache_max_bytes."""
+        size = len(key) + sum(96 + sum(len(k) + len(v) + 100 for k, v in s.labels.items()) for s in result)
+        previous = self._cache.pop(key, None)
+        if previous is not None:
+            self._cache_bytes -= previous[2]
+        if size > self.cache_max_bytes:
+            return  # an answer larger than the whole cache is served, not kept
+        self._cache[key] = (time.monotonic(), result, size)
+        self._cache_bytes += size
+        expired = time.monotonic() - self.cache_ttl
+        for old in [k for k, entry in self._cache.items() if entry[0] < expired]:
+            self._cache_bytes -= self._cache.pop(old)[2]
+        while self._cache_bytes > self.cache_max_bytes:
+            oldest = next(iter(self._cache))  # insertion order: the oldest answer first
+            self._cache_bytes -= self._cache.pop(oldest)[2]
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache_bytes
 
     async def _fetch(self, expr: str, at: float | None) -> list[Series]:
         form = {"query": expr, "timeout": f"{self.timeout:g}"}
@@ -178,11 +214,10 @@ class PrometheusClient:
         if body.get("errorType") == "timeout":
             raise PrometheusTimeout(f"{where} timed out evaluating a query: {body.get('error')}")
         if status >= 500:
-            detail = body.get("error") or raw[:200].decode("utf-8", "replace")
-            raise PrometheusUnavailable(f"{where} answered {status}: {detail}")
+            raise PrometheusUnavailable(f"{where} answered {status}: {body.get('error') or _reason(raw)}")
         if status >= 400 or body.get("status") != "success":
             if isinstance(parsed, str):
-                raise PrometheusQueryError(f"{where} answered {status} with a malformed body: {parsed}")
+                raise PrometheusQueryError(f"{where} answered {status}: {_reason(raw)}")
             raise PrometheusQueryError(
                 f"{where} refused the query ({status}, {body.get('errorType')}): {body.get('error')}"
             )
@@ -190,6 +225,13 @@ class PrometheusClient:
             return _series(body)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PrometheusQueryError(f"{where} answered a malformed result: {exc}") from None
+
+
+def _reason(raw: bytes, keep: int = 600) -> str:
+    """A plain-text error's reason: VictoriaMetrics echoes the whole request first and says why at the end, so the
+    end is kept (the first 200 characters were the echoed query, and the reason was lost)."""
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    return text if len(text) <= keep else "…" + text[-keep:]
 
 
 def _parse(raw: bytes) -> dict[str, Any] | str:

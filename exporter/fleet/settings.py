@@ -50,6 +50,20 @@ class FleetSettings(BaseModel):
         le=1024**3,
         description="Largest Prometheus answer accepted (bytes); a larger one is refused as it arrives (502).",
     )
+    max_concurrent_queries: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Queries in flight to Prometheus at once, for all requests together: the page's ~35 queries queue "
+        "here instead of overrunning the backend's own limit (VictoriaMetrics answers 503 past its "
+        "-search.maxConcurrentRequests).",
+    )
+    cache_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024 * 1024,
+        le=4 * 1024**3,
+        description="Memory the cache of Prometheus answers may hold (bytes, estimated); the oldest answers go first.",
+    )
     stale_after: float = Field(
         60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."
     )

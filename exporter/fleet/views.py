@@ -23,8 +23,12 @@ CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # Rules whose expression scans a long range of many series (NVLink: 18 links per GPU over 6 h). A cheap instant
 # query finds the nodes that can match at all; the rule's own expression then runs with the selector narrowed to
 # them: the same answer, without scanning every link's 6 h (the endpoint: 1.03 → 0.54 s on 1,000 nodes,
-# docs/benchmarks.md).
-NARROWING = {"GpuwardenNvlinkDown": "changes(gpuwarden_nvlink_active_links{{{sel}}}[6h]) > 0"}
+# docs/benchmarks.md). Not `changes()`: VictoriaMetrics counts a series' first sample as a change, so there it
+# matched every GPU (10.9 MB at 10,000 nodes); the spread of the values means the same on both.
+NARROWING = {
+    "GpuwardenNvlinkDown": "max_over_time(gpuwarden_nvlink_active_links{{{sel}}}[6h]) "
+    "- min_over_time(gpuwarden_nvlink_active_links{{{sel}}}[6h]) > 0"
+}
 MAX_NARROWED_INSTANCES = 200
 ACTION_ORDER = {"rma": 0, "cordon": 1, "reset_gpu": 2}
 
@@ -475,3 +479,23 @@ def _tally(values: Any) -> dict[str, int]:
 def _node_name(node: str) -> str:
     """A Kubernetes node name from the node label; an `instance` label's host:port loses its port."""
     return re.sub(r":\d+$", "", node)
+
+
+PAGE_ROWS = {"cordon": 20, "health_nodes": 50, "stale": 20}  # the page's sections; the JSON endpoints list all
+
+
+def health_by_node(unhealthy_gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Unhealthy GPUs grouped by node and check: a row per node ("xid: GPU 1, 3"), critical nodes first, so a
+    thousand failing GPUs read as the few hundred nodes and handful of checks they are."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for gpu in unhealthy_gpus:
+        entry = nodes.setdefault(gpu["node"], {"node": gpu["node"], "severity": "warning", "checks": {}})
+        for check in gpu["checks"]:
+            item = entry["checks"].setdefault(check["check"], {"level": 0, "gpus": []})
+            item["level"] = max(item["level"], check["level"])
+            item["gpus"].append(gpu["gpu"])
+        if gpu["severity"] == "critical":
+            entry["severity"] = "critical"
+    for entry in nodes.values():
+        entry["checks"] = dict(sorted(entry["checks"].items(), key=lambda kv: (-kv[1]["level"], kv[0])))
+    return sorted(nodes.values(), key=lambda e: (e["severity"] != "critical", e["node"]))
