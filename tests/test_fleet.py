@@ -8,6 +8,7 @@ failure cases, a Prometheus that is down, slow or refusing (small local servers)
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,15 +18,17 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gpuwarden.fleet.settings import FleetSettings, parse
 from gpuwarden.health import rules
 from tests.helpers.browser import CHROMIUM_FLAGS, chromium
-from tests.helpers.common import free_port, write_yaml
+from tests.helpers.common import free_port, wait_for, write_yaml
 from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.kubelet import FakeKubelet
 from tests.helpers.stack import PROMETHEUS, late_nvlink_down, stack
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
 SHORT = {
@@ -432,3 +435,83 @@ def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
         if field.default is not None and not field.is_required():
             shown = f"{field.default:g}" if isinstance(field.default, float) else str(field.default)
             assert shown in row, (name, shown, row)
+
+
+# -- recording rules (alert_rules/gpuwarden.recording.yaml) -------------------------------------------------------
+
+
+def test_recording_rules_give_the_raw_answers(world: dict[str, Any], tmp_path: Path) -> None:
+    """A second real Prometheus over the same exporters, with the shipped recording rules (evaluated every second
+    here instead of every minute, rates over 10 s instead of 5 m): the utilization answer from the recorded series
+    equals the raw one, which the first Prometheus (no recording rules) gives with a note saying so. Hours agree
+    within the recorded path's start-up: its first rate needs 10 s of data that the raw increase() already counts
+    (a minute of history here; a negligible share of an hour's window)."""
+    from gpuwarden.fleet import recording
+
+    raw_only = world["fleet"].get("/api/v1/fleet/utilization", window="5m").json()
+    assert "source" in raw_only, raw_only
+    assert raw_only["source"].startswith("raw series: the recording rules")
+    stack_ = world["stack"]
+    config = yaml.safe_load((stack_.tmp / "prometheus.yml").read_text())
+    config.pop("rule_files", None)
+    config.pop("alerting", None)
+    # every second and over 10 s: this Prometheus has a minute of history, and rate() over 5 m of it divides by 300 s
+    (tmp_path / "recording.yaml").write_text(recording.to_yaml(interval_s=1, rate_window="10s"))
+    config["rule_files"] = [str(tmp_path / "recording.yaml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    prometheus = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _count(url, f"{recording.GPU_STARVED}") >= 8 and _count(url, recording.NS_IDLE) >= 2,
+                 timeout=90, step=1)  # fmt: skip
+        time.sleep(40)  # evaluations enough that the recorded path's first 10 s are a small share
+        window = "5m"
+        with (
+            FleetServer(fleet_settings(url, recording_interval=1)) as recorded,
+            FleetServer(fleet_settings(url, recording_rules="off")) as raw,
+        ):
+            got = recorded.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
+            want = raw.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
+    finally:
+        prometheus.terminate()
+        prometheus.wait(10)
+    assert "source" in got, got
+    assert got["source"].startswith("recording rules") and want["source"].startswith("raw series")
+    assert {(g["node"], g["gpu"]) for g in got["starved_gpus"]} == {(g["node"], g["gpu"]) for g in want["starved_gpus"]}
+    assert {(g["node"], g["gpu"]) for g in got["idle_gpus"]} == {(g["node"], g["gpu"]) for g in want["idle_gpus"]}
+    assert got["totals"]["starved_gpus"] == want["totals"]["starved_gpus"] == 8
+    nodes = {n["node"]: n for n in want["by_node"]}
+    for node in got["by_node"]:
+        expected = nodes[node["node"]]
+        assert node["gpus"] == expected["gpus"]
+        assert node["utilization"] == pytest.approx(expected["utilization"], abs=0.08)
+        assert node["gpu_hours"] == pytest.approx(expected["gpu_hours"], rel=0.3), node
+        assert node["gpu_hours"] <= expected["gpu_hours"] * 1.05  # never more than the counters saw
+        assert node["wasted_gpu_hours"] == pytest.approx(expected["wasted_gpu_hours"], rel=0.3, abs=2e-3), node
+    namespaces = {n["namespace"]: n for n in want["by_namespace"]}
+    assert {n["namespace"] for n in got["by_namespace"]} == set(namespaces) == {"team-a", "team-b"}
+    for entry in got["by_namespace"]:
+        expected = namespaces[entry["namespace"]]
+        assert entry["allocated_gpu_hours"] == pytest.approx(expected["allocated_gpu_hours"], rel=0.3)
+
+
+def _count(prometheus: str, expr: str) -> int:
+    try:
+        answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": f"count({expr})"}, timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return 0
+    result = answer.get("data", {}).get("result") or []
+    return int(float(result[0]["value"][1])) if result else 0
+
+
+def test_the_recording_rules_file_is_generated_and_promtool_accepts_it() -> None:
+    from gpuwarden.fleet import recording
+
+    shipped = ROOT / "alert_rules" / "gpuwarden.recording.yaml"
+    assert shipped.read_text() == recording.to_yaml(), "run `python -m gpuwarden.fleet.recording`"
+    result = subprocess.run(["promtool", "check", "rules", str(shipped)], capture_output=True, text=True)
+    assert result.returncode == 0 and "SUCCESS: 7 rules found" in result.stdout, result.stdout + result.stderr

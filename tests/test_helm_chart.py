@@ -444,9 +444,8 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    assert (CHART / "files" / "gpuwarden.rules.yaml").read_bytes() == (
-        ROOT / "alert_rules" / "gpuwarden.rules.yaml"
-    ).read_bytes(), fix
+    for name in ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml"):
+        assert (CHART / "files" / name).read_bytes() == (ROOT / "alert_rules" / name).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
     copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
     assert copies == sources, fix
@@ -454,8 +453,11 @@ def test_chart_files_are_copies_of_the_sources() -> None:
 
 def test_prometheus_rule_equals_alert_rules_and_passes_promtool(tmp_path: Path) -> None:
     source = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_text())
+    recording = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.recording.yaml").read_text())
     rule = one(render(), "PrometheusRule")
-    assert rule["spec"]["groups"] == source["groups"]
+    assert rule["spec"]["groups"] == source["groups"] + recording["groups"]  # the alerts, then the fleet's records
+    alone = one(render({"prometheusRule": {"recordingRules": False}}), "PrometheusRule")
+    assert alone["spec"]["groups"] == source["groups"]
 
     base = "https://runbooks.example.internal/gpu"
     moved = one(render({"prometheusRule": {"runbookBaseURL": base}}), "PrometheusRule")
@@ -531,8 +533,10 @@ def test_rules_can_be_disabled_and_tuned_per_alert_without_a_fork(tmp_path: Path
         }
     }
     groups = one(render(values), "PrometheusRule")["spec"]["groups"]
-    rules = {r["alert"]: r for g in groups for r in g["rules"]}
-    default = {r["alert"]: r for g in one(render(), "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}  # the recording rules have none
+    default = {
+        r["alert"]: r for g in one(render(), "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r
+    }
     assert set(default) - set(rules) == {"GpuwardenMemoryNearlyFull", "GpuwardenUnderutilized"}
     hot = rules["GpuwardenTemperatureHigh"]
     assert hot["expr"].endswith("> 85") and hot["for"] == "10m" and hot["annotations"]["threshold"] == "85"

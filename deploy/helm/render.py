@@ -190,6 +190,7 @@ def split_documents(manifest: str) -> list[str]:
 def sync() -> None:
     """Copy the single sources into the chart, then write the plain manifests from the default render."""
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.rules.yaml", CHART / "files" / "gpuwarden.rules.yaml")
+    shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.recording.yaml", CHART / "files" / "gpuwarden.recording.yaml")
     dashboards = CHART / "files" / "dashboards"
     for old in dashboards.glob("*.json"):
         old.unlink()

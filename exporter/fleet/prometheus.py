@@ -217,7 +217,9 @@ class PrometheusClient:
             raise PrometheusUnavailable(f"{where} answered {status}: {body.get('error') or _reason(raw)}")
         if status >= 400 or body.get("status") != "success":
             if isinstance(parsed, str):
-                raise PrometheusQueryError(f"{where} answered {status}: {_reason(raw)}")
+                raise PrometheusQueryError(
+                    f"{where} answered {status} with a malformed body ({parsed}): {_reason(raw)}"
+                )
             raise PrometheusQueryError(
                 f"{where} refused the query ({status}, {body.get('errorType')}): {body.get('error')}"
             )

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -63,6 +63,18 @@ class FleetSettings(BaseModel):
         ge=1024 * 1024,
         le=4 * 1024**3,
         description="Memory the cache of Prometheus answers may hold (bytes, estimated); the oldest answers go first.",
+    )
+    recording_rules: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: read the recording rules (alert_rules/gpuwarden.recording.yaml) where Prometheus has "
+        "them, else the raw series; off: always the raw series.",
+    )
+    recording_interval: int = Field(
+        60,
+        ge=1,
+        le=3600,
+        description="Evaluation interval of the recording rules (alert_rules/gpuwarden.recording.yaml, 60 s as "
+        "shipped): sums of recorded rates times it are the window's increases.",
     )
     stale_after: float = Field(
         60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."

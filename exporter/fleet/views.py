@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.fleet import recording
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
@@ -291,9 +292,15 @@ class UtilizationView(FleetQueries):
             f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}]), 1)"
         )
 
-    async def utilization(self, window: str, limit: int) -> dict[str, Any]:
-        """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
-        part of the window counts only the part it was seen."""
+    async def _recorded(self) -> bool:
+        """Whether the recording rules (alert_rules/gpuwarden.recording.yaml) are loaded where we ask."""
+        if self.settings.recording_rules == "off":
+            return False
+        (found,) = await self.many(f"count({recording.SAMPLED}{{{self.selector}}})")
+        return bool(found and found[0].value > 0)
+
+    def _raw_queries(self, window: str, limit: int) -> tuple[list[str], str]:
+        """The utilization queries over the raw per-GPU counters: exact, and what costs at scale."""
         sel, node_label, util = self.selector, self.node_label, self._util(window)
         idle_ratio = self.settings.idle_ratio
         sampled = f"increase(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}])"
@@ -307,6 +314,57 @@ class UtilizationView(FleetQueries):
         starved_expr = (
             f"{util} < {idle_ratio:g} and on (instance, uuid) min_over_time(gpuwarden_processes{{{sel}}}[{window}]) > 0"
         )
+        return [
+            f"sum by ({node_label}) ({sampled})",
+            f"sum by ({node_label}) ({idle_s})",
+            f"count by ({node_label}) ({util})",
+            f"avg by ({node_label}) ({util})",
+            f"bottomk({limit}, {idle_expr})",
+            f"bottomk({limit}, {starved_expr})",
+            f"count({idle_expr})",
+            f"count({starved_expr})",
+            f"sum by (namespace) ({idle_s} * on (instance, uuid) group_right () {share})",
+            f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
+        ], idle_s
+
+    def _recorded_queries(self, window: str, limit: int) -> list[str]:
+        """The same answers from the recording rules: sums of recorded rates times the rules' interval are the
+        window's increases; a GPU is idle (starved) when it was so at every evaluation its node was recorded."""
+        sel, node_label, step = self.selector, self.node_label, self.settings.recording_interval
+
+        def total(name: str) -> str:
+            return f"sum_over_time({name}{{{sel}}}[{window}])"
+
+        seen, busy = total(recording.SAMPLED), total(recording.BUSY)
+        evaluations = f"count_over_time({recording.GPUS}{{{sel}}}[{window}])"
+
+        def throughout(name: str) -> str:
+            return (
+                f"avg_over_time({name}{{{sel}}}[{window}]) and on (instance, uuid) "
+                f"(count_over_time({name}{{{sel}}}[{window}]) >= on (instance) group_left () {evaluations})"
+            )
+
+        def by_namespace(name: str) -> str:
+            return f"sum by (namespace) (sum_over_time({name}{{{sel}}}[{window}])) * {step}"
+
+        return [
+            f"sum by ({node_label}) ({seen}) * {step}",
+            f"sum by ({node_label}) (clamp_min({seen} - {busy}, 0)) * {step}",
+            f"max by ({node_label}) (max_over_time({recording.GPUS}{{{sel}}}[{window}]))",
+            f"sum by ({node_label}) ({busy}) / sum by ({node_label}) ({seen})",
+            f"bottomk({limit}, {throughout(recording.GPU_IDLE)})",
+            f"bottomk({limit}, {throughout(recording.GPU_STARVED)})",
+            f"count({throughout(recording.GPU_IDLE)})",
+            f"count({throughout(recording.GPU_STARVED)})",
+            by_namespace(recording.NS_IDLE),
+            by_namespace(recording.NS_SAMPLED),
+        ]
+
+    async def utilization(self, window: str, limit: int) -> dict[str, Any]:
+        """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
+        part of the window counts only the part it was seen. From the recording rules where they are loaded."""
+        recorded = await self._recorded()
+        raw, idle_s = self._raw_queries(window, limit)
         (
             observed,
             wasted_s,
@@ -318,18 +376,8 @@ class UtilizationView(FleetQueries):
             starved_count,
             ns_wasted,
             ns_allocated,
-        ) = await self.many(
-            f"sum by ({node_label}) ({sampled})",
-            f"sum by ({node_label}) ({idle_s})",
-            f"count by ({node_label}) ({util})",
-            f"avg by ({node_label}) ({util})",
-            f"bottomk({limit}, {idle_expr})",
-            f"bottomk({limit}, {starved_expr})",
-            f"count({idle_expr})",
-            f"count({starved_expr})",
-            f"sum by (namespace) ({idle_s} * on (instance, uuid) group_right () {share})",
-            f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
-        )
+        ) = await self.many(*(self._recorded_queries(window, limit) if recorded else raw))
+        idle_ratio = self.settings.idle_ratio
         price = self.settings.price_per_gpu_hour
 
         def hours(seconds: float) -> float:
@@ -377,6 +425,10 @@ class UtilizationView(FleetQueries):
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
         bottlenecks = await self.bottlenecks(window, idle_s)
         return {
+            "source": "recording rules (alert_rules/gpuwarden.recording.yaml)"
+            if recorded
+            else "raw series: the recording rules (alert_rules/gpuwarden.recording.yaml) are not loaded in this "
+            "Prometheus; every view scans every GPU's counters over the window (slow past ~1,000 nodes)",
             "bottlenecks": bottlenecks,
             "window": window,
             "idle_ratio": idle_ratio,

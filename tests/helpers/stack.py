@@ -70,7 +70,21 @@ class Stack:
         self.dead_targets: list[str] = []  # scraped, never answering: an exporter that is down
 
     def _spawn(self, args: list[str]) -> None:
-        self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        """Start a process with its output in tmp/logs/N.log: what a failed start said is in the failure."""
+        logs = self.tmp / "logs"
+        logs.mkdir(exist_ok=True)
+        with (logs / f"{len(self.procs)}.log").open("wb") as sink:
+            self.procs.append(subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT))
+
+    def _wait_exporter(self, port: int) -> None:
+        """An exporter answering /healthz, or a failure with its exit code and the tail of its log."""
+        try:
+            wait_ready(f"http://127.0.0.1:{port}/healthz")
+        except RuntimeError as failed:
+            index = next(i for i, proc in enumerate(self.procs) if f"127.0.0.1:{port}" in proc.args)
+            proc = self.procs[index]
+            tail = (self.tmp / "logs" / f"{index}.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"{failed}: {self.exporters[port]} exit {proc.poll()}, its log:\n{tail}") from None
 
     def exporter(self, scenario: str, *flags: str, name: str | None = None) -> int:
         """Plan an exporter; it starts once Prometheus runs, so the first scrapes see a scenario's first seconds.
@@ -147,7 +161,7 @@ class Stack:
             self._spawn(args)
         self._pending = []
         for exporter_port in self.exporters:
-            wait_ready(f"http://127.0.0.1:{exporter_port}/healthz")
+            self._wait_exporter(exporter_port)
         return self.prometheus
 
     def scenario_of(self, instance: str) -> str:
