@@ -9,6 +9,9 @@ utilization counters, processes, 13 health checks, gpu_up, ECC, remap, recovery 
 pod allocation. About 2 % of GPUs are unhealthy, 0.5 % have hardware findings, 5 % are idle and 5 % starved.
 Samples run from `--hours` ago to 30 minutes ahead, so "now" stays inside the data while the benchmark runs.
 Every request is timed cold (the fleet's cache is off) and warm (a second request within the cache TTL).
+With --recording, the shipped recording rules (alert_rules/gpuwarden.recording.yaml) are backfilled over the history
+with `promtool tsdb create-blocks-from rules`, and the utilization endpoint and the page are timed twice in the
+same run: reading the recorded series, and with `--recording-rules off` (the raw path), with both answers compared.
 """
 
 from __future__ import annotations
@@ -275,6 +278,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--work")
     parser.add_argument("--json")
+    parser.add_argument("--recording", action="store_true", help="also time the recording-rules path, side by side")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="fleet-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -316,9 +320,11 @@ def main() -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    fleet = None
+    fleet = raw_fleet = None
     try:
         wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", timeout=300)
+        if args.recording:
+            prometheus = backfill_recording(work, blocks, prom_port, start, now, prometheus, result)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
         fleet = subprocess.Popen(
             [
@@ -342,6 +348,14 @@ def main() -> int:
             stderr=subprocess.DEVNULL,
         )
         wait_ready(f"http://127.0.0.1:{fleet_port}/healthz", timeout=60)
+        raw_port = free_port()
+        if args.recording:  # the same fleet service on the raw series, for the side-by-side
+            raw_fleet = subprocess.Popen(
+                [*fleet.args[: fleet.args.index("--web.listen-address")], "--web.listen-address",
+                 f"127.0.0.1:{raw_port}", "--cache-ttl", "5", "--query-timeout", "30", "--recording-rules", "off"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            wait_ready(f"http://127.0.0.1:{raw_port}/healthz", timeout=60)
         endpoints = {
             "/api/v1/fleet": {},
             "/api/v1/fleet/health": {},
@@ -374,10 +388,12 @@ def main() -> int:
             }
             print(path, timings[path], flush=True)
         result["endpoints"] = timings
+        if args.recording:
+            result["raw_path"] = side_by_side(raw_port, client, args.runs)
         result["prometheus_rss_mib"] = round(rss_mib(prometheus.pid), 1)
         result["fleet_rss_mib"] = round(rss_mib(fleet.pid), 1)
     finally:
-        for proc in (fleet, prometheus):
+        for proc in (raw_fleet, fleet, prometheus):
             if proc is not None:
                 proc.terminate()
                 proc.wait(30)
@@ -385,6 +401,55 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def backfill_recording(work: Path, blocks: Path, port: int, start: int, now: int, prometheus, result: dict):  # noqa: ANN001, ANN201
+    """The recording rules evaluated over the history (every 60 s, as shipped) into blocks, then Prometheus restarted
+    on raw and recorded blocks together."""
+    from gpuwarden.fleet import recording
+
+    rules = work / "recording.yaml"
+    rules.write_text(recording.to_yaml())
+    out = work / "rules-blocks"
+    shutil.rmtree(out, ignore_errors=True)
+    began = time.monotonic()
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={start + 300}", f"--end={now}",
+         f"--url=http://127.0.0.1:{port}", f"--output-dir={out}", "--quiet", str(rules)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    result["recording_backfill_seconds"] = round(time.monotonic() - began, 1)
+    command = prometheus.args
+    prometheus.terminate()
+    prometheus.wait(60)
+    for block in out.iterdir():
+        if block.is_dir():
+            shutil.move(str(block), blocks / block.name)
+    restarted = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_ready(f"http://127.0.0.1:{port}/-/ready", timeout=300)
+    return restarted
+
+
+def side_by_side(raw_port: int, recorded: httpx.Client, runs: int) -> dict[str, object]:
+    """The utilization endpoint and the page on the raw series, timed like the rest; and the two answers compared."""
+    raw = httpx.Client(base_url=f"http://127.0.0.1:{raw_port}", timeout=120)
+    out: dict[str, object] = {}
+    for path, params in (("/api/v1/fleet/utilization", {"window": "1h"}), ("/", {})):
+        cold = []
+        for _ in range(runs):
+            time.sleep(5.2)
+            t0 = time.perf_counter()
+            response = raw.get(path, params=params)
+            cold.append(time.perf_counter() - t0)
+            assert response.status_code == 200, (path, response.status_code, response.text[:300])
+        out[path] = {"cold_median_s": round(statistics.median(cold), 3), "cold_max_s": round(max(cold), 3)}
+    want = raw.get("/api/v1/fleet/utilization", params={"window": "1h", "limit": 1000}).json()
+    got = recorded.get("/api/v1/fleet/utilization", params={"window": "1h", "limit": 1000}).json()
+    out["source_recorded"] = got["source"][:40]
+    out["totals_raw"] = want["totals"]
+    out["totals_recorded"] = got["totals"]
+    print("raw path", out, flush=True)
+    return out
 
 
 def summarize(path: str, body: dict) -> dict[str, object]:

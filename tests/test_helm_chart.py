@@ -76,6 +76,15 @@ def container(objects: list[dict[str, Any]], name: str = "gpuwarden") -> dict[st
     return found
 
 
+# the exporter serving TLS from a Secret's certificate
+TLS = {
+    "enabled": True,
+    "tls": True,
+    "tlsSecret": "gpuwarden-tls",
+    "config": {
+        "tls_server_config": {"cert_file": "/etc/gpuwarden/tls/tls.crt", "key_file": "/etc/gpuwarden/tls/tls.key"}
+    },
+}
 VARIANTS = {
     "defaults": {},
     "pod-attribution": {
@@ -88,14 +97,9 @@ VARIANTS = {
     },
     "tls-and-basic-auth": {
         "webConfig": {
-            "enabled": True,
-            "tls": True,
-            "tlsSecret": "gpuwarden-tls",
+            **TLS,
             "config": {
-                "tls_server_config": {
-                    "cert_file": "/etc/gpuwarden/tls/tls.crt",
-                    "key_file": "/etc/gpuwarden/tls/tls.key",
-                },
+                **TLS["config"],
                 "basic_auth_users": {"prometheus": "$2b$12$hNf2lSsxfm0.i4a.1kVpSOVyBCfIB51VRjgBUyv6kdnyTlgWj81Ay"},
             },
         },
@@ -118,17 +122,7 @@ VARIANTS = {
     "npd": {"npd": {"enabled": True}},
     "npd-with-tls-and-basic-auth": {
         "npd": {"enabled": True, "debounce": 3, "pluginArgs": ["--auth.username=npd"]},
-        "webConfig": {
-            "enabled": True,
-            "tls": True,
-            "tlsSecret": "gpuwarden-tls",
-            "config": {
-                "tls_server_config": {
-                    "cert_file": "/etc/gpuwarden/tls/tls.crt",
-                    "key_file": "/etc/gpuwarden/tls/tls.key",
-                }
-            },
-        },
+        "webConfig": TLS,
     },
     "nothing-optional": {
         "serviceMonitor": {"enabled": False},

@@ -56,53 +56,57 @@ class SlurmError(Exception):
 # slurmd runs a HealthCheckProgram with an empty environment (no PATH): Slurm's tools are looked for on PATH, then
 # where distributions and source builds put them
 SLURM_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
-_bin_dir: str | None = None
 
 
-def tool(name: str) -> str:
-    """The path of a Slurm command: --slurm-bin-dir, else PATH, else the usual places."""
-    if _bin_dir:
-        return str(Path(_bin_dir) / name)
-    found = shutil.which(name) or next((f"{d}/{name}" for d in SLURM_DIRS if os.access(f"{d}/{name}", os.X_OK)), None)
-    if found is None:
-        raise SlurmError(f"{name} not found on PATH or in {', '.join(SLURM_DIRS)}: give --slurm-bin-dir")
-    return found
+@dataclass(frozen=True)
+class Slurm:
+    """The Slurm commands this check runs (sinfo, scontrol), from --slurm-bin-dir or found as slurmd's empty
+    environment requires; each under a 10 s deadline, a failure as SlurmError with the command's own words."""
 
+    bin_dir: str | None = None
 
-def run(command: list[str]) -> str:
-    command = [tool(command[0]), *command[1:]]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise SlurmError(f"{command[0]}: {error}") from None
-    if done.returncode != 0:
-        raise SlurmError(f"{' '.join(command[:3])}: exit {done.returncode}: {done.stderr.strip()[:200]}")
-    return done.stdout
+    def tool(self, name: str) -> str:
+        if self.bin_dir:
+            return str(Path(self.bin_dir) / name)
+        found = shutil.which(name) or next(
+            (f"{d}/{name}" for d in SLURM_DIRS if os.access(f"{d}/{name}", os.X_OK)), None
+        )
+        if found is None:
+            raise SlurmError(f"{name} not found on PATH or in {', '.join(SLURM_DIRS)}: give --slurm-bin-dir")
+        return found
 
+    def run(self, command: list[str]) -> str:
+        command = [self.tool(command[0]), *command[1:]]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SlurmError(f"{command[0]}: {error}") from None
+        if done.returncode != 0:
+            raise SlurmError(f"{' '.join(command[:3])}: exit {done.returncode}: {done.stderr.strip()[:200]}")
+        return done.stdout
 
-def nodes(selector: list[str]) -> list[NodeState]:
-    """Nodes as sinfo lists them (one line per node and partition), merged per node."""
-    out = run(["sinfo", "-h", "-N", *selector, "-o", "%N|%T|%P|%E"])
-    found: dict[str, NodeState] = {}
-    for line in out.splitlines():
-        parts = line.split("|", 3)
-        if len(parts) != 4:
-            raise SlurmError(f"sinfo answered an unreadable line: {line[:100]!r}")
-        name, state, partition, reason = parts
-        reason = "" if reason == "none" else reason
-        known = found.get(name)
-        partitions = (known.partitions if known else ()) + (partition.rstrip("*"),)
-        found[name] = NodeState(name, state.lower(), reason, partitions)
-    return list(found.values())
+    def nodes(self, selector: list[str]) -> list[NodeState]:
+        """Nodes as sinfo lists them (one line per node and partition), merged per node."""
+        out = self.run(["sinfo", "-h", "-N", *selector, "-o", "%N|%T|%P|%E"])
+        found: dict[str, NodeState] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 3)
+            if len(parts) != 4:
+                raise SlurmError(f"sinfo answered an unreadable line: {line[:100]!r}")
+            name, state, partition, reason = parts
+            reason = "" if reason == "none" else reason
+            known = found.get(name)
+            partitions = (known.partitions if known else ()) + (partition.rstrip("*"),)
+            found[name] = NodeState(name, state.lower(), reason, partitions)
+        return list(found.values())
 
-
-def features(node: str) -> set[str]:
-    """The node's AvailableFeatures (scontrol show node -o)."""
-    for field in run(["scontrol", "show", "node", "-o", node]).split():
-        if field.startswith("AvailableFeatures="):
-            value = field.split("=", 1)[1]
-            return set() if value in ("(null)", "") else set(value.split(","))
-    return set()
+    def features(self, node: str) -> set[str]:
+        """The node's AvailableFeatures (scontrol show node -o)."""
+        for field in self.run(["scontrol", "show", "node", "-o", node]).split():
+            if field.startswith("AvailableFeatures="):
+                value = field.split("=", 1)[1]
+                return set() if value in ("(null)", "") else set(value.split(","))
+        return set()
 
 
 def build_parser() -> OneLineParser:
@@ -182,7 +186,7 @@ class Memory:
             log.warning("cannot remember the drain in %s (%s): a person's resume may be undone", self.path, error)
 
 
-def act(args, node: NodeState, verdict: Outcome, memory: Memory) -> str:  # noqa: ANN001 - argparse namespace
+def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -> str:  # noqa: ANN001 - argparse
     """What to do, done (or logged in dry-run); returns the one line that says it."""
     ours = node.drained and node.reason.startswith(args.reason_prefix)
     remembered = memory.load()
@@ -192,7 +196,7 @@ def act(args, node: NodeState, verdict: Outcome, memory: Memory) -> str:  # noqa
         command = ["scontrol", "update", f"NodeName={node.name}", *words]
         log.info("%s: %s", prefix, " ".join(command))
         if not args.dry_run:
-            run(command)
+            slurm.run(command)
 
     if verdict.state == "ok":
         if remembered:
@@ -210,10 +214,12 @@ def act(args, node: NodeState, verdict: Outcome, memory: Memory) -> str:  # noqa
         return f"{node.name}: {verdict.message}; drained by someone else, left alone ({node.reason})"
     if remembered.get("fault") == verdict.fault:
         return f"{node.name}: {verdict.message}; gpuwarden's drain for it was resumed by a person: not drained again"
-    if args.opt_out_feature and args.opt_out_feature in features(node.name):
+    if args.opt_out_feature and args.opt_out_feature in slurm.features(node.name):
         return f"{node.name}: {verdict.message}; feature {args.opt_out_feature} set: not drained"
     drained = [
-        n for n in nodes(["-p", ",".join(node.partitions)]) if n.drained and n.reason.startswith(args.reason_prefix)
+        n
+        for n in slurm.nodes(["-p", ",".join(node.partitions)])
+        if n.drained and n.reason.startswith(args.reason_prefix)
     ]
     if len(drained) >= args.max_drained:
         names = ",".join(sorted(n.name for n in drained))
@@ -244,18 +250,17 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as error:
         print(f"gpuwarden slurm-healthcheck: {error}", file=sys.stderr)
         return EXIT_UNKNOWN
-    global _bin_dir
-    _bin_dir = args.slurm_bin_dir
+    slurm = Slurm(args.slurm_bin_dir)
     name = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     verdict = _judge(args, target)
     if verdict.state == "unknown":
         print(f"{name}: unknown, nothing changed: {verdict.message}")
         return EXIT_UNKNOWN
     try:
-        (node,) = nodes(["-n", name]) or [None]
+        (node,) = slurm.nodes(["-n", name]) or [None]
         if node is None:
             raise SlurmError(f"sinfo does not know node {name!r}: give --node as slurm.conf names it")
-        print(act(args, node, verdict, Memory(args.state_dir, name)))
+        print(act(args, slurm, node, verdict, Memory(args.state_dir, name)))
     except SlurmError as error:
         print(f"{name}: unknown, nothing changed: {error}")
         return EXIT_UNKNOWN
