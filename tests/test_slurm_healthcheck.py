@@ -105,7 +105,7 @@ def test_dry_run_only_logs(
     cluster.scontrol("update", "NodeName=gpu-1", "State=DRAIN", "Reason=gpuwarden: earlier")
     healthy = scenario_exporter("training")
     code, out = healthcheck(cluster, healthy.url, tmp_path, "--dry-run")
-    assert "would run: scontrol update NodeName=gpu-1 State=RESUME" in out
+    assert "would run: scontrol update NodeName=gpu-1 State=UNDRAIN" in out
     assert cluster.node("gpu-1")[0] == "drained"
 
 
@@ -115,7 +115,7 @@ def test_a_persons_resume_and_the_opt_out_feature_are_honoured(
     sick = scenario_exporter("ecc-uncorrectable")
     healthcheck(cluster, sick.url, tmp_path)
     assert "drain" in cluster.node("gpu-1")[0]
-    cluster.scontrol("update", "NodeName=gpu-1", "State=RESUME")  # a person puts it back, fault and all
+    cluster.scontrol("update", "NodeName=gpu-1", "State=UNDRAIN")  # a person puts it back, fault and all
     code, out = healthcheck(cluster, sick.url, tmp_path)
     assert "resumed by a person" in out and "drain" not in cluster.node("gpu-1")[0]
     healthy = scenario_exporter("training")

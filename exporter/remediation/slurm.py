@@ -202,7 +202,7 @@ def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -
         if remembered:
             memory.save({})
         if ours:
-            scontrol("State=RESUME")
+            scontrol("State=UNDRAIN")  # only the drain flag gpuwarden set: a DOWN or FAIL state stays
             return f"{node.name}: GPUs healthy again; {prefix} the resume of gpuwarden's drain ({node.reason})"
         return f"{node.name}: GPUs healthy" + (
             f"; drained by someone else, left alone ({node.reason})" if node.drained else ""

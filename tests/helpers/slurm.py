@@ -21,6 +21,16 @@ def missing() -> list[str]:
     return [name for name in DAEMONS if name not in found]
 
 
+def _version() -> tuple[int, int]:
+    """slurmctld's version ("slurm-wlm 24.11.5" → (24, 11)); (0, 0) where it cannot say."""
+    try:
+        out = subprocess.run([_which("slurmctld"), "-V"], capture_output=True, text=True, timeout=10).stdout
+        major, minor = out.split()[-1].split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return 0, 0
+
+
 def _which(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
 
@@ -33,6 +43,10 @@ class SlurmCluster:
         host = socket.gethostname()
         for sub in ("state", "spool", "log"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+        # Slurm 23.11+ (Debian 13 has 24.11) initialises a cgroup plugin in slurmd even for proctrack/linuxproc and
+        # fails where /sys/fs/cgroup is not mounted (a chroot, some CI containers): nothing here needs cgroups
+        if _version() >= (23, 11):
+            (root / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -107,10 +121,11 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         subprocess.run(["scontrol", *words], env=self.env, check=True, capture_output=True)
 
     def reset(self) -> None:
-        """Every node back to undrained."""
+        """Every node back to undrained (UNDRAIN: gpu-2..4 have no slurmd, and RESUME of a node that never registered
+        is refused by Slurm 24)."""
         for name in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"):
             if "drain" in self.node(name)[0]:
-                self.scontrol("update", f"NodeName={name}", "State=RESUME")
+                self.scontrol("update", f"NodeName={name}", "State=UNDRAIN")
 
     def stop(self) -> None:
         for process in reversed(self.processes):
