@@ -92,8 +92,6 @@ class PrometheusClient:
         self.cache_max_bytes = cache_max_bytes
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
         self._cache_bytes = 0
-        self.in_flight = 0
-        self.most_in_flight = 0
         self.max_answer_bytes = max_answer_bytes
         self.timeout = timeout
         self.cache_ttl = cache_ttl
@@ -133,12 +131,7 @@ class PrometheusClient:
         started = time.monotonic()
         try:
             async with self._slots:
-                self.in_flight += 1
-                self.most_in_flight = max(self.most_in_flight, self.in_flight)
-                try:
-                    result = await self._fetch(expr, at)
-                finally:
-                    self.in_flight -= 1
+                result = await self._fetch(expr, at)
         except BaseException as exc:
             self.metrics.duration.observe(time.monotonic() - started)
             self.metrics.queries.labels(_OUTCOME.get(type(exc).__name__, "unavailable")).inc()

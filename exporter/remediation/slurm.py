@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gpuwarden.cli.common import ConfigError, OneLineParser
 from gpuwarden.remediation.flags import add_endpoint_flags, endpoint, family_names
-from gpuwarden.remediation.verdicts import LEVELS, Outcome, outcome
+from gpuwarden.remediation.verdicts import LEVELS, Outcome, outcomes
 
 log = logging.getLogger("gpuwarden.slurm")
 EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN = 0, 1, 2
@@ -157,7 +157,7 @@ def build_parser() -> OneLineParser:
 
 def _judge(args, target) -> Outcome:  # noqa: ANN001 - argparse namespace, Endpoint
     """The worst of the chosen families: a problem in any, else unknown in any, else ok."""
-    results = [outcome(target, family, LEVELS[args.level], limit=200) for family in args.families]
+    results = outcomes(target, args.families, LEVELS[args.level], limit=200)  # one request for every family
     for state in ("problem", "unknown"):
         hits = [r for r in results if r.state == state]
         if hits:

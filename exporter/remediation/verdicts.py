@@ -201,10 +201,16 @@ def evaluate(document: dict[str, Any], family: str, min_level: int, now: float, 
     return Outcome("ok", f"{len(gpus)} GPU(s): no {family} fault")
 
 
-def outcome(endpoint: Endpoint, family: str, min_level: int, limit: int = 80) -> Outcome:
-    """Ask the exporter and judge one family; Unknown where it cannot be asked."""
+def outcomes(endpoint: Endpoint, families: list[str], min_level: int, limit: int = 80) -> list[Outcome]:
+    """Ask the exporter once and judge each family; Unknown for all where it cannot be asked."""
     try:
         document = fetch(endpoint)
     except Unreachable as error:
-        return Outcome("unknown", _fit(str(error), limit))
-    return evaluate(document, family, min_level, time.time(), limit)
+        return [Outcome("unknown", _fit(str(error), limit))] * len(families)
+    now = time.time()
+    return [evaluate(document, family, min_level, now, limit) for family in families]
+
+
+def outcome(endpoint: Endpoint, family: str, min_level: int, limit: int = 80) -> Outcome:
+    """Ask the exporter and judge one family."""
+    return outcomes(endpoint, [family], min_level, limit)[0]
