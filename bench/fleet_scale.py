@@ -1,17 +1,19 @@
-"""How long the fleet endpoints take over a large fleet: synthetic history for N nodes x 8 GPUs, backfilled into a
-real Prometheus with `promtool tsdb create-blocks-from openmetrics`, asked by `gpuwarden fleet` over HTTP.
+"""The fleet service over a large synthetic fleet, on Prometheus and on VictoriaMetrics, side by side in one run.
 
-Usage: python3 bench/fleet_scale.py --nodes 1000 --hours 2 --step 60 --json OUT.json [--work DIR]
+Usage: python3 bench/fleet_scale.py --nodes 10000 [--backends prometheus,victoriametrics] [--runs 3]
+       [--hours 6] [--ahead 120] [--json OUT.json] [--work DIR]
 
-The history holds the series the fleet queries, with the labels a real scrape gives them (job, instance, node):
-per node up, build/driver info, nvml_up, gpus, last-collect timestamps; per GPU gpu_info, memory, the
-utilization counters, processes, 13 health checks, gpu_up, ECC, remap, recovery action, 18 NVLink links, and a
-pod allocation. About 2 % of GPUs are unhealthy, 0.5 % have hardware findings, 5 % are idle and 5 % starved.
-Samples run from `--hours` ago to 30 minutes ahead, so "now" stays inside the data while the benchmark runs.
-Every request is timed cold (the fleet's cache is off) and warm (a second request within the cache TTL).
-With --recording, the shipped recording rules (alert_rules/gpuwarden.recording.yaml) are backfilled over the history
-with `promtool tsdb create-blocks-from rules`, and the utilization endpoint and the page are timed twice in the
-same run: reading the recorded series, and with `--recording-rules off` (the raw path), with both answers compared.
+The fleet (tests/helpers/synthetic_fleet.py): N nodes × 8 GPUs, ~385 series per node in the families the fleet
+queries and the critical rules read, 6 h of history for the families read over windows, the recording rules'
+series as the shipped rules evaluate them. Both backends are Debian's packages at their default flags:
+- Prometheus 2.42: backfilled with `promtool tsdb create-blocks-from openmetrics`;
+- VictoriaMetrics 1.79.5: the same samples through its import API (`/api/v1/import/prometheus`).
+The fleet service runs at its defaults (query timeout 5 s, 4 queries in flight, cache TTL 15 s). For every
+endpoint and run, a fresh fleet process answers a first request (cold: nothing cached, the backend's own caches
+warmed by one untimed page view) and a second one (warm). A burst of every endpoint at once on a fresh process
+checks that nothing fails under the default limits. The answers are reduced to what they say (nodes, unhealthy
+GPUs and checks, cordon findings, idle and starved GPUs, hours) and compared between backends and against the
+generator's ground truth; the recorded series are compared with the shipped rules' own expressions.
 """
 
 from __future__ import annotations
@@ -19,451 +21,285 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuwarden.health.checks import CHECKS  # noqa: E402
+from gpuwarden.fleet import recording  # noqa: E402
+from tests.helpers.common import free_port  # noqa: E402
 from tests.helpers.stack import wait_ready  # noqa: E402
+from tests.helpers.synthetic_fleet import Fleet  # noqa: E402
+from tests.helpers.tsdb_backends import Prometheus, VictoriaMetrics, instant  # noqa: E402
 
-GPUS = 8
-LINKS = 18
-MEMORY = 85520809984
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def generate(path: Path, nodes: int, start: int, end: int, step: int, seed: int = 7) -> dict[str, int]:
-    rng = random.Random(seed)
-    times = list(range(start, end + 1, step))
-    gpus = [(n, g) for n in range(nodes) for g in range(GPUS)]
-    kind: dict[tuple[int, int], str] = {}
-    for key in gpus:
-        roll = rng.random()
-        kind[key] = (
-            "hardware"
-            if roll < 0.005
-            else "unhealthy"
-            if roll < 0.025
-            else "idle"
-            if roll < 0.075
-            else "starved"
-            if roll < 0.125
-            else "busy"
-        )
-    hw_kinds = ["ecc", "nvlink", "lost", "remap"]
-    hardware = {key: hw_kinds[i % 4] for i, key in enumerate(k for k in gpus if kind[k] == "hardware")}
-    series = 0
-    lines = 0
-
-    def labels(n: int, g: int | None = None, **extra: str) -> str:
-        parts = [f'job="gpuwarden",instance="node-{n:04d}:10045",node="node-{n:04d}"']
-        if g is not None:
-            parts.append(f'gpu="{g}",uuid="GPU-{n:04d}-{g}"')
-        parts += [f'{k}="{v}"' for k, v in extra.items()]
-        return "{" + ",".join(parts) + "}"
-
-    with path.open("w", buffering=1 << 22) as out:
-
-        def family(name: str, type_: str, rows: list[tuple[str, object]]) -> None:
-            """rows: (sample name + labels, value or callable(t) → value)."""
-            nonlocal series, lines
-            out.write(f"# TYPE {name} {type_}\n")
-            for head, value in rows:
-                series += 1
-                if callable(value):
-                    out.write("".join(f"{head} {value(t)} {t}\n" for t in times))
-                else:
-                    out.write("".join(f"{head} {value} {t}\n" for t in times))
-                lines += len(times)
-
-        node_ids = range(nodes)
-        family("up", "gauge", [(f"up{labels(n)}", 1) for n in node_ids])
-        family(
-            "gpuwarden_build_info",
-            "gauge",
-            [
-                (f"gpuwarden_build_info{labels(n, version='0.1.0', nvml_python_version='13.580.82')}", 1)
-                for n in node_ids
-            ],
-        )
-
-        def driver(n: int) -> str:
-            return labels(
-                n,
-                driver_version="580.159.04" if n % 10 else "570.172.08",
-                cuda_driver_version="13.0",
-                nvml_version="13.580.159.04",
-            )
-
-        family("gpuwarden_driver_info", "gauge", [(f"gpuwarden_driver_info{driver(n)}", 1) for n in node_ids])
-        family("gpuwarden_nvml_up", "gauge", [(f"gpuwarden_nvml_up{labels(n)}", 1) for n in node_ids])
-        family("gpuwarden_gpus", "gauge", [(f"gpuwarden_gpus{labels(n)}", GPUS) for n in node_ids])
-        family(
-            "gpuwarden_last_collect_timestamp_seconds",
-            "gauge",
-            [
-                (f"gpuwarden_last_collect_timestamp_seconds{labels(n, tier=tier)}", lambda t: t - 1)
-                for n in node_ids
-                for tier in ("fast", "slow")
-            ],
-        )
-
-        def identity(n: int, g: int) -> str:
-            return labels(
-                n,
-                g,
-                name="NVIDIA H100 80GB HBM3" if n % 4 else "NVIDIA H200",
-                serial=f"{n}{g}",
-                pci_bus_id=f"00000000:{g:02X}:00.0",
-                vbios_version="96.00.99.00.01",
-                compute_capability="9.0",
-            )
-
-        family("gpuwarden_gpu_info", "gauge", [(f"gpuwarden_gpu_info{identity(n, g)}", 1) for n, g in gpus])
-        family(
-            "gpuwarden_memory_total_bytes",
-            "gauge",
-            [(f"gpuwarden_memory_total_bytes{labels(n, g)}", MEMORY if n % 4 else 150754820096) for n, g in gpus],
-        )
-        duty = {"idle": 0.0, "starved": 0.25, "busy": 0.93, "unhealthy": 0.6, "hardware": 0.0}
-
-        def busy_counter(d: float):
-            return lambda t: f"{(t - start) * d:.1f}"
-
-        family(
-            "gpuwarden_busy_seconds",
-            "counter",
-            [(f"gpuwarden_busy_seconds_total{labels(n, g)}", busy_counter(duty[kind[(n, g)]])) for n, g in gpus],
-        )
-        family(
-            "gpuwarden_utilization_sampled_seconds",
-            "counter",
-            [
-                (f"gpuwarden_utilization_sampled_seconds_total{labels(n, g)}", lambda t: f"{t - start:.1f}")
-                for n, g in gpus
-            ],
-        )
-        family(
-            "gpuwarden_processes",
-            "gauge",
-            [(f"gpuwarden_processes{labels(n, g)}", 0 if kind[(n, g)] == "idle" else 1) for n, g in gpus],
-        )
-
-        def health(n: int, g: int, check: str) -> int:
-            k = kind[(n, g)]
-            if k == "hardware":
-                return (
-                    2
-                    if check
-                    in {"ecc": "ecc", "nvlink": "nvlink", "lost": "gpu_lost", "remap": "row_remap"}[hardware[(n, g)]]
-                    else 0
-                )
-            if k == "unhealthy":
-                return 1 if check == ("temperature", "power", "pcie")[g % 3] else 0
-            if k == "starved":
-                return 1 if check == "utilization" else 0
-            return 0
-
-        family(
-            "gpuwarden_health",
-            "gauge",
-            [(f"gpuwarden_health{labels(n, g, check=c)}", health(n, g, c)) for n, g in gpus for c in CHECKS],
-        )
-        family(
-            "gpuwarden_health_since_timestamp_seconds",
-            "gauge",
-            [
-                (f"gpuwarden_health_since_timestamp_seconds{labels(n, g, check=c)}", start + 600)
-                for n, g in gpus
-                for c in CHECKS
-                if health(n, g, c)
-            ],
-        )
-        family(
-            "gpuwarden_gpu_up",
-            "gauge",
-            [(f"gpuwarden_gpu_up{labels(n, g)}", 0 if hardware.get((n, g)) == "lost" else 1) for n, g in gpus],
-        )
-        family(
-            "gpuwarden_ecc_errors",
-            "counter",
-            [
-                (
-                    f"gpuwarden_ecc_errors_total{labels(n, g, type=t)}",
-                    3 if t == "uncorrected" and hardware.get((n, g)) == "ecc" else 0,
-                )
-                for n, g in gpus
-                for t in ("corrected", "uncorrected")
-            ],
-        )
-        family(
-            "gpuwarden_remapped_rows_failed",
-            "gauge",
-            [
-                (f"gpuwarden_remapped_rows_failed{labels(n, g)}", 1 if hardware.get((n, g)) == "remap" else 0)
-                for n, g in gpus
-            ],
-        )
-        family(
-            "gpuwarden_remapped_rows_pending",
-            "gauge",
-            [(f"gpuwarden_remapped_rows_pending{labels(n, g)}", 0) for n, g in gpus],
-        )
-        family("gpuwarden_recovery_action", "gauge", [(f"gpuwarden_recovery_action{labels(n, g)}", 0) for n, g in gpus])
-        half = start + (end - start) // 2
-
-        def link_state(n: int, g: int, link: int):
-            if hardware.get((n, g)) == "nvlink" and link == 7:
-                return lambda t: 1 if t < half else 0
-            return 1
-
-        family(
-            "gpuwarden_nvlink_up",
-            "gauge",
-            [
-                (f"gpuwarden_nvlink_up{labels(n, g, link=str(link))}", link_state(n, g, link))
-                for n, g in gpus
-                for link in range(LINKS)
-            ],
-        )
-
-        def pod(n: int, g: int) -> str:
-            return labels(n, g, namespace=f"team-{n % 50:02d}", pod=f"job-{n}", container="main")
-
-        family(
-            "gpuwarden_gpu_allocation",
-            "gauge",
-            [(f"gpuwarden_gpu_allocation{pod(n, g)}", 1) for n, g in gpus if kind[(n, g)] != "idle"],
-        )
-        out.write("# EOF\n")
-    return {
-        "series": series,
-        "samples": lines,
-        "gpus": len(gpus),
-        "hardware_gpus": len(hardware),
-        "unhealthy_gpus": sum(1 for k in kind.values() if k == "unhealthy"),
-        "idle_gpus": sum(1 for k in kind.values() if k == "idle"),
-        "starved_gpus": sum(1 for k in kind.values() if k == "starved"),
-    }
+ENDPOINTS: list[tuple[str, dict[str, str]]] = [
+    ("/api/v1/fleet", {}),
+    ("/api/v1/fleet/health", {}),
+    ("/api/v1/fleet/cordon-candidates", {}),
+    ("/api/v1/fleet/utilization", {"window": "1h"}),
+    ("/api/v1/plan", {"parameters": "7e9"}),
+    ("/", {}),
+]
 
 
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+            return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+# -- the fleet service ---------------------------------------------------------------------------------------------
+
+
+class FleetService:
+    def __init__(self, backend_url: str, *extra: str) -> None:
+        self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "fleet", "--prometheus-url", backend_url, "--node-label", "node",
+             "--web.listen-address", f"127.0.0.1:{self.port}", *extra],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_ready(f"http://127.0.0.1:{self.port}/healthz", timeout=60)
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120)
+
+    def get(self, path: str, params: dict[str, str]) -> tuple[float, httpx.Response]:
+        t0 = time.perf_counter()
+        response = self.client.get(path, params=params)
+        return time.perf_counter() - t0, response
+
+    def close(self) -> float:
+        rss = rss_mib(self.proc.pid)
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+        return rss
+
+
+def time_endpoints(backend_url: str, runs: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cold and warm times of every endpoint (a fresh fleet process for each run), and the last answers."""
+    warmup = FleetService(backend_url, "--query-timeout", "60")
+    for path, params in ENDPOINTS:  # the backend loads its index lazily: one untimed pass
+        warmup.get(path, params)
+    warmup.close()
+    timings: dict[str, Any] = {}
+    answers: dict[str, Any] = {}
+    fleet_rss = []
+    for path, params in ENDPOINTS:
+        cold, warm, statuses = [], [], []
+        for _ in range(runs):
+            service = FleetService(backend_url)
+            seconds, response = service.get(path, params)
+            cold.append(seconds)
+            statuses.append(response.status_code)
+            seconds, again = service.get(path, params)
+            warm.append(seconds)
+            statuses.append(again.status_code)
+            fleet_rss.append(service.close())
+            if response.status_code == 200:
+                answers[path] = response.json() if path != "/" else {"html_bytes": len(response.content)}
+            else:
+                answers[path] = {"error": response.status_code, "detail": response.text[:400]}
+        timings[path] = {
+            "cold_median_s": round(statistics.median(cold), 3),
+            "cold_max_s": round(max(cold), 3),
+            "warm_median_s": round(statistics.median(warm), 4),
+            "warm_max_s": round(max(warm), 4),
+            "statuses": sorted(set(statuses)),
+            "answer_bytes": len(response.content),
+        }
+        print(" ", path, timings[path], flush=True)
+    timings["fleet_rss_mib_max"] = max(fleet_rss)
+    return timings, answers
+
+
+def burst(backend_url: str) -> dict[str, Any]:
+    """Every endpoint at once, twice over, on a fresh fleet service at its defaults: what fails, how long."""
+    service = FleetService(backend_url)
+    results: list[tuple[str, int, float]] = []
+
+    def one(path: str, params: dict[str, str]) -> None:
+        seconds, response = service.get(path, params)
+        results.append((path, response.status_code, seconds))
+
+    threads = [threading.Thread(target=one, args=e) for e in ENDPOINTS * 2]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - t0
+    service.close()
+    return {
+        "requests": len(results),
+        "failed": [r for r in results if r[1] != 200],
+        "slowest_s": round(max(r[2] for r in results), 3),
+        "wall_s": round(wall, 3),
+    }
+
+
+def recorded_vs_rules(backend_url: str, at: float) -> dict[str, Any]:
+    """Each recorded series' count and sum at one instant, against the shipped rule's own expression there."""
+    out = {}
+    for rule in recording.rules():
+        got: list[tuple[Any, Any]] = []
+        for expr in (f'{rule["record"]}{{job="gpuwarden"}}', rule["expr"]):
+            count = instant(backend_url, f"count({expr}) or vector(0)", at)
+            total = instant(backend_url, f"sum({expr}) or vector(0)", at)
+            try:
+                got.append(
+                    (float(count["data"]["result"][0]["value"][1]), float(total["data"]["result"][0]["value"][1]))
+                )
+            except (KeyError, IndexError):
+                got.append(("error", count.get("error") or total.get("error")))
+        out[rule["record"]] = {"recorded": got[0], "rule": got[1], "equal": _close(got[0], got[1])}
+    return out
+
+
+def _close(a: tuple, b: tuple) -> bool:
+    return all(
+        isinstance(x, float) and isinstance(y, float) and abs(x - y) <= 1e-6 * max(1, abs(y))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def reduce(answers: dict[str, Any]) -> dict[str, Any]:
+    """What each answer says, without the instants and ages that differ between two runs."""
+    inventory = answers.get("/api/v1/fleet", {})
+    health = answers.get("/api/v1/fleet/health", {})
+    cordon = answers.get("/api/v1/fleet/cordon-candidates", {})
+    usage = answers.get("/api/v1/fleet/utilization", {})
+    plan = answers.get("/api/v1/plan", {})
+    return {
+        "inventory": {k: inventory.get("totals", {}).get(k)
+                      for k in ("nodes", "gpus", "models", "driver_versions", "exporter_versions")}
+        | {"stale": len(inventory.get("stale_exporters", []))},
+        "health": sorted(
+            f"{g['node']}/{g['gpu']}/{c['check']}={c['level']}"
+            for g in health.get("unhealthy_gpus", []) for c in g["checks"]
+        ),
+        "cordon": sorted(
+            f"{n['node']}/{f['alert']}/{f['labels'].get('gpu', '')}"
+            for n in cordon.get("candidates", []) for f in n["findings"]
+        ),
+        "utilization": {
+            "totals": usage.get("totals"),
+            "source": (usage.get("source") or "")[:30],
+            "namespaces": sorted(
+                (n["namespace"], n.get("allocated_gpu_hours"), n.get("wasted_gpu_hours"))
+                for n in usage.get("by_namespace", [])
+            ),
+        },
+        "plan_fits": sorted(f["model"] for f in plan.get("fleet") or [] if f.get("fits")),
+    }  # fmt: skip
+
+
+def truth_check(reduced: dict[str, Any], fleet: Fleet) -> dict[str, Any]:
+    truth = fleet.truth()
+    totals = reduced["utilization"]["totals"] or {}
+    hardware_cordon = {entry.split("/")[0] + "/" + entry.split("/")[2] for entry in reduced["cordon"]}
+    return {
+        "nodes": reduced["inventory"]["nodes"] == fleet.nodes,
+        "gpus": reduced["inventory"]["gpus"] == truth["gpus"],
+        "idle_gpus": totals.get("idle_gpus") == truth["idle_gpus"],
+        "starved_gpus": totals.get("starved_gpus") == truth["starved_gpus"],
+        "hardware_gpus_in_cordon": len(hardware_cordon) == truth["hardware_gpus"],
+        "unhealthy_gpus": len({"/".join(h.split("/")[:2]) for h in reduced["health"]})
+        == truth["hardware_gpus"] + truth["unhealthy_gpus"] + truth["starved_gpus"] - truth["hardware_gpus"],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--hours", type=float, default=2)
-    parser.add_argument("--step", type=int, default=60)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--hours", type=float, default=6)
+    parser.add_argument("--ahead", type=int, default=120, help="minutes of data past the start")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--backends", default="prometheus,victoriametrics")
     parser.add_argument("--work")
     parser.add_argument("--json")
-    parser.add_argument("--recording", action="store_true", help="also time the recording-rules path, side by side")
+    parser.add_argument("--load-only", action="store_true", help="load the backends into --work and keep them")
+    parser.add_argument("--reuse", action="store_true", help="time the backends --load-only left in --work")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="fleet-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    now = int(time.time())
-    start, end = now - int(args.hours * 3600), now + 1800
-    result: dict[str, object] = {
+    memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    state = work / "state.json"
+    if args.reuse:
+        kept = json.loads(state.read_text())
+        fleet = Fleet(**kept["fleet"])
+        args.nodes = fleet.nodes
+    else:
+        fleet = Fleet(nodes=args.nodes, now=int(time.time()), hours=args.hours, ahead_minutes=args.ahead)
+        kept = {"fleet": {"nodes": fleet.nodes, "now": fleet.now, "hours": fleet.hours,
+                          "ahead_minutes": fleet.ahead_minutes}, "loads": {}}  # fmt: skip
+    result: dict[str, Any] = {
         "nodes": args.nodes,
-        "gpus_per_node": GPUS,
-        "history_hours": args.hours,
-        "step_seconds": args.step,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-    }
-    data = work / "history.om"
-    began = time.monotonic()
-    result["data"] = generate(data, args.nodes, start, end, args.step)
-    result["generate_seconds"] = round(time.monotonic() - began, 1)
-    result["openmetrics_bytes"] = data.stat().st_size
-    blocks = work / "tsdb"
-    shutil.rmtree(blocks, ignore_errors=True)
-    began = time.monotonic()
-    subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=24h", str(data), str(blocks)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    result["backfill_seconds"] = round(time.monotonic() - began, 1)
-    data.unlink()
-    prom_port, fleet_port = free_port(), free_port()
-    (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
-    prometheus = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={work / 'prometheus.yml'}",
-            f"--storage.tsdb.path={blocks}",
-            "--storage.tsdb.retention.time=30d",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--query.timeout=60s",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    fleet = raw_fleet = None
-    try:
-        wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", timeout=300)
-        if args.recording:
-            prometheus = backfill_recording(work, blocks, prom_port, start, now, prometheus, result)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-        fleet = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "fleet",
-                "--prometheus-url",
-                f"http://127.0.0.1:{prom_port}",
-                "--node-label",
-                "node",
-                "--web.listen-address",
-                f"127.0.0.1:{fleet_port}",
-                "--cache-ttl",
-                "5",
-                "--query-timeout",
-                "30",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_ready(f"http://127.0.0.1:{fleet_port}/healthz", timeout=60)
-        raw_port = free_port()
-        if args.recording:  # the same fleet service on the raw series, for the side-by-side
-            raw_fleet = subprocess.Popen(
-                [*fleet.args[: fleet.args.index("--web.listen-address")], "--web.listen-address",
-                 f"127.0.0.1:{raw_port}", "--cache-ttl", "5", "--query-timeout", "30", "--recording-rules", "off"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            wait_ready(f"http://127.0.0.1:{raw_port}/healthz", timeout=60)
-        endpoints = {
-            "/api/v1/fleet": {},
-            "/api/v1/fleet/health": {},
-            "/api/v1/fleet/cordon-candidates": {},
-            "/api/v1/fleet/utilization": {"window": "1h"},
-            "/api/v1/plan": {"parameters": "7e9"},
-            "/": {},
-        }
-        timings: dict[str, dict[str, object]] = {}
-        client = httpx.Client(base_url=f"http://127.0.0.1:{fleet_port}", timeout=120)
-        client.get("/api/v1/fleet")  # Prometheus loads the blocks' index lazily: one warm-up request, not timed
-        for path, params in endpoints.items():
-            cold, warm = [], []
-            for _ in range(args.runs):
-                time.sleep(5.2)  # past the cache TTL (and its quantized evaluation time): a cold answer
-                t0 = time.perf_counter()
-                response = client.get(path, params=params)
-                cold.append(time.perf_counter() - t0)
-                assert response.status_code == 200, (path, response.status_code, response.text[:300])
-                t0 = time.perf_counter()
-                client.get(path, params=params)
-                warm.append(time.perf_counter() - t0)
-            body = response.json() if path != "/" else {}
-            timings[path] = {
-                "cold_median_s": round(statistics.median(cold), 3),
-                "cold_max_s": round(max(cold), 3),
-                "warm_median_s": round(statistics.median(warm), 4),
-                "answer_bytes": len(response.content),
-                "summary": summarize(path, body),
+        "gpus_per_node": 8,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, {memory_gib} GiB",
+        "history": {"range_read_hours": fleet.hours, "range_step_s": fleet.range_step,
+                    "instant_minutes": fleet.instant_minutes, "instant_step_s": fleet.instant_step,
+                    "recorded_minutes": fleet.recorded_minutes, "ahead_minutes": fleet.ahead_minutes},
+        "truth": fleet.truth(),
+    }  # fmt: skip
+    reduced: dict[str, Any] = {}
+    for name in args.backends.split(","):
+        backend = {"prometheus": Prometheus, "victoriametrics": VictoriaMetrics}[name](work)
+        entry: dict[str, Any] = {}
+        result[name] = entry
+        try:
+            if args.reuse:
+                entry.update(kept["loads"][name])
+            else:
+                print(f"{name}: loading {args.nodes} nodes", flush=True)
+                entry.update(backend.load(fleet))
+                kept["loads"][name] = dict(entry)
+                state.write_text(json.dumps(kept))
+                print(f"{name}: loaded {entry}", flush=True)
+                if args.load_only:
+                    backend.stop(keep=True)
+                    continue
+            backend.start()
+            entry["endpoints"], answers = time_endpoints(backend.url, args.runs)
+            entry["burst_at_defaults"] = burst(backend.url)
+            print(f"{name}: burst {entry['burst_at_defaults']}", flush=True)
+            entry["recorded_vs_rules"] = recorded_vs_rules(backend.url, float(int(time.time() - 120) // 60 * 60))
+            entry["backend_rss_mib"] = rss_mib(backend.proc.pid) if backend.proc else None
+            reduced[name] = reduce(answers)
+            entry["answers"] = {
+                "health_checks": len(reduced[name]["health"]),
+                "cordon_findings": len(reduced[name]["cordon"]),
+                "utilization_totals": reduced[name]["utilization"]["totals"],
+                "utilization_source": reduced[name]["utilization"]["source"],
+                "page_html_bytes": answers.get("/", {}).get("html_bytes"),
             }
-            print(path, timings[path], flush=True)
-        result["endpoints"] = timings
-        if args.recording:
-            result["raw_path"] = side_by_side(raw_port, client, args.runs)
-        result["prometheus_rss_mib"] = round(rss_mib(prometheus.pid), 1)
-        result["fleet_rss_mib"] = round(rss_mib(fleet.pid), 1)
-    finally:
-        for proc in (raw_fleet, fleet, prometheus):
-            if proc is not None:
-                proc.terminate()
-                proc.wait(30)
-    print(json.dumps(result, indent=2))
+            entry["matches_ground_truth"] = truth_check(reduced[name], fleet)
+        finally:
+            backend.stop(keep=args.load_only or args.reuse)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if len(reduced) == 2:
+        a, b = reduced.values()
+        result["backends_agree"] = {key: a[key] == b[key] for key in a}
+        result["backends_differ_in"] = {
+            key: {"prometheus": str(a[key])[:300], "victoriametrics": str(b[key])[:300]}
+            for key in a
+            if a[key] != b[key]
+        }
+    print(json.dumps({k: v for k, v in result.items() if k not in ("prometheus", "victoriametrics")}, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
-
-
-def backfill_recording(work: Path, blocks: Path, port: int, start: int, now: int, prometheus, result: dict):  # noqa: ANN001, ANN201
-    """The recording rules evaluated over the history (every 60 s, as shipped) into blocks, then Prometheus restarted
-    on raw and recorded blocks together."""
-    from gpuwarden.fleet import recording
-
-    rules = work / "recording.yaml"
-    rules.write_text(recording.to_yaml())
-    out = work / "rules-blocks"
-    shutil.rmtree(out, ignore_errors=True)
-    began = time.monotonic()
-    subprocess.run(
-        ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={start + 300}", f"--end={now}",
-         f"--url=http://127.0.0.1:{port}", f"--output-dir={out}", "--quiet", str(rules)],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    result["recording_backfill_seconds"] = round(time.monotonic() - began, 1)
-    command = prometheus.args
-    prometheus.terminate()
-    prometheus.wait(60)
-    for block in out.iterdir():
-        if block.is_dir():
-            shutil.move(str(block), blocks / block.name)
-    restarted = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(f"http://127.0.0.1:{port}/-/ready", timeout=300)
-    return restarted
-
-
-def side_by_side(raw_port: int, recorded: httpx.Client, runs: int) -> dict[str, object]:
-    """The utilization endpoint and the page on the raw series, timed like the rest; and the two answers compared."""
-    raw = httpx.Client(base_url=f"http://127.0.0.1:{raw_port}", timeout=120)
-    out: dict[str, object] = {}
-    for path, params in (("/api/v1/fleet/utilization", {"window": "1h"}), ("/", {})):
-        cold = []
-        for _ in range(runs):
-            time.sleep(5.2)
-            t0 = time.perf_counter()
-            response = raw.get(path, params=params)
-            cold.append(time.perf_counter() - t0)
-            assert response.status_code == 200, (path, response.status_code, response.text[:300])
-        out[path] = {"cold_median_s": round(statistics.median(cold), 3), "cold_max_s": round(max(cold), 3)}
-    want = raw.get("/api/v1/fleet/utilization", params={"window": "1h", "limit": 1000}).json()
-    got = recorded.get("/api/v1/fleet/utilization", params={"window": "1h", "limit": 1000}).json()
-    out["source_recorded"] = got["source"][:40]
-    out["totals_raw"] = want["totals"]
-    out["totals_recorded"] = got["totals"]
-    print("raw path", out, flush=True)
-    return out
-
-
-def summarize(path: str, body: dict) -> dict[str, object]:
-    if path == "/api/v1/fleet":
-        return {"nodes": body["totals"]["nodes"], "gpus": body["totals"]["gpus"]}
-    if path == "/api/v1/fleet/health":
-        return {"unhealthy_gpus": len(body["unhealthy_gpus"]), **body["counts"]}
-    if path == "/api/v1/fleet/cordon-candidates":
-        return {"candidate_nodes": len(body["candidates"])}
-    if path == "/api/v1/fleet/utilization":
-        return {k: body["totals"][k] for k in ("idle_gpus", "starved_gpus", "wasted_gpu_hours")}
-    if path == "/api/v1/plan":
-        return {"fits": [f["model"] for f in body["fleet"] if f["fits"]]}
-    return {}
 
 
 if __name__ == "__main__":

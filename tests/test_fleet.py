@@ -357,8 +357,12 @@ def test_cache_answers_repeats_without_asking_prometheus(world: dict[str, Any]) 
         second = fleet.get("/api/v1/fleet/health").json()
         series = parse_exposition(fleet.get("/metrics").text)
     assert values(series, "gpuwarden_fleet_prometheus_queries_total", outcome="ok")[0] == asked
-    assert values(series, "gpuwarden_fleet_cache_hits_total")[0] >= 3
+    assert values(series, "gpuwarden_fleet_answers_total", served="computed") == [1]
+    assert values(series, "gpuwarden_fleet_answers_total", served="fresh") == [1]
     assert second["unhealthy_gpus"] == first["unhealthy_gpus"]
+    assert first["freshness"]["stale"] is second["freshness"]["stale"] is False
+    assert second["freshness"]["computed_at"] == first["freshness"]["computed_at"]
+    assert second["freshness"]["age_seconds"] >= first["freshness"]["age_seconds"]
 
 
 def test_plan_still_answers_when_prometheus_is_down() -> None:

@@ -7,6 +7,7 @@ parameters → 422 JSON naming the parameter.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,12 +24,14 @@ from gpuwarden import __version__
 from gpuwarden.config.web import BasicAuth
 from gpuwarden.fleet import planner
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
+from gpuwarden.fleet.refresh import AnswerCache
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
 from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import jsonable_errors, problem
 from gpuwarden.web.limits import ConnectionGuard
 
+log = logging.getLogger("gpuwarden.fleet")
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape(["html"])
 )
@@ -95,23 +98,42 @@ def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRoute
     return router
 
 
-def _fleet_routes(fleet: Fleet, settings: FleetSettings, max_window_s: float) -> APIRouter:
+class Views:
+    """The fleet's views through the answer cache (exporter/fleet/refresh.py): one key per view and parameters."""
+
+    def __init__(self, fleet: Fleet, answers: AnswerCache) -> None:
+        self.fleet, self.answers = fleet, answers
+
+    async def inventory(self) -> dict[str, Any]:
+        return await self.answers.get("inventory", self.fleet.inventory)
+
+    async def health(self) -> dict[str, Any]:
+        return await self.answers.get("health", self.fleet.health)
+
+    async def cordon_candidates(self) -> dict[str, Any]:
+        return await self.answers.get("cordon-candidates", self.fleet.cordon_candidates)
+
+    async def utilization(self, window: str, limit: int) -> dict[str, Any]:
+        return await self.answers.get(f"utilization:{window}:{limit}", lambda: self.fleet.utilization(window, limit))
+
+
+def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) -> APIRouter:
     router = APIRouter()
 
     @router.get("/api/v1/fleet")
     async def inventory() -> dict[str, Any]:
         """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
-        return await fleet.inventory()
+        return await views.inventory()
 
     @router.get("/api/v1/fleet/health")
     async def health() -> dict[str, Any]:
         """Every GPU that is not healthy, with its failing checks, severity and since when."""
-        return await fleet.health()
+        return await views.health()
 
     @router.get("/api/v1/fleet/cordon-candidates")
     async def cordon_candidates() -> dict[str, Any]:
         """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
-        return await fleet.cordon_candidates()
+        return await views.cordon_candidates()
 
     @router.get("/api/v1/fleet/utilization")
     async def utilization(
@@ -120,7 +142,7 @@ def _fleet_routes(fleet: Fleet, settings: FleetSettings, max_window_s: float) ->
     ) -> dict[str, Any]:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
         check_window(window, max_window_s, settings.max_window)
-        return await fleet.utilization(window, limit)
+        return await views.utilization(window, limit)
 
     return router
 
@@ -186,7 +208,7 @@ def _plan_routes(fleet: Fleet) -> APIRouter:
     return router
 
 
-def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
+def _page_routes(views: Views, settings: FleetSettings) -> APIRouter:
     router = APIRouter()
 
     @router.get("/", response_class=HTMLResponse)
@@ -194,7 +216,7 @@ def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
         """A quick look when Grafana is not at hand."""
         try:
             inventory, health, cordon, usage = await asyncio.gather(
-                fleet.inventory(), fleet.health(), fleet.cordon_candidates(), fleet.utilization("1h", 20)
+                views.inventory(), views.health(), views.cordon_candidates(), views.utilization("1h", 20)
             )
         except PrometheusError as exc:
             page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
@@ -208,11 +230,34 @@ def _page_routes(fleet: Fleet, settings: FleetSettings) -> APIRouter:
             usage=usage,
             settings=settings,
             version=__version__,
-            generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            generated=_as_of(inventory, health, cordon, usage),
         )
         return HTMLResponse(page)
 
     return router
+
+
+def _as_of(*answers: dict[str, Any]) -> str:
+    """When the page's oldest answer was computed, how old it is, and whether a fresher one is on its way."""
+    oldest = min(answers, key=lambda a: a["freshness"]["computed_at"])["freshness"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(oldest["computed_at"]))
+    stale = any(a["freshness"]["stale"] for a in answers)
+    return f"data as of {when} ({oldest['age_seconds']:.0f} s old{', refreshing' if stale else ''})"
+
+
+async def _calibrate_forever(client: PrometheusClient) -> None:
+    """The backend's latency offset (PrometheusClient.calibrate), learnt at start and every 10 minutes; retried
+    every 30 s while the backend cannot be asked."""
+    while True:
+        try:
+            offset = await client.calibrate()
+        except PrometheusError as exc:
+            log.info("could not learn the backend's latency offset yet: %s", exc)
+            await asyncio.sleep(30)
+            continue
+        if offset:
+            log.info("the backend evaluates recent instants %g s back: queries are evaluated that far back", offset)
+        await asyncio.sleep(600)
 
 
 def create_app(
@@ -230,6 +275,13 @@ def create_app(
         cache_max_bytes=settings.cache_max_bytes,
     )
     fleet = Fleet(client, settings)
+    answers = AnswerCache(
+        settings.cache_ttl,
+        settings.cache_ttl + settings.max_stale,
+        settings.refresh_interval,
+        registry=client.registry,
+    )
+    views = Views(fleet, answers)
     max_window_s = parse_duration(settings.max_window)
     Info("gpuwarden_fleet_build", "Build of the fleet service.", registry=client.registry).info(
         {"version": __version__, "prometheus_url": settings.prometheus_url}
@@ -237,7 +289,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        answers.start_refreshing()
+        calibration = asyncio.get_running_loop().create_task(_calibrate_forever(client))
         yield
+        calibration.cancel()
+        await answers.stop()
         await client.close()
 
     app = FastAPI(
@@ -266,9 +322,9 @@ def create_app(
         return problem(422, "invalid request", jsonable_errors(exc))
 
     app.include_router(_probe_routes(client, settings))
-    app.include_router(_fleet_routes(fleet, settings, max_window_s))
+    app.include_router(_fleet_routes(views, settings, max_window_s))
     app.include_router(_plan_routes(fleet))
-    app.include_router(_page_routes(fleet, settings))
+    app.include_router(_page_routes(views, settings))
     add_offline_docs(app)
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -102,15 +103,32 @@ class PrometheusClient:
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
         self.registry = registry or CollectorRegistry()
         self.metrics = ClientMetrics(self.registry)
+        self.latency_offset = 0.0  # seconds the backend shifts a recent instant back (VictoriaMetrics: 30 s)
 
     async def close(self) -> None:
         await self._client.aclose()
 
     def evaluation_time(self) -> float:
         """One evaluation time for all the queries of an answer, so they describe the same instant; quantized to
-        the cache TTL so that concurrent answers share their queries."""
+        the cache TTL so that concurrent answers share their queries, and at least the backend's latency offset
+        in the past, where the backend would otherwise move it there itself (see calibrate)."""
         step = max(self.cache_ttl, 1.0)
-        return float(int(time.time() / step) * step)
+        return float(int((time.time() - self.latency_offset) / step) * step)
+
+    async def calibrate(self) -> float:
+        """Learn how far back the backend moves a recent evaluation time, by asking it what `time()` is now.
+
+        VictoriaMetrics evaluates an instant within `-search.latencyOffset` (30 s by default) of now at now − 30 s
+        and labels the answer with the time asked, so its "now" and Prometheus' differ by 30 s. Evaluating at
+        least that far back makes every backend answer for the instant asked (Prometheus, Thanos and Mimir answer
+        0 here and nothing changes). A failure keeps the last value; the next calibration tries again."""
+        async with self._slot():
+            asked = time.time()
+            answer = await self._fetch("time()", asked)
+        shift = asked - answer[0].value if answer else 0.0
+        # a second's margin: an instant exactly at the offset's edge would still be moved
+        self.latency_offset = float(math.ceil(shift) + 1) if shift >= 1 else 0.0
+        return self.latency_offset
 
     async def query(self, expr: str, at: float | None = None) -> list[Series]:
         """Instant vector (or scalar) at `at` (default: now); cached and shared between concurrent callers."""
@@ -126,11 +144,9 @@ class PrometheusClient:
             return await asyncio.shield(pending)
         future: asyncio.Future[list[Series]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.max_concurrent)
         started = time.monotonic()
         try:
-            async with self._slots:
+            async with self._slot():
                 result = await self._fetch(expr, at)
         except BaseException as exc:
             self.metrics.duration.observe(time.monotonic() - started)
@@ -146,6 +162,12 @@ class PrometheusClient:
             return result
         finally:
             del self._inflight[key]
+
+    def _slot(self) -> asyncio.Semaphore:
+        """One of the max_concurrent slots every request to the backend takes."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_concurrent)
+        return self._slots
 
     def _remember(self, key: str, result: list[Series]) -> None:
         """Cache an answer; the oldest answers (and any expired) go while the estimate is over cache_max_bytes."""

@@ -58,6 +58,20 @@ class FleetSettings(BaseModel):
         "here instead of overrunning the backend's own limit (VictoriaMetrics answers 503 past its "
         "-search.maxConcurrentRequests).",
     )
+    max_stale: float = Field(
+        300.0,
+        ge=0,
+        le=3600,
+        description="Seconds past the cache TTL that a view's last answer is still served (marked stale, with its "
+        "age) while a fresh one is computed behind it; 0 makes every reader past the TTL wait.",
+    )
+    refresh_interval: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="Seconds between background recomputations of the views read in the last 10 minutes (the "
+        "page, health, cordon candidates, utilization); 0 turns the background refresh off.",
+    )
     cache_max_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1024 * 1024,
