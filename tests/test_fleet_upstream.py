@@ -164,7 +164,7 @@ def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometh
 
     def answer(query: str, handler: BaseHTTPRequestHandler) -> None:
         # the narrowing query, then the narrowed NvlinkDown expression: one node with a link down
-        wanted = query.startswith("max_over_time(gpuwarden_nvlink_active_links") or "instance=~" in query
+        wanted = query.startswith("gpuwarden_nvlink_active_links{") or "instance=~" in query
         reply(handler, vector([row] if wanted else []))
 
     prometheus.answer = answer
