@@ -199,6 +199,10 @@ def reduce(answers: dict[str, Any]) -> dict[str, Any]:
                 for n in usage.get("by_namespace", [])
             ),
         },
+        "bottlenecks": {
+            "gpus_by_class": (usage.get("bottlenecks") or {}).get("gpus_by_class"),
+            "wasted_gpu_hours_by_class": (usage.get("bottlenecks") or {}).get("wasted_gpu_hours_by_class"),
+        },
         "plan_fits": sorted(f["model"] for f in plan.get("fleet") or [] if f.get("fits")),
     }  # fmt: skip
 
@@ -215,6 +219,9 @@ def truth_check(reduced: dict[str, Any], fleet: Fleet) -> dict[str, Any]:
         "hardware_gpus_in_cordon": len(hardware_cordon) == truth["hardware_gpus"],
         "unhealthy_gpus": len({"/".join(h.split("/")[:2]) for h in reduced["health"]})
         == truth["hardware_gpus"] + truth["unhealthy_gpus"] + truth["starved_gpus"] - truth["hardware_gpus"],
+        "gpus_by_class": reduced["bottlenecks"]["gpus_by_class"]
+        == {k: v for k, v in truth["gpus_by_class"].items() if v},
+        "no_stale_exporters": reduced["inventory"]["stale"] == 0,
     }
 
 

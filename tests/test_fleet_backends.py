@@ -17,7 +17,7 @@ import pytest
 
 from gpuwarden.fleet.prometheus import PrometheusClient
 from tests.helpers.fleet import FleetServer, fleet_settings
-from tests.helpers.synthetic_fleet import Fleet
+from tests.helpers.synthetic_fleet import CLASS, Fleet
 from tests.helpers.tsdb_backends import Prometheus, VictoriaMetrics, instant
 
 pytestmark = pytest.mark.slow
@@ -90,6 +90,8 @@ def reduced(answer: dict[str, Any]) -> dict[str, Any]:
         "namespaces": sorted(
             (n["namespace"], n.get("allocated_gpu_hours"), n.get("wasted_gpu_hours")) for n in usage["by_namespace"]
         ),
+        "gpus_by_class": usage["bottlenecks"]["gpus_by_class"],
+        "wasted_by_class": usage["bottlenecks"]["wasted_gpu_hours_by_class"],
     }
 
 
@@ -123,7 +125,7 @@ def test_both_backends_give_the_same_answers_and_the_truth(backends: dict[str, A
         assert answer["utilization"]["source"].startswith(want), answer["utilization"]["source"]
     prometheus, victoria = reduced(on_prometheus), reduced(on_victoria)
     # hours and costs are sums of floats, rounded to 0.01 for the answer: equal to within that rounding
-    numbers = ("totals", "namespaces")
+    numbers = ("totals", "namespaces", "wasted_by_class")
     assert {k: v for k, v in prometheus.items() if k not in numbers} == {
         k: v for k, v in victoria.items() if k not in numbers
     }
@@ -135,10 +137,17 @@ def test_both_backends_give_the_same_answers_and_the_truth(backends: dict[str, A
     assert [n for n, *_ in victoria["namespaces"]] == [n for n, *_ in prometheus["namespaces"]]
     for ours, theirs in zip(prometheus["namespaces"], victoria["namespaces"], strict=True):
         assert theirs[1:] == pytest.approx(ours[1:], rel=rel, abs=0.011)
+    assert victoria["wasted_by_class"] == pytest.approx(prometheus["wasted_by_class"], rel=rel, abs=0.011)
     truth = ground_truth(backends["fleet"])
     assert prometheus["nodes"] == truth["nodes"] and prometheus["gpus"] == truth["gpus"]
     assert prometheus["idle"] == truth["idle"] and prometheus["starved"] == truth["starved"]
     assert prometheus["health"] == truth["health"]
+    assert prometheus["gpus_by_class"] == {k: v for k, v in backends["fleet"].truth()["gpus_by_class"].items() if v}
+    fleet = backends["fleet"]
+    idle_hours: dict[str, float] = {}
+    for key, kind in fleet.kind.items():
+        idle_hours[CLASS[kind]] = idle_hours.get(CLASS[kind], 0.0) + 1.0 - fleet.duty(key)
+    assert prometheus["wasted_by_class"] == pytest.approx(idle_hours, rel=rel, abs=0.011)
     assert sorted({(node, gpu) for node, _, gpu in prometheus["cordon"]}) == truth["hardware"]
     assert truth["hardware"] and truth["idle"] and truth["starved"]  # the fleet has something of each to find
     for answer in (prometheus, victoria):  # every GPU sampled for the whole hour

@@ -1,12 +1,13 @@
 """Recording rules that pre-aggregate what the fleet's utilization view asks for (`python -m gpuwarden.fleet.recording`
-rewrites alert_rules/gpuwarden.recording.yaml; tests/test_fleet_recording.py fails when it drifts).
+rewrites alert_rules/gpuwarden.recording.yaml; tests/test_fleet.py fails when it drifts).
 
 Without them every page view scans every GPU's counters over the window and joins them per GPU (75 M samples at
 10,000 nodes). With them, Prometheus (or vmalert) evaluates the 5-minute rates once a minute into a series per node
 and per namespace, and the view integrates those over the window: `sum_over_time(rate) × interval` is the window's
 increase, counted only where the node was seen. Per-GPU series are recorded only for idle and starved GPUs, the
-few a list needs. Target labels (job, instance, node, cluster) are kept with `without (gpu, uuid)`, so the fleet's
-selector matches the recorded series as it matches the raw ones.
+few a list needs; the idle seconds by bottleneck class (GPM) are summed per class. Target labels (job, instance,
+node, cluster) are kept with `without (gpu, uuid)`, so the fleet's selector matches the recorded series as it
+matches the raw ones.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ NS_SAMPLED = "gpuwarden:namespace_sampled_seconds:rate5m"
 NS_IDLE = "gpuwarden:namespace_idle_seconds:rate5m"
 GPU_IDLE = "gpuwarden:gpu_idle_ratio:rate5m"
 GPU_STARVED = "gpuwarden:gpu_starved_ratio:rate5m"
+CLASS_IDLE = "gpuwarden:class_idle_seconds:rate5m"
 # per namespace: every label of the allocation but the GPU's and the holder's; target labels (job, cluster) stay
 PER_GPU = "instance, node, gpu, uuid, pod, container"
 
@@ -55,6 +57,13 @@ def rules(
             "expr": f"sum without ({PER_GPU}) ({sampled} * on (instance, uuid) group_right () {share})",
         },
         {"record": NS_IDLE, "expr": f"sum without ({PER_GPU}) ({idle} * on (instance, uuid) group_right () {share})"},
+        {
+            # seconds no kernel ran, by the bottleneck class (GPM) each GPU was in at each evaluation
+            "record": CLASS_IDLE,
+            # the info series on the left keeps the target labels: a one-to-one match `on` keeps only its labels
+            "expr": f"sum without (instance, node, gpu, uuid) (gpuwarden_bottleneck_info{{{selector}}} "
+            f"* on (instance, uuid) group_left () {idle})",
+        },
         {
             "record": GPU_IDLE,
             "expr": f"{util} < {idle_ratio:g} and on (instance, uuid) gpuwarden_processes{{{selector}}} == 0",

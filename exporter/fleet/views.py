@@ -372,17 +372,23 @@ class UtilizationView(FleetQueries):
         recorded = await self._recorded()
         raw, idle_s = self._raw_queries(window, limit)
         (
-            observed,
-            wasted_s,
-            gpu_count,
-            average,
-            idle,
-            starved,
-            idle_count,
-            starved_count,
-            ns_wasted,
-            ns_allocated,
-        ) = await self.many(*(self._recorded_queries(window, limit) if recorded else raw))
+            (
+                observed,
+                wasted_s,
+                gpu_count,
+                average,
+                idle,
+                starved,
+                idle_count,
+                starved_count,
+                ns_wasted,
+                ns_allocated,
+            ),
+            bottlenecks,
+        ) = await asyncio.gather(
+            self.many(*(self._recorded_queries(window, limit) if recorded else raw)),
+            self.bottlenecks(window, idle_s, recorded),
+        )
         idle_ratio = self.settings.idle_ratio
         price = self.settings.price_per_gpu_hour
 
@@ -429,7 +435,6 @@ class UtilizationView(FleetQueries):
             entry["wasted_cost"] = round(row.value / 3600 * price, 2)
         wasted = sum(r.value for r in wasted_s) / 3600
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
-        bottlenecks = await self.bottlenecks(window, idle_s)
         return {
             "source": "recording rules (alert_rules/gpuwarden.recording.yaml)"
             if recorded
@@ -465,17 +470,24 @@ class UtilizationView(FleetQueries):
             },
         }
 
-    async def bottlenecks(self, window: str, idle_s: str) -> dict[str, Any]:
+    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False) -> dict[str, Any]:
         """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
-        kernel ran, by the class the GPU is in now."""
+        kernel ran by class: from the recording rules, each minute by the class the GPU was in then; from the raw
+        series, the whole window by the class the GPU is in now (a scan of every GPU's counters)."""
         sel, node_label = self.selector, self.node_label
         info = f"gpuwarden_bottleneck_info{{{sel}}}"
         allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{sel}}})"
+        wasted_by_class = (
+            f"sum by (class) (sum_over_time({recording.CLASS_IDLE}{{{sel}}}[{window}])) "
+            f"* {self.settings.recording_interval}"
+            if recorded
+            else f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})"
+        )
         totals, by_node, by_namespace, wasted = await self.many(
             f"count by (class) ({info})",
             f"count by ({node_label}, class) ({info})",
             f"count by (namespace, class) ({info} * on (instance, uuid) group_left (namespace) {allocation})",
-            f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})",
+            wasted_by_class,
         )
         per_node: dict[str, dict[str, int]] = defaultdict(dict)
         for row in by_node:
@@ -489,8 +501,8 @@ class UtilizationView(FleetQueries):
             "by_node": [{"node": node, "classes": classes} for node, classes in sorted(per_node.items())],
             "by_namespace": [{"namespace": ns, "classes": classes} for ns, classes in sorted(per_namespace.items())],
             "definition": "gpuwarden_bottleneck_info (GPM, Hopper and newer): what each GPU's time went to over the "
-            "exporter's bottleneck window; wasted hours are the window's hours with no kernel running, by the GPU's "
-            "class now",
+            "exporter's bottleneck window; wasted hours are the window's hours with no kernel running, by the class "
+            + ("the GPU was in at each minute (recording rules)" if recorded else "the GPU is in now (raw series)"),
         }
 
     # -- planner's fleet side ---------------------------------------------------------------------------------------

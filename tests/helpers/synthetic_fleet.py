@@ -4,13 +4,13 @@ two-backend test (tests/test_fleet_backends.py): N nodes × 8 GPUs with the seri
 ~385 series per node (the simulator's 8-GPU node exports 369), in the families every fleet query and critical
 rule reads, labelled as the chart's ServiceMonitor labels them (job, instance, node). Three tiers, so that a
 10,000-node fleet fits a build machine while every query sees what it would see in production:
-- range-read families (the utilization counters, processes, pod allocation, NVLink active links), which views and
-  rules read over windows: `hours` of history at `range_step` (120 s: rate() over 5 m keeps two samples);
+- range-read families (the utilization counters, processes, pod allocation, NVLink active links, bottleneck
+  classes), which views and rules read over windows: `hours` of history at `range_step` (120 s: rate() over 5 m keeps two samples);
 - every other family, read at an instant (5 m lookback): `instant_minutes` of history at `instant_step` (240 s);
 - optionally the recording rules' series (alert_rules/gpuwarden.recording.yaml), exactly as the shipped rules
   evaluate over this data (linear counters: every rate is the GPU's duty), every 60 s over `recorded_minutes`.
 All tiers run `ahead_minutes` past the start, so "now" stays inside the data while a benchmark runs.
-About 2 % of GPUs are unhealthy, 0.6 % have hardware findings, 5 % are idle, 5 % starved.
+Every GPU has a bottleneck class (GPM). About 2 % of GPUs are unhealthy, 0.6 % have hardware findings, 5 % are idle, 5 % starved.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ LINKS = 18
 MEMORY = 85520809984
 HARDWARE = ("ecc", "nvlink", "lost", "remap", "xid")
 DUTY = {"idle": 0.0, "starved": 0.25, "busy": 0.93, "unhealthy": 0.6, "hardware": 0.0}
+# the bottleneck class (GPM) each kind of GPU is in
+CLASS = {"idle": "idle", "starved": "waiting", "busy": "tensor_bound", "unhealthy": "memory_bound", "hardware": "idle"}
 
 
 @dataclass
@@ -226,6 +228,11 @@ class Fleet:
             ((f"gpuwarden_xid_last_timestamp_seconds{lab(n, g, xid='79')}", self.now - 3600)
              for n, g in gpus if self.hardware.get((n, g)) == "xid"),
         )  # fmt: skip
+        yield from moving(  # the recording rules join it every minute: read over windows
+            "gpuwarden_bottleneck_info", "gauge",
+            ((f"gpuwarden_bottleneck_info{lab(n, g, **{'class': CLASS[self.kind[(n, g)]]})}", _constant(1)) for n, g in gpus),
+            ranged,
+        )  # fmt: skip
         if recorded:
             yield from self.recorded_lines(ts)
 
@@ -255,6 +262,11 @@ class Fleet:
             ns = self.namespace(key[0])
             sampled[ns] = sampled.get(ns, 0.0) + 1.0
             idle[ns] = idle.get(ns, 0.0) + 1.0 - self.duty(key)
+        by_class: dict[str, float] = {}
+        for key in self.gpus():
+            by_class[CLASS[self.kind[key]]] = by_class.get(CLASS[self.kind[key]], 0.0) + 1.0 - self.duty(key)
+        for name, idle_rate in sorted(by_class.items()):
+            yield series(f'{recording.CLASS_IDLE}{{job="gpuwarden",class="{name}"}}', f"{idle_rate:g}")
         for ns in sorted(sampled):
             yield series(f'{recording.NS_SAMPLED}{{job="gpuwarden",namespace="{ns}"}}', f"{sampled[ns]:g}")
             yield series(f'{recording.NS_IDLE}{{job="gpuwarden",namespace="{ns}"}}', f"{idle[ns]:g}")
@@ -268,6 +280,7 @@ class Fleet:
             "unhealthy_gpus": kinds.count("unhealthy"),
             "idle_gpus": kinds.count("idle"),
             "starved_gpus": kinds.count("starved") + kinds.count("hardware"),  # a job holds them, at duty 0
+            "gpus_by_class": {c: sum(1 for k in kinds if CLASS[k] == c) for c in sorted(set(CLASS.values()))},
         }
 
 
