@@ -147,6 +147,20 @@ def burst(backend_url: str) -> dict[str, Any]:
     }
 
 
+def screenshot(backend_url: str, path: Path, work: Path) -> None:
+    """The page as a reader sees it: a fleet service at its defaults, its page computed once, then Chromium."""
+    from tests.helpers.browser import CHROMIUM_FLAGS, chromium
+
+    service = FleetService(backend_url)
+    service.get("/", {})
+    subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}", "--window-size=1400,2600",
+         f"--screenshot={path}", f"http://127.0.0.1:{service.port}/"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    service.close()
+
+
 def recorded_vs_rules(backend_url: str, at: float) -> dict[str, Any]:
     """Each recorded series' count and sum at one instant, against the shipped rule's own expression there."""
     out = {}
@@ -236,6 +250,7 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--load-only", action="store_true", help="load the backends into --work and keep them")
     parser.add_argument("--reuse", action="store_true", help="time the backends --load-only left in --work")
+    parser.add_argument("--screenshot", help="a PNG of the overview page from the first backend (headless Chromium)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="fleet-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -279,6 +294,9 @@ def main() -> int:
             backend.start()
             entry["endpoints"], answers = time_endpoints(backend.url, args.runs)
             entry["burst_at_defaults"] = burst(backend.url)
+            if args.screenshot:
+                screenshot(backend.url, Path(args.screenshot), work)
+                args.screenshot = None
             print(f"{name}: burst {entry['burst_at_defaults']}", flush=True)
             entry["recorded_vs_rules"] = recorded_vs_rules(backend.url, float(int(time.time() - 120) // 60 * 60))
             entry["backend_rss_mib"] = rss_mib(backend.proc.pid) if backend.proc else None
