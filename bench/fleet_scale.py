@@ -166,7 +166,8 @@ def recorded_vs_rules(backend_url: str, at: float) -> dict[str, Any]:
     out = {}
     for rule in recording.rules():
         got: list[tuple[Any, Any]] = []
-        for expr in (f'{rule["record"]}{{job="gpuwarden"}}', rule["expr"]):
+        static = "".join(f',{k}="{v}"' for k, v in rule.get("labels", {}).items())
+        for expr in (f'{rule["record"]}{{job="gpuwarden"{static}}}', rule["expr"]):
             count = instant(backend_url, f"count({expr}) or vector(0)", at)
             total = instant(backend_url, f"sum({expr}) or vector(0)", at)
             try:
@@ -175,7 +176,8 @@ def recorded_vs_rules(backend_url: str, at: float) -> dict[str, Any]:
                 )
             except (KeyError, IndexError):
                 got.append(("error", count.get("error") or total.get("error")))
-        out[rule["record"]] = {"recorded": got[0], "rule": got[1], "equal": _close(got[0], got[1])}
+        key = rule["record"] + static
+        out[key] = {"recorded": got[0], "rule": got[1], "equal": _close(got[0], got[1])}
     return out
 
 

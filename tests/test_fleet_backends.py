@@ -56,7 +56,8 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 
 
 def answers(url: str, **settings: Any) -> dict[str, Any]:
-    with FleetServer(fleet_settings(url, node_label="node", **settings)) as fleet:
+    # agreement, not speed, is tested here: a loaded machine must not turn a slow answer into a 504
+    with FleetServer(fleet_settings(url, node_label="node", query_timeout=30, **settings)) as fleet:
         out = {}
         for name, (path, params) in ENDPOINTS.items():
             response = fleet.get(path, **params)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from gpuwarden.health.checks import CHECKS
 from gpuwarden.health.thresholds import DEFAULT
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -31,13 +33,20 @@ NS_IDLE = "gpuwarden:namespace_idle_seconds:rate5m"
 GPU_IDLE = "gpuwarden:gpu_idle_ratio:rate5m"
 GPU_STARVED = "gpuwarden:gpu_starved_ratio:rate5m"
 CLASS_IDLE = "gpuwarden:class_idle_seconds:rate5m"
+HEALTH = "gpuwarden:gpu_health:nonzero"
+NODE_MODELS = "gpuwarden:node_gpus_by_model:count"
+NODE_MEMORY = "gpuwarden:node_memory_bytes_by_model:max"
+NODE_CLASSES = "gpuwarden:node_class_gpus:count"
+NS_CLASSES = "gpuwarden:namespace_class_gpus:count"
+# gpuwarden_gpu_info's labels that vary by GPU (the model, `name`, stays)
+GPU_IDENTITY = "gpu, uuid, serial, pci_bus_id, vbios_version, compute_capability"
 # per namespace: every label of the allocation but the GPU's and the holder's; target labels (job, cluster) stay
 PER_GPU = "instance, node, gpu, uuid, pod, container"
 
 
 def rules(
     selector: str = 'job="gpuwarden"', idle_ratio: float = DEFAULT.utilization_low_ratio, rate_window: str = "5m"
-) -> list[dict[str, str]]:
+) -> list[dict[str, Any]]:
     """The recording rules, over the series `selector` matches. `rate_window` is 5m as shipped (and in the names);
     a test with minutes of history uses a shorter one, since rate() over 5 m of 40 s of data divides by 300 s."""
     sampled = f"rate(gpuwarden_utilization_sampled_seconds_total{{{selector}}}[{rate_window}])"
@@ -64,6 +73,21 @@ def rules(
             "expr": f"sum without (instance, node, gpu, uuid) (gpuwarden_bottleneck_info{{{selector}}} "
             f"* on (instance, uuid) group_left () {idle})",
         },
+        # what the overview reads at an instant, a series per node (or per unhealthy GPU) instead of per GPU: at
+        # 10,000 nodes each per-GPU selection is 80,000 series (~0.5 s of Prometheus' CPU), the page read 2.6 M
+        {"record": NODE_MODELS, "expr": f"count without ({GPU_IDENTITY}) (gpuwarden_gpu_info{{{selector}}})"},
+        {
+            "record": NODE_MEMORY,
+            "expr": f"max without (gpu, uuid) (gpuwarden_memory_total_bytes{{{selector}}} "
+            f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{selector}}})",
+        },
+        {"record": NODE_CLASSES, "expr": f"count without (gpu, uuid) (gpuwarden_bottleneck_info{{{selector}}})"},
+        {
+            "record": NS_CLASSES,
+            "expr": f"count without (instance, node, gpu, uuid) (gpuwarden_bottleneck_info{{{selector}}} "
+            f"* on (instance, uuid) group_left (namespace) max by (instance, uuid, namespace) ({allocation}))",
+        },
+        *health_rules(selector),
         {
             "record": GPU_IDLE,
             "expr": f"{util} < {idle_ratio:g} and on (instance, uuid) gpuwarden_processes{{{selector}}} == 0",
@@ -72,6 +96,19 @@ def rules(
             "record": GPU_STARVED,
             "expr": f"{util} < {idle_ratio:g} and on (instance, uuid) gpuwarden_processes{{{selector}}} > 0",
         },
+    ]
+
+
+def health_rules(selector: str) -> list[dict[str, Any]]:
+    """The GPUs' non-ok verdicts, one rule per check (and one for checks this release does not know): a rule over
+    every check selects 14 series per GPU, past VictoriaMetrics' default series limit (300,000) for vmalert's query
+    at ~2,700 nodes; a check alone is one series per GPU."""
+    known = "|".join(CHECKS)
+    parts = [(check, f'check="{check}"') for check in CHECKS] + [("other", f'check!~"{known}"')]
+    # the static label tells the rules apart for promtool's lint (same name, same labels is "duplicate")
+    return [
+        {"record": HEALTH, "expr": f"gpuwarden_health{{{selector},{part}}} > 0", "labels": {"health_rule": name}}
+        for name, part in parts
     ]
 
 

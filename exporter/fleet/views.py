@@ -56,16 +56,30 @@ class FleetQueries:
     def node(self, series: Series) -> str:
         return series.labels.get(self.node_label, "")
 
+    async def _recorded(self) -> bool:
+        """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) are loaded where we ask:
+        their per-node model counts exist (an older rule file lacks them, and its absent health series would read
+        as a healthy fleet)."""
+        if self.settings.recording_rules == "off":
+            return False
+        (found,) = await self.many(f"count({recording.NODE_MODELS}{{{self.selector}}})")
+        return bool(found and found[0].value > 0)
+
 
 class InventoryView(FleetQueries):
     """Nodes, GPUs, models, drivers and exporter versions; which exporters are stale."""
 
     async def inventory(self) -> dict[str, Any]:
         sel, node_label = self.selector, self.node_label
+        recorded = await self._recorded()
         up, models, memory, drivers, versions, nvml, age, visible = await self.many(
             f"max by ({node_label}) (up{{{sel}}})",
-            f"count by ({node_label}, name) (gpuwarden_gpu_info{{{sel}}})",
-            f"max by ({node_label}, name) (gpuwarden_memory_total_bytes{{{sel}}} "
+            f"sum by ({node_label}, name) ({recording.NODE_MODELS}{{{sel}}})"
+            if recorded
+            else f"count by ({node_label}, name) (gpuwarden_gpu_info{{{sel}}})",
+            f"max by ({node_label}, name) ({recording.NODE_MEMORY}{{{sel}}})"
+            if recorded
+            else f"max by ({node_label}, name) (gpuwarden_memory_total_bytes{{{sel}}} "
             f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{sel}}})",
             f"max by ({node_label}, driver_version, cuda_driver_version) (gpuwarden_driver_info{{{sel}}})",
             f"max by ({node_label}, version) (gpuwarden_build_info{{{sel}}})",
@@ -131,6 +145,7 @@ class InventoryView(FleetQueries):
                 "exporter_versions": _tally(e["exporter_version"] for e in nodes.values()),
             },
             "stale_exporters": sorted(stale, key=lambda x: x["node"]),
+            "source": _source(recorded, "models and memory"),
         }
 
     def _staleness(self, entry: dict[str, Any]) -> str | None:
@@ -157,11 +172,18 @@ class HealthView(FleetQueries):
         # -search.maxUniqueTimeseries (300,000) at ~2,700 nodes; a check alone is one series per GPU.
         known = "|".join(re.escape(c) for c in CHECKS)
         parts = [f"check={promql_string(c)}" for c in CHECKS] + [f"check!~{promql_string(known)}"]
+        # with the recording rules, the non-ok verdicts are already a series each (up to a minute old)
+        recorded = await self._recorded()
+        verdicts = (
+            [f"{recording.HEALTH}{{{sel}}}"]
+            if recorded
+            else [f"gpuwarden_health{{{sel},{part}}} > 0" for part in parts]
+        )
         down, since, *per_check = await self.many(
             f"up{{{sel}}} == 0",
             # present only while a check is not ok: a handful of series, whatever the fleet's size
             f"gpuwarden_health_since_timestamp_seconds{{{sel}}}",
-            *(f"gpuwarden_health{{{sel},{part}}} > 0" for part in parts),
+            *verdicts,
             at=now,
         )
         unhealthy = [row for rows in per_check for row in rows]
@@ -198,6 +220,7 @@ class HealthView(FleetQueries):
                 "warning": sum(g["severity"] == "warning" for g in ordered),
             },
             "unknown_nodes": sorted({self.node(r) for r in down}),
+            "source": _source(recorded, "verdicts (up to one evaluation interval old)"),
             "note": "since: when the exporter first judged the current level (restarts with the exporter)",
         }
 
@@ -297,13 +320,6 @@ class UtilizationView(FleetQueries):
             f"clamp_max(rate(gpuwarden_busy_seconds_total{{{sel}}}[{window}]) "
             f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{sel}}}[{window}]), 1)"
         )
-
-    async def _recorded(self) -> bool:
-        """Whether the recording rules (alert_rules/gpuwarden.recording.yaml) are loaded where we ask."""
-        if self.settings.recording_rules == "off":
-            return False
-        (found,) = await self.many(f"count({recording.SAMPLED}{{{self.selector}}})")
-        return bool(found and found[0].value > 0)
 
     def _raw_queries(self, window: str, limit: int) -> tuple[list[str], str]:
         """The utilization queries over the raw per-GPU counters: exact, and what costs at scale."""
@@ -483,12 +499,20 @@ class UtilizationView(FleetQueries):
             if recorded
             else f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})"
         )
-        totals, by_node, by_namespace, wasted = await self.many(
-            f"count by (class) ({info})",
-            f"count by ({node_label}, class) ({info})",
-            f"count by (namespace, class) ({info} * on (instance, uuid) group_left (namespace) {allocation})",
-            wasted_by_class,
+        counts = (
+            [
+                f"sum by (class) ({recording.NODE_CLASSES}{{{sel}}})",
+                f"sum by ({node_label}, class) ({recording.NODE_CLASSES}{{{sel}}})",
+                f"sum by (namespace, class) ({recording.NS_CLASSES}{{{sel}}})",
+            ]
+            if recorded
+            else [
+                f"count by (class) ({info})",
+                f"count by ({node_label}, class) ({info})",
+                f"count by (namespace, class) ({info} * on (instance, uuid) group_left (namespace) {allocation})",
+            ]
         )
+        totals, by_node, by_namespace, wasted = await self.many(*counts, wasted_by_class)
         per_node: dict[str, dict[str, int]] = defaultdict(dict)
         for row in by_node:
             per_node[self.node(row)][row.labels.get("class", "")] = int(row.value)
@@ -509,10 +533,15 @@ class UtilizationView(FleetQueries):
 
     async def fit(self, plan: Plan) -> list[dict[str, Any]]:
         sel = self.selector
+        recorded = await self._recorded()
         memory, counts = await self.many(
-            f"max by (name) (gpuwarden_memory_total_bytes{{{sel}}} "
+            f"max by (name) ({recording.NODE_MEMORY}{{{sel}}})"
+            if recorded
+            else f"max by (name) (gpuwarden_memory_total_bytes{{{sel}}} "
             f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{sel}}})",
-            f"count by (name) (gpuwarden_gpu_info{{{sel}}})",
+            f"sum by (name) ({recording.NODE_MODELS}{{{sel}}})"
+            if recorded
+            else f"count by (name) (gpuwarden_gpu_info{{{sel}}})",
         )
         count = {r.labels.get("name", ""): int(r.value) for r in counts}
         out = []
@@ -536,6 +565,14 @@ class UtilizationView(FleetQueries):
 @dataclass(frozen=True)
 class Fleet(InventoryView, HealthView, UtilizationView):
     """Every fleet view, for one selector and node label (what the HTTP app calls)."""
+
+
+def _source(recorded: bool, what: str) -> str:
+    return (
+        f"recording rules (alert_rules/gpuwarden.recording.yaml): {what}"
+        if recorded
+        else f"raw series: {what} (load alert_rules/gpuwarden.recording.yaml to make this cheap at scale)"
+    )
 
 
 def _tally(values: Any) -> dict[str, int]:

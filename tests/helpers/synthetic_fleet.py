@@ -138,12 +138,12 @@ class Fleet:
         )  # fmt: skip
         yield from constant(
             "gpuwarden_gpu_info", "gauge",
-            ((f"gpuwarden_gpu_info{lab(n, g, name='NVIDIA H100 80GB HBM3' if n % 4 else 'NVIDIA H200', serial=f'{n}{g}', pci_bus_id=f'00000000:{g:02X}:00.0', vbios_version='96.00.99.00.01', compute_capability='9.0')}", 1)
+            ((f"gpuwarden_gpu_info{lab(n, g, name=self.model(n), serial=f'{n}{g}', pci_bus_id=f'00000000:{g:02X}:00.0', vbios_version='96.00.99.00.01', compute_capability='9.0')}", 1)
              for n, g in gpus),
         )  # fmt: skip
         yield from constant(
             "gpuwarden_memory_total_bytes", "gauge",
-            ((f"gpuwarden_memory_total_bytes{lab(n, g)}", MEMORY if n % 4 else 150754820096) for n, g in gpus),
+            ((f"gpuwarden_memory_total_bytes{lab(n, g)}", self.memory(n)) for n, g in gpus),
         )  # fmt: skip
         start = self.history_start
         yield from moving(
@@ -236,40 +236,61 @@ class Fleet:
         if recorded:
             yield from self.recorded_lines(ts)
 
-    def recorded_lines(self, ts: Callable[[int], str]) -> Iterator[str]:
+    def recorded_lines(self, ts: Callable[[int], str], names: set[str] | None = None) -> Iterator[str]:
         """The recording rules' series as the shipped rules evaluate them over this history (checked against the
-        rules' own expressions by the bench: bench/fleet_scale.py, recorded_vs_rules)."""
+        rules' own expressions by the bench: bench/fleet_scale.py, recorded_vs_rules); `names` keeps only those."""
         times = [ts(t) for t in range(self.now - self.recorded_minutes * 60, self.end + 1, self.recorded_step)]
         ratio = DEFAULT.utilization_low_ratio
 
-        def series(head: str, value: object) -> str:
-            return "".join(f"{head} {value} {t}\n" for t in times)
+        def series(name: str, labels: str, value: object) -> str:
+            if names is not None and name not in names:
+                return ""
+            return "".join(f"{name}{labels} {value} {t}\n" for t in times)
 
         for n in range(self.nodes):
             keys = [(n, g) for g in range(GPUS)]
-            yield series(f"{recording.SAMPLED}{self.labels(n)}", GPUS)
-            yield series(f"{recording.BUSY}{self.labels(n)}", f"{sum(self.duty(k) for k in keys):g}")
-            yield series(f"{recording.GPUS}{self.labels(n)}", GPUS)
+            yield series(recording.SAMPLED, self.labels(n), GPUS)
+            yield series(recording.BUSY, self.labels(n), f"{sum(self.duty(k) for k in keys):g}")
+            yield series(recording.GPUS, self.labels(n), GPUS)
+            yield series(recording.NODE_MODELS, self.labels(n, name=self.model(n)), GPUS)
+            yield series(recording.NODE_MEMORY, self.labels(n, name=self.model(n)), self.memory(n))
+            classes: dict[str, int] = {}
             for k in keys:
+                classes[CLASS[self.kind[k]]] = classes.get(CLASS[self.kind[k]], 0) + 1
                 if self.duty(k) < ratio:
                     name = recording.GPU_IDLE if self.processes(k) == 0 else recording.GPU_STARVED
-                    yield series(f"{name}{self.labels(*k)}", f"{self.duty(k):g}")
+                    yield series(name, self.labels(*k), f"{self.duty(k):g}")
+                for check in CHECKS:
+                    if level := self.health(*k, check):
+                        yield series(recording.HEALTH, self.labels(*k, check=check, health_rule=check), level)
+            for name, count in sorted(classes.items()):
+                yield series(recording.NODE_CLASSES, self.labels(n, **{"class": name}), count)
         sampled: dict[str, float] = {}
         idle: dict[str, float] = {}
+        ns_classes: dict[tuple[str, str], int] = {}
         for key in self.gpus():
             if self.kind[key] == "idle":
                 continue  # no pod holds it: no allocation series
             ns = self.namespace(key[0])
             sampled[ns] = sampled.get(ns, 0.0) + 1.0
             idle[ns] = idle.get(ns, 0.0) + 1.0 - self.duty(key)
+            ns_classes[(ns, CLASS[self.kind[key]])] = ns_classes.get((ns, CLASS[self.kind[key]]), 0) + 1
         by_class: dict[str, float] = {}
         for key in self.gpus():
             by_class[CLASS[self.kind[key]]] = by_class.get(CLASS[self.kind[key]], 0.0) + 1.0 - self.duty(key)
         for name, idle_rate in sorted(by_class.items()):
-            yield series(f'{recording.CLASS_IDLE}{{job="gpuwarden",class="{name}"}}', f"{idle_rate:g}")
+            yield series(recording.CLASS_IDLE, f'{{job="gpuwarden",class="{name}"}}', f"{idle_rate:g}")
         for ns in sorted(sampled):
-            yield series(f'{recording.NS_SAMPLED}{{job="gpuwarden",namespace="{ns}"}}', f"{sampled[ns]:g}")
-            yield series(f'{recording.NS_IDLE}{{job="gpuwarden",namespace="{ns}"}}', f"{idle[ns]:g}")
+            yield series(recording.NS_SAMPLED, f'{{job="gpuwarden",namespace="{ns}"}}', f"{sampled[ns]:g}")
+            yield series(recording.NS_IDLE, f'{{job="gpuwarden",namespace="{ns}"}}', f"{idle[ns]:g}")
+        for (ns, name), count in sorted(ns_classes.items()):
+            yield series(recording.NS_CLASSES, f'{{job="gpuwarden",namespace="{ns}",class="{name}"}}', count)
+
+    def model(self, n: int) -> str:
+        return "NVIDIA H100 80GB HBM3" if n % 4 else "NVIDIA H200"
+
+    def memory(self, n: int) -> int:
+        return MEMORY if n % 4 else 150754820096
 
     def truth(self) -> dict[str, int]:
         kinds = list(self.kind.values())
