@@ -252,6 +252,7 @@ def main() -> int:
     parser.add_argument("--json")
     parser.add_argument("--load-only", action="store_true", help="load the backends into --work and keep them")
     parser.add_argument("--reuse", action="store_true", help="time the backends --load-only left in --work")
+    parser.add_argument("--add-recorded", help="recorded series (names, comma-separated) to add before timing")
     parser.add_argument("--screenshot", help="a PNG of the overview page from the first backend (headless Chromium)")
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="fleet-scale-"))
@@ -284,6 +285,12 @@ def main() -> int:
         try:
             if args.reuse:
                 entry.update(kept["loads"][name])
+                if args.add_recorded:
+                    entry["added"] = backend.add(fleet, set(args.add_recorded.split(",")))
+                    backend.start()
+                    entry["added"]["compaction_seconds"] = backend.wait_compacted()
+                    backend.stop(keep=True)
+                    print(f"{name}: added {entry['added']}", flush=True)
             else:
                 print(f"{name}: loading {args.nodes} nodes", flush=True)
                 entry.update(backend.load(fleet))
@@ -300,7 +307,9 @@ def main() -> int:
                 screenshot(backend.url, Path(args.screenshot), work)
                 args.screenshot = None
             print(f"{name}: burst {entry['burst_at_defaults']}", flush=True)
-            entry["recorded_vs_rules"] = recorded_vs_rules(backend.url, float(int(time.time() - 120) // 60 * 60))
+            # an instant of the recorded series' own grid (they are written every 60 s from the fleet's start)
+            at = fleet.now + (int(time.time() - 120 - fleet.now) // 60) * 60
+            entry["recorded_vs_rules"] = recorded_vs_rules(backend.url, float(at))
             entry["backend_rss_mib"] = rss_mib(backend.proc.pid) if backend.proc else None
             reduced[name] = reduce(answers)
             entry["answers"] = {

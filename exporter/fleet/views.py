@@ -21,7 +21,7 @@ from gpuwarden.fleet.settings import FleetSettings
 from gpuwarden.health.checks import CHECKS
 from gpuwarden.health.rules import RUNBOOK_BASE, anchor, build
 
-CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
+CORDON_ACTIONS = recording.CORDON_ACTIONS
 # Rules whose expression scans a long range of many series (NVLink: every GPU's active links over 1 d, to tell a
 # GPU that lost all its links from one that never had any). The rule's own first condition, an instant
 # comparison, finds the nodes that can match at all; the rule's expression then runs with the selector narrowed to
@@ -233,12 +233,21 @@ class HealthView(FleetQueries):
             for r in g.rules
             if r.action in CORDON_ACTIONS and r.severity == "critical"
         ]
+        recorded = await self._recorded()
         narrowing = await self.many(
-            *(NARROWING[r.alert].format(sel=self.selector) for r in rules if r.alert in NARROWING)
+            *(NARROWING[r.alert].format(sel=self.selector) for r in rules if r.alert in NARROWING),
+            *([f"{recording.CORDON}{{{self.selector}}}"] if recorded else []),
         )
-        narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=True))
+        narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=False))
+        findings: dict[str, list[Series]] = defaultdict(list)
+        if recorded:  # the rules' expressions as the recording rules last evaluated them (up to a minute old)
+            for row in narrowing[-1]:
+                findings[row.labels.get("alertname", "")].append(row)
         exprs = []
         for rule in rules:
+            if recorded and rule.alert not in recording.NOT_RECORDED:
+                exprs.append("")  # answered from the recorded findings
+                continue
             if rule.alert not in narrowed:
                 exprs.append(rule.expr)
                 continue
@@ -252,9 +261,12 @@ class HealthView(FleetQueries):
                 narrow = f"{self.selector},instance=~{promql_string(regex)}"
                 exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
         names = "|".join(r.alert for r in rules)
-        *answers, firing = await self.many(
-            *exprs, f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
+        *asked, firing = await self.many(
+            *(e for e in exprs if e), f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
         )
+        answers = []
+        for rule, expr in zip(rules, exprs, strict=True):
+            answers.append(asked.pop(0) if expr else findings[rule.alert])
         # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
         fired = {
             (
@@ -305,6 +317,7 @@ class HealthView(FleetQueries):
         return {
             "candidates": out,
             "rules": [r.alert for r in rules],
+            "source": _source(recorded, "findings of every rule but NVLink's (up to one evaluation interval old)"),
             "note": "instant evaluation of the alert expressions, without their `for:` durations; "
             "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
             "needs the rules loaded there). Review before draining. The commands are printed, never run.",

@@ -239,13 +239,19 @@ class Fleet:
     def recorded_lines(self, ts: Callable[[int], str], names: set[str] | None = None) -> Iterator[str]:
         """The recording rules' series as the shipped rules evaluate them over this history (checked against the
         rules' own expressions by the bench: bench/fleet_scale.py, recorded_vs_rules); `names` keeps only those."""
-        times = [ts(t) for t in range(self.now - self.recorded_minutes * 60, self.end + 1, self.recorded_step)]
+        instants = range(self.now - self.recorded_minutes * 60, self.end + 1, self.recorded_step)
+        times = [ts(t) for t in instants]
         ratio = DEFAULT.utilization_low_ratio
 
         def series(name: str, labels: str, value: object) -> str:
             if names is not None and name not in names:
                 return ""
+            if callable(value):
+                return "".join(f"{name}{labels} {value(t)} {ts(t)}\n" for t in instants)
             return "".join(f"{name}{labels} {value} {t}\n" for t in times)
+
+        def finding(n: int, g: int, alert: str, value: object, **extra: str) -> str:
+            return series(recording.CORDON, self.labels(n, g, **extra, alertname=alert), value)
 
         for n in range(self.nodes):
             keys = [(n, g) for g in range(GPUS)]
@@ -260,6 +266,15 @@ class Fleet:
                 if self.duty(k) < ratio:
                     name = recording.GPU_IDLE if self.processes(k) == 0 else recording.GPU_STARVED
                     yield series(name, self.labels(*k), f"{self.duty(k):g}")
+                hardware = self.hardware.get(k)
+                if hardware == "lost":
+                    yield finding(*k, "GpuwardenGpuLost", 0)
+                elif hardware == "ecc":
+                    yield finding(*k, "GpuwardenEccUncorrectable", 3, type="uncorrected")
+                elif hardware == "remap":
+                    yield finding(*k, "GpuwardenRowRemapFailure", 1)
+                elif hardware == "xid":  # time() - the last critical XID's time, while under a day
+                    yield finding(*k, "GpuwardenXidCritical", lambda t: t - (self.now - 3600), xid="79")
                 for check in CHECKS:
                     if level := self.health(*k, check):
                         yield series(recording.HEALTH, self.labels(*k, check=check, health_rule=check), level)
