@@ -62,6 +62,12 @@ def test_a_critical_fault_drains_and_its_repair_resumes(
     assert code == 2 and "nothing changed" in out and "drain" in cluster.node("gpu-1")[0]
     repaired = scenario_exporter("training")
     code, out = healthcheck(cluster, repaired.url, tmp_path)
+    deadline = time.monotonic() + 20
+    while code == 2 and "not observed" in out and time.monotonic() < deadline:
+        # a fresh exporter on a loaded machine may not have read every GPU yet: Unknown until it has (the
+        # full suite once ran this before its second slow cycle); the verdict asserted is the one after
+        time.sleep(0.5)
+        code, out = healthcheck(cluster, repaired.url, tmp_path)
     assert code == 0 and cluster.node("gpu-1")[0] in ("idle", "mixed", "allocated"), out
 
 
