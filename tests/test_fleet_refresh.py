@@ -114,14 +114,15 @@ def test_the_background_refresh_recomputes_views_read_lately_and_leaves_the_othe
 
 def test_the_background_task_keeps_an_answer_fresh_without_a_reader_waiting() -> None:
     async def scenario() -> None:
-        cache, view = AnswerCache(ttl=0.1, max_stale=60, refresh_interval=4.0), View()
-        cache.refresh_interval = 0.04  # below the 1 s floor of the loop's sleep: drive it by hand below
+        # the loop wakes every max(1 s, interval / 4): after 1.3 s it has recomputed the view once, by itself
+        cache, view = AnswerCache(ttl=0.6, max_stale=60, refresh_interval=0.2), View()
         await cache.get("page", view)
         cache.start_refreshing()
-        await asyncio.sleep(0.05)
-        await cache.refresh_once()
+        await asyncio.sleep(1.3)
+        recomputed_by_itself = view.calls
         answer = await cache.get("page", view)
         await cache.stop()
+        assert recomputed_by_itself == 2
         assert answer["answer"] == 2 and answer["freshness"]["stale"] is False
 
     run(scenario())

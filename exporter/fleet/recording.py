@@ -106,16 +106,22 @@ def rules(
     ]
 
 
-def health_rules(selector: str) -> list[dict[str, Any]]:
-    """The GPUs' non-ok verdicts, one rule per check (and one for checks this release does not know): a rule over
-    every check selects 14 series per GPU, past VictoriaMetrics' default series limit (300,000) for vmalert's query
-    at ~2,700 nodes; a check alone is one series per GPU."""
+def check_partitions() -> list[tuple[str, str]]:
+    """(name, matcher) for each health check, and one for the checks this release does not know: what selects
+    gpuwarden_health one check at a time. A selection over every check is 14 series per GPU, past VictoriaMetrics'
+    default series limit (300,000) at ~2,700 nodes; a check alone is one series per GPU. Check names are plain
+    identifiers (exporter/health/checks.py), so they need no quoting beyond the double quotes."""
     known = "|".join(CHECKS)
-    parts = [(check, f'check="{check}"') for check in CHECKS] + [("other", f'check!~"{known}"')]
+    return [(check, f'check="{check}"') for check in CHECKS] + [("other", f'check!~"{known}"')]
+
+
+def health_rules(selector: str) -> list[dict[str, Any]]:
+    """The GPUs' non-ok verdicts, one rule per check partition (check_partitions: vmalert's query for one rule over
+    every check would hit VictoriaMetrics' series limit)."""
     # the static label tells the rules apart for promtool's lint (same name, same labels is "duplicate")
     return [
         {"record": HEALTH, "expr": f"gpuwarden_health{{{selector},{part}}} > 0", "labels": {"health_rule": name}}
-        for name, part in parts
+        for name, part in check_partitions()
     ]
 
 

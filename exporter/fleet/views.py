@@ -18,7 +18,6 @@ from gpuwarden.fleet import recording
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
-from gpuwarden.health.checks import CHECKS
 from gpuwarden.health.rules import RUNBOOK_BASE, anchor, build
 
 CORDON_ACTIONS = recording.CORDON_ACTIONS
@@ -167,17 +166,13 @@ class HealthView(FleetQueries):
         # Durations are as of the instant the queries describe, not the moment of answering: a cached answer
         # repeated a second later must say the same (it said 15 s, then 16 s, before).
         now = self.client.evaluation_time()
-        # One query per check (and one for any check this release does not know), never one over every check:
-        # 14 series per GPU is 1.1 M series at 10,000 nodes, past VictoriaMetrics' default
-        # -search.maxUniqueTimeseries (300,000) at ~2,700 nodes; a check alone is one series per GPU.
-        known = "|".join(re.escape(c) for c in CHECKS)
-        parts = [f"check={promql_string(c)}" for c in CHECKS] + [f"check!~{promql_string(known)}"]
-        # with the recording rules, the non-ok verdicts are already a series each (up to a minute old)
+        # with the recording rules, the non-ok verdicts are already a series each (up to a minute old); without
+        # them, one query per check, as the rules do it (recording.check_partitions: VictoriaMetrics' series limit)
         recorded = await self._recorded()
         verdicts = (
             [f"{recording.HEALTH}{{{sel}}}"]
             if recorded
-            else [f"gpuwarden_health{{{sel},{part}}} > 0" for part in parts]
+            else [f"gpuwarden_health{{{sel},{part}}} > 0" for _, part in recording.check_partitions()]
         )
         down, since, *per_check = await self.many(
             f"up{{{sel}}} == 0",
@@ -234,39 +229,40 @@ class HealthView(FleetQueries):
             if r.action in CORDON_ACTIONS and r.severity == "critical"
         ]
         recorded = await self._recorded()
-        narrowing = await self.many(
-            *(NARROWING[r.alert].format(sel=self.selector) for r in rules if r.alert in NARROWING),
+        narrowable = [r.alert for r in rules if r.alert in NARROWING]
+        first = await self.many(
+            *(NARROWING[alert].format(sel=self.selector) for alert in narrowable),
+            # the rules' expressions as the recording rules last evaluated them (up to a minute old)
             *([f"{recording.CORDON}{{{self.selector}}}"] if recorded else []),
         )
-        narrowed = dict(zip([r.alert for r in rules if r.alert in NARROWING], narrowing, strict=False))
+        narrowed = dict(zip(narrowable, first[: len(narrowable)], strict=True))
         findings: dict[str, list[Series]] = defaultdict(list)
-        if recorded:  # the rules' expressions as the recording rules last evaluated them (up to a minute old)
-            for row in narrowing[-1]:
-                findings[row.labels.get("alertname", "")].append(row)
-        exprs = []
+        for row in first[-1] if recorded else []:
+            findings[row.labels.get("alertname", "")].append(row)
+        exprs: dict[str, str] = {}  # alert → the expression asked now; the others are answered by `findings`
         for rule in rules:
             if recorded and rule.alert not in recording.NOT_RECORDED:
-                exprs.append("")  # answered from the recorded findings
                 continue
             if rule.alert not in narrowed:
-                exprs.append(rule.expr)
+                exprs[rule.alert] = rule.expr
                 continue
             instances = sorted({row.labels.get("instance", "") for row in narrowed[rule.alert]})
             if not instances:
-                exprs.append("vector(0) < 0")  # nothing can match: an empty answer without a scan
+                exprs[rule.alert] = "vector(0) < 0"  # nothing can match: an empty answer without a scan
             elif len(instances) > MAX_NARROWED_INSTANCES:
-                exprs.append(rule.expr)
+                exprs[rule.alert] = rule.expr
             else:
                 regex = "|".join(re.escape(i) for i in instances)
                 narrow = f"{self.selector},instance=~{promql_string(regex)}"
-                exprs.append(next(r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert))
+                exprs[rule.alert] = next(
+                    r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert
+                )
         names = "|".join(r.alert for r in rules)
         *asked, firing = await self.many(
-            *(e for e in exprs if e), f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
+            *exprs.values(), f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
         )
-        answers = []
-        for rule, expr in zip(rules, exprs, strict=True):
-            answers.append(asked.pop(0) if expr else findings[rule.alert])
+        answered = dict(zip(exprs, asked, strict=True))
+        answers = [answered[r.alert] if r.alert in answered else findings[r.alert] for r in rules]
         # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
         fired = {
             (

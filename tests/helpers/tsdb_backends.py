@@ -84,10 +84,11 @@ class Prometheus:
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         self.blocks_before = sum(1 for b in (self.work / "tsdb").iterdir() if b.is_dir() and len(b.name) == 26)
-        for block in out.iterdir():
+        added = [block for block in out.iterdir() if block.is_dir()] if out.exists() else []
+        for block in added:
             shutil.move(str(block), self.work / "tsdb" / block.name)
         data.unlink()
-        return {"added_blocks": 1}
+        return {"added_blocks": len(added)}
 
     def wait_compacted(self, timeout: float = 1800) -> float:
         """Seconds until Prometheus has merged the added block (its loaded blocks back to the count before)."""
