@@ -7,7 +7,8 @@ slurmd runs it as root every HealthCheckInterval and kills it after 60 s; any ac
 - a drain is gpuwarden's when its reason begins with --reason-prefix; anyone else's drain is left alone, fault or not;
 - a node whose AvailableFeatures hold --opt-out-feature is never drained;
 - a fault already drained once and resumed by a person is not drained again until it clears (state on tmpfs);
-- never more than --max-drained nodes of the node's partitions drained by gpuwarden at once (counted with sinfo);
+- at most --max-drained nodes of the node's partitions drained by gpuwarden, converging within one run (see
+  `hold_the_cap`): slurmd runs the check on every node at once, so a count before draining is not enough;
 - --dry-run logs each scontrol command instead of running it.
 Each run is stateless about events: it acts on the verdicts of now, so nothing stale is replayed after a pause.
 """
@@ -17,10 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,12 +40,14 @@ COMMAND_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class NodeState:
-    """What sinfo says of one node: its state word, its drain reason ("" when none), its partitions."""
+    """What sinfo says of one node: its state word, its drain reason ("" when none), its partitions, and when the
+    reason was set (sinfo %H, ISO 8601 to the second; "" when unknown)."""
 
     name: str
     state: str
     reason: str
     partitions: tuple[str, ...]
+    since: str = ""
 
     @property
     def drained(self) -> bool:
@@ -87,17 +92,18 @@ class Slurm:
 
     def nodes(self, selector: list[str]) -> list[NodeState]:
         """Nodes as sinfo lists them (one line per node and partition), merged per node."""
-        out = self.run(["sinfo", "-h", "-N", *selector, "-o", "%N|%T|%P|%E"])
+        out = self.run(["sinfo", "-h", "-N", *selector, "-o", "%N|%T|%P|%H|%E"])
         found: dict[str, NodeState] = {}
         for line in out.splitlines():
-            parts = line.split("|", 3)
-            if len(parts) != 4:
+            parts = line.split("|", 4)
+            if len(parts) != 5:
                 raise SlurmError(f"sinfo answered an unreadable line: {line[:100]!r}")
-            name, state, partition, reason = parts
+            name, state, partition, since, reason = parts
             reason = "" if reason == "none" else reason
+            since = since if since[:1].isdigit() else ""  # "Unknown" where no reason is set
             known = found.get(name)
             partitions = (known.partitions if known else ()) + (partition.rstrip("*"),)
-            found[name] = NodeState(name, state.lower(), reason, partitions)
+            found[name] = NodeState(name, state.lower(), reason, partitions, since)
         return list(found.values())
 
     def features(self, node: str) -> set[str]:
@@ -124,6 +130,13 @@ def build_parser() -> OneLineParser:
         type=int,
         default=1,
         help="the most nodes of this node's partitions gpuwarden keeps drained at once (default 1)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds to wait after draining before counting again, plus up to a quarter more at random: longer "
+        "than sinfo and scontrol take on a busy slurmctld (default 2)",
     )
     parser.add_argument(
         "--reason-prefix",
@@ -186,6 +199,44 @@ class Memory:
             log.warning("cannot remember the drain in %s (%s): a person's resume may be undone", self.path, error)
 
 
+def cap_order(node: NodeState) -> tuple[str, str]:
+    """The order in which gpuwarden's drains keep their place under the cap: the earliest drain first, then the node
+    name. Every run sees the same order, so the runs of one round agree on who keeps the drain."""
+    return (node.since or "9999", node.name)
+
+
+def over_the_cap(args, slurm: Slurm, node: NodeState) -> list[NodeState]:  # noqa: ANN001 - argparse namespace
+    """gpuwarden's drains in the node's partitions that come before this node in `cap_order`, where this node is
+    not among the first --max-drained of them; [] where it keeps its place."""
+    ours = [
+        n
+        for n in slurm.nodes(["-p", ",".join(node.partitions)])
+        if n.drained and n.reason.startswith(args.reason_prefix)
+    ]
+    ours.sort(key=cap_order)
+    names = [n.name for n in ours]
+    if node.name not in names or names.index(node.name) < args.max_drained:
+        return []
+    return ours[: names.index(node.name)]
+
+
+def hold_the_cap(args, slurm: Slurm, node: NodeState, undo) -> str | None:  # noqa: ANN001 - argparse, a callable
+    """Count again after draining and give the drain back where it went over the cap.
+
+    slurmd runs HealthCheckProgram on every node at once, so several runs can each count below the cap and drain
+    (four runs drained four nodes under --max-drained 1 before this check existed). Counting again after the others
+    have had time to drain (--settle), each run ranks gpuwarden's drains by `cap_order`, and a node beyond the first
+    --max-drained resumes itself. The earliest drains never give way, so the cap is never undershot; a run slower than
+    the settle time is caught at the node's next health check (the "still drained" path counts too). Returns the line
+    that says so, or None where the drain stays."""
+    before = over_the_cap(args, slurm, node)
+    if not before:
+        return None
+    undo()
+    names = ",".join(n.name for n in before)
+    return f"over --max-drained {args.max_drained}: {names} drained first; gave the drain back"
+
+
 def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -> str:  # noqa: ANN001 - argparse
     """What to do, done (or logged in dry-run); returns the one line that says it."""
     ours = node.drained and node.reason.startswith(args.reason_prefix)
@@ -207,8 +258,16 @@ def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -
         return f"{node.name}: GPUs healthy" + (
             f"; drained by someone else, left alone ({node.reason})" if node.drained else ""
         )
+
+    def give_back() -> None:
+        scontrol("State=UNDRAIN")
+        memory.save({})  # not a person's resume: the next run may drain again once the cap has room
+
     # a problem
     if ours:
+        released = None if args.dry_run else hold_the_cap(args, slurm, node, give_back)
+        if released:
+            return f"{node.name}: {verdict.message}; {released}"
         return f"{node.name}: still drained by gpuwarden ({node.reason})"
     if node.drained:
         return f"{node.name}: {verdict.message}; drained by someone else, left alone ({node.reason})"
@@ -229,8 +288,13 @@ def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -
         )
     reason = f"{args.reason_prefix} {verdict.message}"[:250]
     scontrol("State=DRAIN", f"Reason={reason}")
-    if not args.dry_run:
-        memory.save({"fault": verdict.fault})
+    if args.dry_run:
+        return f"{node.name}: {verdict.message}; {prefix} the drain"
+    memory.save({"fault": verdict.fault})
+    time.sleep(args.settle * (1 + random.random() / 4))  # the other nodes' runs of this round drain meanwhile
+    released = hold_the_cap(args, slurm, node, give_back)
+    if released:
+        return f"{node.name}: {verdict.message}; drained, then {released}"
     return f"{node.name}: {verdict.message}; {prefix} the drain"
 
 
@@ -244,6 +308,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--conditions {args.conditions!r}: choose from {','.join(family_names())}")
         if args.max_drained < 1:
             raise ConfigError(f"--max-drained {args.max_drained}: give 1 or more (use --dry-run to act on none)")
+        if not 0 <= args.settle <= 20:
+            raise ConfigError(f"--settle {args.settle:g}: give 0 to 20 seconds (inside slurmd's 60 s)")
         if not args.reason_prefix.strip():
             raise ConfigError("--reason-prefix must not be empty: it is how gpuwarden knows its own drains")
         target = endpoint(args)

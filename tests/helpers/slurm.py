@@ -1,5 +1,5 @@
 """A one-node Slurm cluster on loopback from Debian's packages (slurmctld, slurmd, munge), in a temporary folder:
-what gpuwarden's health check talks to in the tests. Node gpu-1 has a slurmd; gpu-2..gpu-4 are defined only (they
+what gpuwarden's health check talks to in the tests. Node gpu-1 has a slurmd; gpu-2..gpu-6 are defined only (they
 can be drained, which is all the cap needs); gpu-4 carries the feature gpuwarden-no-drain."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ SelectType=select/cons_tres
 ReturnToService=2
 MpiDefault=none
 {check if health_check else ""}NodeName=gpu-1 NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
-NodeName=gpu-[2-3] NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
+NodeName=gpu-[2-3],gpu-[5-6] NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
 NodeName=gpu-4 NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 Feature=gpuwarden-no-drain State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -123,9 +123,19 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def reset(self) -> None:
         """Every node back to undrained (UNDRAIN: gpu-2..4 have no slurmd, and RESUME of a node that never registered
         is refused by Slurm 24)."""
-        for name in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"):
-            if "drain" in self.node(name)[0]:
+        for name, (state, _) in self.nodes().items():
+            if "drain" in state:
                 self.scontrol("update", f"NodeName={name}", "State=UNDRAIN")
+
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        """Every node's (state, reason), in one sinfo call."""
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], env=self.env, capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+        found = {}
+        for line in out.splitlines():
+            name, state, reason = line.split("|", 2)
+            found[name] = (state.rstrip("*"), "" if reason == "none" else reason)
+        return found
 
     def stop(self) -> None:
         for process in reversed(self.processes):
