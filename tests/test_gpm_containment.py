@@ -23,7 +23,7 @@ from gpuwarden.collect.readers.gpm import METRICS
 from gpuwarden.nvml import gpm_sampler
 from gpuwarden.nvml.gpm_sampler import ChildProcessSampler, GpmSamplerDown, GpmSamplerStarting, InProcessSampler
 from gpuwarden.sim.fakecommon import SimulatedMemoryCorruption
-from tests.helpers.common import parse_exposition, values, write_yaml
+from tests.helpers.common import parse_exposition, values, wait_for, write_yaml
 from tests.helpers.stack import running_cli
 
 CRASH_FROM, CRASH_UNTIL, BACKOFF = 2.0, 9.0, 4.0
@@ -196,3 +196,177 @@ def test_the_sampler_is_a_child_only_where_the_library_can_be_reproduced(sim):
     sim("healthy", clock=ManualClock())  # a hand-moved clock cannot be shared with another process
     assert isinstance(gpm_sampler.configure("process", 3, 600), InProcessSampler)
     gpm_sampler.reset()
+
+
+HANG_FROM, HANG_UNTIL, SCRAPES = 2.0, 120.0, 150
+
+
+@pytest.mark.slow
+def test_a_hung_gpm_child_costs_only_gpm_every_gpu_stays_fresh(tmp_path):
+    """A hang in the child's GPM call (the simulator's `hang` fault reaches the child): the owner thread waits for
+    it, the GPUs' readers never do. Over 150 scrapes at 0.25 s no GPU is ever stale (before: all 8 GPUs stale in 42 of
+    152 scrapes, up to 3.4 s at a time), while the hangs are counted as GPM's."""
+    scenario = write_yaml(
+        tmp_path / "gpm-hang.yaml",
+        {
+            "name": "gpm-hang",
+            "node": {"model": "h100-sxm-80gb", "count": 8},
+            "faults": [{"kind": "hang", "call": "nvmlGpmSampleGet", "gpu": 0, "at": HANG_FROM, "until": HANG_UNTIL}],
+        },
+    )
+    with running_cli(
+        "--sim", "--nvml.scenario", str(scenario), "--nvml.gpm-crash-limit", "3", "--nvml.gpm-crash-backoff", "4",
+        "--poll.fast-interval", "0.25",
+    ) as (url, proc):  # fmt: skip
+        stale_scrapes, hung = [], []
+        for scrape in range(SCRAPES):
+            status, body = get(url + "/metrics")
+            assert status == 200
+            series = parse_exposition(body)
+            stale = [labels for (name, labels), value in series.items() if name == "gpuwarden_gpu_stale" and value]
+            if stale:
+                stale_scrapes.append((scrape, sorted(dict(labels)["gpu"] for labels in stale)))
+            assert values(series, "gpuwarden_gpu_up") == [1.0] * 8
+            hung = values(series, "gpuwarden_collect_errors_total", call="gpm_sampler", error="hung")
+            time.sleep(0.25)
+        assert proc.poll() is None
+    log = proc.stderr.read()
+    assert hung and hung[0] >= 3, log  # the child hung, was killed, and GPM turned off: the fault was live
+    assert stale_scrapes == [], stale_scrapes
+
+
+NOISY_LIBRARY = """
+import os, threading, time
+
+def _noise():
+    while True:
+        os.write(1, b'{"window": null}\\n')  # a library printing on stdout, even a line that parses as protocol
+        print("a library's banner", flush=True)
+        os.write(2, b"x" * 8192)  # and far more than a pipe holds on stderr
+        time.sleep(0.005)
+
+threading.Thread(target=_noise, daemon=True).start()
+"""
+
+
+@pytest.mark.slow
+def test_the_protocol_survives_a_child_that_prints_and_floods_stderr(tmp_path, monkeypatch):
+    """Whatever a library prints in the child never reaches the protocol (answers have their own pipe), and more
+    than 64 KiB of stderr never blocks the child (it is drained as it comes): windows keep coming, no child is
+    killed as hung. Before: stdout was the protocol and stderr was read only at reap."""
+    from gpuwarden.nvml import library
+    from gpuwarden.sim import install_simulator
+
+    (tmp_path / "sitecustomize.py").write_text(NOISY_LIBRARY)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    fake = install_simulator("training")
+    try:
+        sampler = ChildProcessSampler(library.child_spec(), crash_limit=3, crash_backoff=60)
+        windows, failures = [], []
+        deadline = time.monotonic() + 30
+        while len(windows) < 6 and time.monotonic() < deadline:
+            try:
+                window = sampler.advance(fake.uuid(0), None, None, list(METRICS))
+            except GpmSamplerStarting:
+                window = None
+            except GpmSamplerDown as exc:
+                failures.append(exc.reason)
+                window = None
+            if window is not None:
+                windows.append(window)
+            time.sleep(0.15)
+        assert failures == [] and sampler.starts == 1
+        assert len(windows) == 6 and all(w.seconds > 0 for w in windows)
+        sampler.stop()
+    finally:
+        library.install(None)
+
+
+@pytest.mark.slow
+def test_a_child_that_cannot_be_reaped_leaks_no_descriptors(tmp_path):
+    """A child stuck in D state survives SIGKILL until the kernel lets it go; its pipes must be closed at once, not
+    kept until it exits (3 descriptors leaked per kill before). A process in D state cannot be made here, so the wait
+    for its exit is made to time out (the only mock in this file); the child itself is really killed."""
+    import os
+    import subprocess
+
+    from gpuwarden.nvml import library
+    from gpuwarden.sim import install_simulator
+
+    scenario = write_yaml(
+        tmp_path / "hang.yaml",
+        {
+            "name": "hang",
+            "node": {"model": "h100-sxm-80gb", "count": 1},
+            "faults": [{"kind": "hang", "call": "nvmlGpmSampleGet", "at": 0, "until": 600}],
+        },
+    )
+    fake = install_simulator(str(scenario))
+    try:
+        sampler = ChildProcessSampler(library.child_spec(), crash_limit=100, crash_backoff=60)
+        real_spawn = sampler._spawn
+
+        def spawn_unreapable() -> None:
+            real_spawn()
+            proc = sampler._proc
+
+            def wait(timeout=None):  # noqa: ANN001, ANN202
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+
+            proc.wait = wait
+
+        sampler._spawn = spawn_unreapable
+        fds_before = len(os.listdir("/proc/self/fd"))
+        uuid = fake.uuid(0)
+        kills = 0
+        deadline = time.monotonic() + 60
+        while kills < 4 and time.monotonic() < deadline:
+            try:
+                sampler.advance(uuid, None, None, list(METRICS))
+            except GpmSamplerStarting:
+                pass
+            except GpmSamplerDown as exc:
+                assert exc.reason == "hung"
+                kills += 1
+            time.sleep(0.1)
+        assert kills >= 4
+        sampler.stop()
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 1
+    finally:
+        library.install(None)
+
+
+def test_stop_in_thread_mode_never_frees_a_window_being_sampled(sim):
+    """nvml.gpm_isolation: thread: a reload's or shutdown's stop() while a reader is inside a GPM call waits for the
+    call, then frees; freeing under the call is the use-after-free that segfaults the real library (the fake raises
+    on it)."""
+    from tests.helpers.common import ManualClock
+
+    clock = ManualClock()
+    fake = sim({"node": {"model": "h100-sxm-80gb", "count": 1}}, clock=clock)
+    pynvml.nvmlInit()
+    sampler = InProcessSampler()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    sampler.advance(uuid, handle, None, list(METRICS))  # the window's buffers exist
+    clock.advance(1.0)  # the next sample is a window's end, not too soon
+    fake.gpm_call_seconds = 0.5  # the next call is slow: stop() lands inside it
+    in_call, errors = threading.Event(), []
+
+    def read() -> None:
+        in_call.set()
+        try:
+            sampler.advance(uuid, handle, None, list(METRICS))
+        except SimulatedMemoryCorruption as exc:
+            errors.append(str(exc))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    in_call.wait()
+    wait_for(lambda: fake._gpm_in_flight, timeout=5, step=0.005)
+    try:
+        sampler.stop()
+    except SimulatedMemoryCorruption as exc:
+        errors.append(str(exc))
+    reader.join()
+    assert errors == []

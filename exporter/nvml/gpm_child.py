@@ -1,9 +1,11 @@
 """The GPM sampler process: owns every GPM sample buffer and answers one request at a time (one GPM call in flight).
 
-Started by gpuwarden.nvml.gpm_sampler.ChildProcessSampler as `python -X faulthandler -m gpuwarden.nvml.gpm_child SPEC`
-(SPEC: JSON from gpuwarden.nvml.library.child_spec). It loads the same library as its parent (the driver's, or the
-simulator's scenario on the parent's timeline), initialises NVML, prints {"ready": true}, then reads one JSON request
-per line on stdin and writes one JSON answer per line on stdout:
+Started by gpuwarden.nvml.gpm_sampler.ChildProcessSampler as
+`python -X faulthandler -m gpuwarden.nvml.gpm_child SPEC FD` (SPEC: JSON from gpuwarden.nvml.library.child_spec; FD:
+the pipe the answers go to). It loads the same library as its parent (the driver's, or the simulator's scenario on
+the parent's timeline), initialises NVML, writes {"ready": true}, then reads one JSON request per line on stdin and
+writes one JSON answer per line on FD. Its stdout is its stderr: whatever a library prints never reaches the
+protocol.
 - {"op": "advance", "uuid", "gi", "metrics"} → {"window": null | {"seconds", "values", "failed"}}, or
   {"error": "unavailable" | "lost" | "down" | "fatal", "reason"};
 - {"op": "close", "uuid", "gi"} → {"closed": true}: the windows of a re-discovered GPU or a destroyed MIG slice.
@@ -14,6 +16,7 @@ stacks on stderr, where the parent reads the name of the call.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -76,8 +79,9 @@ def install(spec: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    out = os.fdopen(int(sys.argv[2]), "w")
+    os.dup2(2, 1)  # prints, Python's or a native library's, go to stderr: the protocol's pipe is its own
     install(json.loads(sys.argv[1]))
-    out = sys.stdout
     try:
         calls.nvmlInitWithFlags(calls.NVML_INIT_FLAG_NO_GPUS)
     except pynvml.NVMLError as exc:
