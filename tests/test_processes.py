@@ -13,7 +13,7 @@ from gpuwarden.attribution.host import HostProcesses, parse_cgroup
 from gpuwarden.collect.poller import Poller
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.diagnosis import diagnose
-from tests.helpers.common import ManualClock, poll_series, settings, values, wait_for
+from tests.helpers.common import ManualClock, parse_exposition, poll_series, settings, values, wait_for
 
 GIB = 1024**3
 UID_A = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
@@ -361,3 +361,77 @@ def test_per_job_sm_seconds_follow_the_jobs_share(sim, tmp_path: Path) -> None:
         return (final - first) / (len(series) - 3)
 
     assert rate("9") == pytest.approx(0.6, abs=0.01) and rate("10") == pytest.approx(0.2, abs=0.01)
+
+
+def test_a_slow_user_lookup_never_holds_publication_or_nvml(sim, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """getpwuid goes through NSS (SSSD or LDAP on many Slurm clusters) and can block for as long as the directory
+    does. It runs on the lookup thread: while it is blocked, the publication and NVML locks are free and snapshots
+    keep coming (the job's series wait for its user's name). The directory service is the one thing mocked here: a
+    getpwuid that blocks until released."""
+    import pwd
+    import threading
+
+    proc, _ = stage_host(tmp_path, {4101: ("python3", slurm_cgroup_v2("4242"))}, {})
+    (proc / "4101" / "status").write_text("Name:\tpython3\nUid:\t0\t0\t0\t0\n")
+    entered, release = threading.Event(), threading.Event()
+    real = pwd.getpwuid
+
+    def slow_directory(uid: int):  # noqa: ANN202
+        entered.set()
+        release.wait(60)
+        return real(uid)
+
+    monkeypatch.setattr(pwd, "getpwuid", slow_directory)
+    clock = ManualClock()
+    sim(FULL_GPU, clock=clock)
+    poller = Poller(settings(processes={"proc_root": str(proc)}), wall_clock=clock)
+    try:
+        first = threading.Thread(target=poller.poll_once, daemon=True)
+        first.start()
+        assert entered.wait(30), "the user lookup never started"
+        for lock in (poller.nvml.lock, poller._publish_lock):
+            assert lock.acquire(timeout=10), "a lock is held while the directory answers"
+            lock.release()
+        clock.advance(1.0)
+        snapshot = poller._publish()  # a publication while the lookup is still blocked
+        series = parse_exposition(Renderer(lambda n: True).render(snapshot).decode())
+        assert not values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes")  # not under a UID that would change
+        assert values(series, "gpuwarden_gpu_up") == [1.0]
+    finally:
+        release.set()
+    first.join(30)
+    assert poller.host.lookups.wait_idle(30)
+    series = parse_exposition(Renderer(lambda n: True).render(poller._publish()).decode())
+    assert values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes", job="4242", user="root") == [60 * GIB]
+    poller.stop()
+
+
+def test_a_slow_pod_log_listing_never_holds_publication(sim, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The pod-log directory (up to 10,000 entries, on a slow disk) is listed on the lookup thread too."""
+    import threading
+
+    hosted = two_pods(tmp_path, "nb")
+    entered, release = threading.Event(), threading.Event()
+    real_scan = HostProcesses._scan
+
+    def slow_scan(self) -> None:  # noqa: ANN001
+        entered.set()
+        release.wait(60)
+        real_scan(self)
+
+    monkeypatch.setattr(HostProcesses, "_scan", slow_scan)
+    clock = ManualClock()
+    sim(SHARED, clock=clock)
+    poller = Poller(settings(processes=hosted), wall_clock=clock)
+    try:
+        first = threading.Thread(target=poller.poll_once, daemon=True)
+        first.start()
+        assert entered.wait(30), "the listing never started"
+        for lock in (poller.nvml.lock, poller._publish_lock):
+            assert lock.acquire(timeout=10), "a lock is held while the directory is listed"
+            lock.release()
+    finally:
+        release.set()
+    first.join(30)
+    assert poller.host.lookups.wait_idle(30)
+    poller.stop()

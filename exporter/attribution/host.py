@@ -7,14 +7,23 @@ or under systemd that is /proc; in a pod, the host's /proc mounted read-only (th
 kubelet's log directory, `/var/log/pods/<namespace>_<pod>_<uid>/<container>/` (the CRI logging layout), mounted
 read-only beside it. Without either, gpuwarden falls back on the GPU's allocation (exporter/attribution/processes.py).
 Reads are bounded (a cgroup file is read up to 64 KiB) and cached per PID until the PID leaves the GPU.
+
+Two lookups can block for as long as the host lets them: a user name (`getpwuid` goes through NSS, which is SSSD or
+LDAP on many Slurm clusters) and the listing of the pod-log directory (up to 10,000 entries). The assembly step runs
+under the publication and NVML locks, so both run on a lookup thread of their own (`BackgroundLookups`); the
+assembly reads what has been found and never waits. A process whose user is not known yet is counted as in no job
+for that snapshot (its job's series start one snapshot later, with the name), never under a UID that then changes.
 """
 
 from __future__ import annotations
 
 import logging
 import pwd
+import queue
 import re
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +38,51 @@ _SLURM_JOB = re.compile(r"/slurm[^/]*/(?:[^/\n]*/)*?job_(\d+)(?:/|$)", re.MULTIL
 _SLURM_UID = re.compile(r"/slurm[^/]*/uid_(\d+)/")
 _MAX_READ = 64 * 1024
 RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
+MAX_USER_NAMES = 10_000  # user names remembered (a node runs far fewer users' jobs)
+
+
+class BackgroundLookups:
+    """Lookups that may block, run one at a time on a daemon thread of their own: a hung directory service holds
+    this thread only (and never the process's exit). `submit` returns at once; a key already queued is not queued
+    again."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, Callable[[], None]]] = queue.SimpleQueue()
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, key: str, job: Callable[[], None]) -> None:
+        with self._lock:
+            if key in self._queued:
+                return
+            self._queued.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gpuwarden-host-lookups", daemon=True)
+                self._thread.start()
+        self._queue.put((key, job))
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._queued)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is queued or running (the synchronous poll of tests and tools); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._queued, timeout)
+
+    def _run(self) -> None:
+        while True:
+            key, job = self._queue.get()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - a lookup's failure must not end the thread
+                log.exception("host lookup %s failed", key)
+            finally:
+                with self._lock:
+                    self._queued.discard(key)
+                    self._idle.notify_all()
 
 
 @dataclass(frozen=True)
@@ -68,18 +122,21 @@ def parse_slurm(text: str) -> tuple[str, str | None]:
     return job.group(1), (uid.group(1) if uid else None)
 
 
-def _user(uid: str | None, status: str) -> str:
-    """The job's user: the UID from the cgroup path (v1) or /proc/PID/status, as a name where the host has one."""
+def _uid(uid: str | None, status: str) -> str | None:
+    """The job's UID: from the cgroup path (v1), else from /proc/PID/status."""
     if uid is None:
         for line in status.splitlines():
             if line.startswith("Uid:"):
-                uid = line.split()[1]
-                break
-    if uid is None:
-        return ""
+                fields = line.split()
+                return fields[1] if len(fields) > 1 else None
+    return uid
+
+
+def user_name(uid: str) -> str:
+    """A UID as a name where the host has one, else the UID itself (may block: NSS)."""
     try:
         return pwd.getpwuid(int(uid)).pw_name
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, OverflowError):
         return uid
 
 
@@ -107,6 +164,8 @@ class HostProcesses:
         self._processes: dict[int, HostProcess] = {}
         self._pods: dict[str, PodDirectory] = {}
         self._scanned_at = float("-inf")
+        self._user_names: dict[str, str] = {}
+        self.lookups = BackgroundLookups()
 
     def process(self, pid: int) -> HostProcess:
         known = self._processes.get(pid)
@@ -120,7 +179,10 @@ class HostProcesses:
             cgroup = _read(base / "cgroup")
             pod_uid, container_id = parse_cgroup(cgroup)
             job, uid = parse_slurm(cgroup)
-            user = _user(uid, _read(base / "status")) if job else ""
+            uid = _uid(uid, _read(base / "status")) if job else None
+            user = self._user_name(uid) if uid is not None else ""
+            if user is None:  # the name is being looked up: in no job for this snapshot, asked again next time
+                return HostProcess(name, pod_uid, container_id)
             found = HostProcess(name, pod_uid, container_id, job, user)
             if not name and pod_uid is None:
                 return found  # not visible (yet): asked again next time, not cached
@@ -132,13 +194,29 @@ class HostProcesses:
         for pid in [p for p in self._processes if p not in pids]:
             del self._processes[pid]
 
+    def _user_name(self, uid: str) -> str | None:
+        """The UID's name if known; None while it is looked up on the lookup thread."""
+        known = self._user_names.get(uid)
+        if known is not None:
+            return known
+
+        def look_up() -> None:
+            if len(self._user_names) >= MAX_USER_NAMES:
+                self._user_names.clear()
+            self._user_names[uid] = user_name(uid)
+
+        self.lookups.submit(f"user {uid}", look_up)
+        return None
+
     def pod(self, uid: str) -> PodDirectory | None:
+        """The pod a UID names, as last listed; an unknown UID has the directory listed again on the lookup thread
+        (at most every RESCAN_S seconds), and is answered from the next snapshot on."""
         if uid not in self._pods and self.pod_logs_root is not None and self._clock() - self._scanned_at >= RESCAN_S:
-            self._scan()
+            self._scanned_at = self._clock()
+            self.lookups.submit("pod logs", self._scan)
         return self._pods.get(uid)
 
     def _scan(self) -> None:
-        self._scanned_at = self._clock()
         pods: dict[str, PodDirectory] = {}
         try:
             entries = list(self.pod_logs_root.iterdir()) if self.pod_logs_root else []

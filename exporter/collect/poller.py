@@ -84,13 +84,14 @@ class Poller:
             started_init=started_init,
         )
         self.pods = self._pod_attribution(settings)
+        self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
         self.assembler = SnapshotAssembler(
             [
                 TopologyStep(lambda: self.nvml.pairs),
                 HealthStep(lambda: self.health),
                 PodsStep(lambda: self.pods),
                 ProcessesStep(
-                    HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root),
+                    self.host,
                     lambda: self.settings.processes.max_pid_series if self.settings.processes.per_pid_series else 0,
                 ),
             ]
@@ -171,11 +172,14 @@ class Poller:
 
     def poll_once(self) -> Snapshot:
         """One fast cycle (initialising if needed) and one slow cycle, each waiting out the call deadline, then
-        a publication: synchronous, for tests and tools."""
+        a publication: synchronous, for tests and tools (the host lookups it started, user names and pod logs, are
+        waited for after it, up to the call deadline, so the next poll sees them)."""
         deadline = self.settings.poll.call_deadline
         self._fast_cycle(deadline)
         self._tier_cycle(Tier.SLOW, deadline)
-        return self._publish()
+        snapshot = self._publish()
+        self.host.lookups.wait_idle(deadline)
+        return snapshot
 
     # -- loops -----------------------------------------------------------------------------------------
 
