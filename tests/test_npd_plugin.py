@@ -137,11 +137,11 @@ def test_an_exporter_still_starting_or_answering_nonsense_is_unknown(tmp_path: P
         served.stop()
 
 
-def health_document(fault: bool) -> dict:
+def health_document(fault: bool, index: int = 3, check: str = "ecc", observed: str = "2 uncorrected") -> dict:
     level = 2 if fault else 0
-    checks = {"ecc": {"level": level, "severity": ("ok", "", "critical")[level], "observed": "2 uncorrected",
+    checks = {check: {"level": level, "severity": ("ok", "", "critical")[level], "observed": observed,
                       "threshold": "0", "since": time.time() if fault else None}}  # fmt: skip
-    gpu = {"index": 3, "uuid": "GPU-3", "up": True, "stale": False, "checks": checks}
+    gpu = {"index": index, "uuid": f"GPU-{index}", "up": True, "stale": False, "checks": checks}
     return {"taken_at": time.time(), "nvml_up": True, "nvml_error": None, "gpus_expected": None, "gpus_skipped": {},
             "gpus": [gpu]}  # fmt: skip
 
@@ -166,7 +166,11 @@ def test_only_the_unhealthy_direction_is_debounced_and_unknown_keeps_the_count(t
         assert run() == 2  # no answer: Unknown, and the count stays
         now["status"] = 200
         assert run() == 1  # the third sighting: reported
-        assert json.loads((state / "hardware.json").read_text()) == {"seen": 3, "fault": "GPU3 ecc"}
+        assert json.loads((state / "hardware.json").read_text()) == {
+            "seen": 3,
+            "fault": "GPU3 ecc",
+            "message": "GPU3 ecc: 2 uncorrected",
+        }
         now["status"] = 503
         assert run() == 2  # a fault is never cleared by a failed probe
         now["fault"], now["status"] = False, 200
@@ -180,6 +184,54 @@ def test_only_the_unhealthy_direction_is_debounced_and_unknown_keeps_the_count(t
         assert code == 1 and "debounce off" in err
     finally:
         served.stop()
+
+
+def test_the_debounce_counts_one_fault_and_its_message_holds_while_it_lasts(tmp_path: Path) -> None:
+    """A different fault is not a repeat of the last one: the count starts again (before, two faults seen once each
+    were reported as one seen twice). While one fault lasts, the message NPD gets does not follow live values, so the
+    shipped message-based condition update does not patch the Node and emit an Event every run."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    now = {"index": 3, "check": "ecc", "observed": "2 uncorrected"}
+    app.get("/api/v1/health")(lambda: JSONResponse(health_document(True, now["index"], now["check"], now["observed"])))
+    served = ServedApp(app)
+    served.start()
+    state = tmp_path / "npd"
+    try:
+        assert plugin(served.url, "hardware", state)[0] == 0  # GPU3 ecc, seen once
+        now.update(index=5, check="xid", observed="XID 79")
+        assert plugin(served.url, "hardware", state)[0] == 0  # GPU5 xid, seen once: not a repeat of GPU3 ecc
+        code, out, _, _ = plugin(served.url, "hardware", state)
+        assert code == 1 and out == "GPU5 xid: XID 79"
+        now.update(index=1, check="temperature", observed="91 °C")
+        assert plugin(served.url, "thermal", state)[0] == 0
+        code, first, _, _ = plugin(served.url, "thermal", state)
+        now["observed"] = "93 °C"  # the same fault, a live value moved
+        code_again, again, _, _ = plugin(served.url, "thermal", state)
+        assert code == code_again == 1 and first == again == "GPU1 temperature: 91 °C"
+        now.update(index=2)  # another GPU: another fault, its own message once confirmed
+        plugin(served.url, "thermal", state)
+        assert plugin(served.url, "thermal", state)[1] == "GPU2 temperature: 93 °C"
+    finally:
+        served.stop()
+
+
+def test_every_health_check_belongs_to_a_family_or_is_declared_not_remediated() -> None:
+    """A new health check must be reported by NPD and Slurm, or be declared deliberately not remediated, with why:
+    otherwise a fault gpuwarden judges would never reach the systems that act."""
+    from gpuwarden.health.checks import CHECKS
+    from gpuwarden.remediation.verdicts import FAMILIES, NOT_REMEDIATED
+
+    remediated = [check for checks in FAMILIES.values() for check in checks]
+    assert len(remediated) == len(set(remediated)), "a check in two families"
+    assert not set(remediated) & set(NOT_REMEDIATED), "a check both remediated and declared not"
+    missing = set(CHECKS) - set(remediated) - set(NOT_REMEDIATED)
+    assert not missing, f"health checks in no remediation family and not declared in NOT_REMEDIATED: {missing}"
+    assert not (set(remediated) | set(NOT_REMEDIATED)) - set(CHECKS), "a family names a check that does not exist"
+    assert all(len(why) > 20 for why in NOT_REMEDIATED.values())
+    assert {family: set(checks) for family, checks in FAMILIES.items()} == FAMILY_CHECKS
 
 
 def test_basic_auth_from_the_web_config(make_poller, tmp_path: Path) -> None:  # noqa: ANN001

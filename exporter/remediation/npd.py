@@ -49,23 +49,37 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) -> tuple[bool, str]:
-    """(report the fault now?, a note for stderr). Unknown leaves the count as it was."""
+def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) -> tuple[bool, str, str]:
+    """(report the fault now?, a note for stderr, the message to print). Unknown leaves the count as it was.
+
+    The count is kept per fault (GPU and check): a different fault starts it again, never counting as a repeat of
+    the last one. While one fault lasts, its first message is printed again, so that NPD's message-based condition
+    update (`enable_message_change_based_condition_update`, on in the shipped config) does not patch the Node and emit
+    an Event every run because a live value (°C, %) moved."""
     path = state_dir / f"{condition}.json"
     try:
-        seen = int(json.loads(path.read_text()).get("seen", 0))
-    except (OSError, ValueError, AttributeError):
-        seen = 0
+        stored = json.loads(path.read_text())
+        stored = stored if isinstance(stored, dict) else {}
+    except (OSError, ValueError):
+        stored = {}
     if result.state == "unknown":
-        return False, ""
-    seen = seen + 1 if result.state == "problem" else 0
+        return False, "", result.message
+    same = result.state == "problem" and stored.get("fault") == result.fault
+    seen = (_count(stored.get("seen")) + 1 if same else 1) if result.state == "problem" else 0
+    message = result.message
+    if same and isinstance(stored.get("message"), str) and stored["message"]:
+        message = stored["message"]
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"seen": seen, "fault": result.fault}))
+        path.write_text(json.dumps({"seen": seen, "fault": result.fault, "message": message}))
     except OSError as error:
         # without a place to count, a fault is reported at once: better early than never
-        return result.state == "problem", f"debounce off: {path}: {error.strerror}"
-    return result.state == "problem" and seen >= debounce, ""
+        return result.state == "problem", f"debounce off: {path}: {error.strerror}", message
+    return result.state == "problem" and seen >= debounce, "", message
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def main(argv: list[str]) -> int:
@@ -81,10 +95,10 @@ def main(argv: list[str]) -> int:
         print("gpuwarden npd-plugin: bad flags (see stderr)")
         return EXIT_UNKNOWN
     result = outcome(target, args.condition, LEVELS[args.level], args.max_output_length)
-    report, note = _confirmed(args.state_dir, args.condition, result, args.debounce)
+    report, note, message = _confirmed(args.state_dir, args.condition, result, args.debounce)
     if note:
         print(note, file=sys.stderr)
-    print(result.message)
+    print(message)
     if result.state == "unknown":
         return EXIT_UNKNOWN
     return EXIT_PROBLEM if report else EXIT_OK

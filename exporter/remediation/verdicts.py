@@ -27,6 +27,15 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "thermal": ("temperature", "thermal_throttling"),
     "driver": ("persistence_mode",),  # and NVML itself: see evaluate()
 }
+# The health checks no remediation family reports, each with why: a node is drained or conditioned for faults of the
+# hardware or the driver, never for how a job uses the GPU. tests/test_npd_plugin.py fails when a check is in neither.
+NOT_REMEDIATED: dict[str, str] = {
+    "power": "a power cap or draw is the workload's or the operator's setting, not a fault of the node",
+    "performance_state": "a low P-state follows the load; a stuck one shows in thermal or hardware",
+    "memory_pressure": "a full GPU is the job's, not the node's: draining would not help",
+    "utilization": "an idle or starved GPU is a scheduling matter",
+    "bottleneck": "a job's bottleneck class is advice to its owner",
+}
 LEVELS = {"warning": 1, "critical": 2}
 DEFAULT_URL = "http://127.0.0.1:10045"
 MAX_SNAPSHOT_AGE_S = 60.0  # an older snapshot means the exporter's poller is stuck: nothing current is known
