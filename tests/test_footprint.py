@@ -50,6 +50,66 @@ def test_the_api_loads_fastapi_on_its_first_request_and_answers():
     assert {"fastapi", "pydantic"} <= _imported(proc.stderr.read())
 
 
+def test_npd_style_health_requests_load_no_framework_and_equal_the_api_routes_body():
+    """node-problem-detector asks /api/v1/health every 30 s on every node: the front serves it from the snapshot,
+    cached per snapshot, without FastAPI or pydantic (+10.8 MiB on the simulator before). Its body equals the JSON
+    API's own route for the same snapshot (the schema's home, in the OpenAPI document)."""
+    import asyncio
+
+    from gpuwarden.web.api import create_app
+
+    with running_cli(python_flags=("-X", "importtime")) as (url, proc):  # the real NVML backend (the simulator
+        with httpx.Client() as client:  # itself loads pydantic for its scenario files)
+            bodies = [client.get(url + "/api/v1/health") for _ in range(50)]
+        assert all(b.status_code == 200 and b.headers["content-type"] == "application/json" for b in bodies)
+        document = bodies[-1].json()
+        assert document["nvml_up"] is False and document["gpus"] == []  # no GPU on the build machine
+    loaded = _imported(proc.stderr.read())
+    assert "gpuwarden.web.health_document" in loaded, "the listing itself is broken"
+    assert not {"fastapi", "pydantic", "starlette"} & loaded
+
+    # the same snapshot through the JSON API's route gives the same document
+    from gpuwarden.sim import install_simulator
+    from gpuwarden.web.front import create_front
+    from tests.helpers.common import ManualClock, settings
+
+    clock = ManualClock()
+    install_simulator("ecc-uncorrectable", clock=clock)
+    from gpuwarden.collect.poller import Poller
+    from gpuwarden.exposition.render import Renderer
+
+    poller = Poller(settings(), wall_clock=clock)
+    clock.advance(10.0)  # past the scenario's faults (t=5 s, t=8 s)
+    try:
+        for _ in range(3):
+            poller.poll_once()
+            clock.advance(1.0)
+        snapshot = poller.snapshot
+        front = create_front(
+            lambda: snapshot, lambda snap, now: None, Renderer(lambda n: True), expected_gpus=lambda: 8
+        )
+        api = create_app(lambda: snapshot, lambda snap, now: None, "/metrics", lambda: 8)
+
+        async def both() -> tuple[httpx.Response, httpx.Response]:
+            answers = []
+            for app in (front, api):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+                    answers.append(await client.get("/api/v1/health"))
+            return answers[0], answers[1]
+
+        served, routed = asyncio.run(both())
+        assert served.status_code == routed.status_code == 200
+        levels = [c["level"] for g in served.json()["gpus"] for c in g["checks"].values()]
+        assert served.json() == routed.json() and 2 in levels  # a critical verdict, with its `since`
+        assert served.content == routed.content  # byte for byte, as the JSON API encodes
+    finally:
+        poller.stop()
+        from gpuwarden.nvml import library
+
+        library.install(None)
+
+
 # The real CLI on the simulator, with a thread started where serving begins that reports, once /readyz says ready,
 # whether the cyclic GC was off during start-up and is on again (and start-up's objects frozen) afterwards.
 WATCH_GC = """

@@ -24,6 +24,7 @@ from gpuwarden.model.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import first_error, jsonable_errors
 from gpuwarden.web.front import Readiness, SnapshotSource
+from gpuwarden.web.health_document import node_health
 
 GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
 
@@ -324,7 +325,7 @@ class CheckVerdict(BaseModel):
     severity: str = Field(description="ok, info, warning or critical")
     observed: str
     threshold: str
-    since: float | None = Field(None, description="unix time this non-ok level began; absent while ok")
+    since: float | None = Field(None, description="unix time this non-ok level began; null while ok")
 
 
 class GpuHealth(BaseModel):
@@ -344,37 +345,6 @@ class NodeHealth(BaseModel):
         description="GPUs NVML counts that could not be opened (index → lost, no_permission, timeout)"
     )
     gpus: list[GpuHealth]
-
-
-def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
-    """Every GPU's verdicts and nothing else: what the remediation commands (npd-plugin, slurm-healthcheck) read,
-    a few KB where /api/v1/gpus is a few hundred."""
-    return {
-        "taken_at": snap.taken_at,
-        "nvml_up": snap.nvml_up,
-        "nvml_error": snap.nvml_error,
-        "gpus_expected": expected_gpus or None,
-        "gpus_skipped": {str(index): reason for index, reason in sorted(snap.gpus_skipped.items())},
-        "gpus": [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "up": gpu.up,
-                "stale": gpu.stale,
-                "checks": {
-                    v.check: {
-                        "level": v.level,
-                        "severity": v.severity,
-                        "observed": v.observed,
-                        "threshold": v.threshold,
-                        **({"since": v.since} if v.level else {}),
-                    }
-                    for v in snap.health.get(gpu.uuid, ())
-                },
-            }
-            for gpu in snap.gpus
-        ],
-    }
 
 
 def _diagnosis_routes(snapshots: SnapshotSource, expected_gpus: Callable[[], int]) -> APIRouter:

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuwarden.exposition.render import Renderer, content_type
 from gpuwarden.model.snapshot import Snapshot
+from gpuwarden.web.health_document import HealthBodies
 from gpuwarden.web.limits import ConnectionGuard
 
 READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
@@ -101,8 +102,11 @@ class Front:
         path: str,
         api: Callable[[], Any],
         first_snapshot_wait_s: float = 0.0,
+        expected_gpus: Callable[[], int] = lambda: 0,
     ) -> None:
         self.snapshots, self.ready, self.renderer, self.path = snapshots, ready, renderer, path
+        self.expected_gpus = expected_gpus
+        self._health = HealthBodies()
         self.first_snapshot_wait_s = first_snapshot_wait_s
         self._first_watch: asyncio.Future[None] | None = None
         self._api_factory = api
@@ -126,6 +130,12 @@ class Front:
                 return
             if scope["path"] == "/healthz":
                 await _json(send, 200, {"status": "ok"}, head)
+                return
+            if scope["path"] == "/api/v1/health":  # node-problem-detector's, every 30 s: no framework loaded for it
+                body = self._health.body(self.snapshots(), self.expected_gpus())
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": b"" if head else body})
                 return
             if scope["path"] == "/readyz":
                 reason = self.ready(self.snapshots(), time.time())
@@ -203,7 +213,7 @@ def create_front(
 
         return create_app(snapshots, ready, telemetry_path, expected_gpus)
 
-    app: Any = Front(snapshots, ready, renderer, telemetry_path, api, first_snapshot_wait_s)
+    app: Any = Front(snapshots, ready, renderer, telemetry_path, api, first_snapshot_wait_s, expected_gpus)
     if basic_auth_users:
         from gpuwarden.config.web import BasicAuth
 
