@@ -104,6 +104,7 @@ class PrometheusClient:
         self.registry = registry or CollectorRegistry()
         self.metrics = ClientMetrics(self.registry)
         self.latency_offset = 0.0  # seconds the backend shifts a recent instant back (VictoriaMetrics: 30 s)
+        self._rule_health: tuple[float, dict[str, str] | None] | None = None
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -190,6 +191,25 @@ class PrometheusClient:
     def cache_bytes(self) -> int:
         return self._cache_bytes
 
+    async def rule_health(self) -> dict[str, str] | None:
+        """Each recording rule's health where the backend lists its rules (`GET /api/v1/rules`: Prometheus, and
+        vmalert or VictoriaMetrics proxying to it with -vmalert.proxyURL): record name → "" where every rule
+        recording it evaluates, else its last error. None where the backend lists no recording rule at all (rules
+        evaluated elsewhere, or VictoriaMetrics without a vmalert to ask): then nothing is known of their health.
+        Cached for the answer cache's TTL; a failure to ask is None too (the answers still come, from the canary)."""
+        now = time.monotonic()
+        if self._rule_health is not None and now - self._rule_health[0] < self.cache_ttl:
+            return self._rule_health[1]
+        try:
+            async with self._slot(), asyncio.timeout(self.timeout):
+                response = await self._client.get("/api/v1/rules", params={"type": "record"})
+            body = await anyio.to_thread.run_sync(_parse, response.content[: self.max_answer_bytes])
+            health = _rule_health(body) if response.status_code == 200 and isinstance(body, dict) else None
+        except (TimeoutError, httpx.HTTPError):
+            health = None
+        self._rule_health = (now, health)
+        return health
+
     async def _fetch(self, expr: str, at: float | None) -> list[Series]:
         form = {"query": expr, "timeout": f"{self.timeout:g}"}
         if at is not None:
@@ -242,6 +262,20 @@ class PrometheusClient:
             return _series(body)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PrometheusQueryError(f"{where} answered a malformed result: {exc}") from None
+
+
+def _rule_health(body: dict[str, Any]) -> dict[str, str] | None:
+    """record name → "" (healthy) or the last error of a failing rule recording it, from /api/v1/rules."""
+    found: dict[str, str] = {}
+    groups = (body.get("data") or {}).get("groups") if isinstance(body.get("data"), dict) else None
+    for group in groups if isinstance(groups, list) else []:
+        for rule in (group.get("rules") or []) if isinstance(group, dict) else []:
+            if not isinstance(rule, dict) or rule.get("type") != "recording" or not isinstance(rule.get("name"), str):
+                continue
+            failing = rule.get("health") == "err"  # "unknown": not evaluated yet, the canary says whether data exists
+            error = str(rule.get("lastError") or "evaluation failed")[:300] if failing else ""
+            found[rule["name"]] = found.get(rule["name"]) or error
+    return found or None
 
 
 def _reason(raw: bytes, keep: int = 600) -> str:

@@ -40,6 +40,8 @@ NODE_MEMORY = "gpuwarden:node_memory_bytes_by_model:max"
 NODE_CLASSES = "gpuwarden:node_class_gpus:count"
 NS_CLASSES = "gpuwarden:namespace_class_gpus:count"
 CORDON = "gpuwarden:cordon_finding:active"
+UTILIZATION_RECORDS = (BUSY, SAMPLED, GPUS, GPU_IDLE, GPU_STARVED, NS_IDLE, NS_SAMPLED, CLASS_IDLE, NODE_CLASSES,
+                       NS_CLASSES)  # fmt: skip
 # the critical alert rules whose findings warrant draining a node (the fleet's cordon candidates)
 CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # cordon rules not recorded: their expression scans a day of every GPU (NVLink); the fleet narrows them instead

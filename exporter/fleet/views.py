@@ -55,14 +55,36 @@ class FleetQueries:
     def node(self, series: Series) -> str:
         return series.labels.get(self.node_label, "")
 
-    async def _recorded(self) -> bool:
-        """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) are loaded where we ask:
-        their per-node model counts exist (an older rule file lacks them, and its absent health series would read
-        as a healthy fleet)."""
+    async def _recorded(self, *records: str) -> Recorded:
+        """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) can answer for `records`:
+        their per-node model counts exist where we ask (an older rule file lacks them, and its absent health series
+        would read as a healthy fleet), and the backend does not report any rule recording them as failing (a
+        series limit can fail the health or cordon rules alone: their absent series would read as "healthy" too).
+        Each view asks for the records it reads, so one failing rule sends only its views to the raw series."""
         if self.settings.recording_rules == "off":
-            return False
+            return Recorded(False)
         (found,) = await self.many(f"count({recording.NODE_MODELS}{{{self.selector}}})")
-        return bool(found and found[0].value > 0)
+        if not (found and found[0].value > 0):
+            return Recorded(False)
+        health = await self.client.rule_health()
+        if health is None:
+            return Recorded(True, "rule health not listed by the backend")
+        failing = {name: health[name] for name in records if health.get(name)}
+        if failing:
+            name, error = next(iter(sorted(failing.items())))
+            return Recorded(False, f"recording rule {name} is failing on the backend ({error})")
+        return Recorded(True)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Whether a view reads recorded series, and why not (or what is unknown), for its `source`."""
+
+    use: bool
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return self.use
 
 
 class InventoryView(FleetQueries):
@@ -70,7 +92,7 @@ class InventoryView(FleetQueries):
 
     async def inventory(self) -> dict[str, Any]:
         sel, node_label = self.selector, self.node_label
-        recorded = await self._recorded()
+        recorded = await self._recorded(recording.NODE_MODELS, recording.NODE_MEMORY)
         up, models, memory, drivers, versions, nvml, age, visible = await self.many(
             f"max by ({node_label}) (up{{{sel}}})",
             f"sum by ({node_label}, name) ({recording.NODE_MODELS}{{{sel}}})"
@@ -168,7 +190,7 @@ class HealthView(FleetQueries):
         now = self.client.evaluation_time()
         # with the recording rules, the non-ok verdicts are already a series each (up to a minute old); without
         # them, one query per check, as the rules do it (recording.check_partitions: VictoriaMetrics' series limit)
-        recorded = await self._recorded()
+        recorded = await self._recorded(recording.HEALTH)
         verdicts = (
             [f"{recording.HEALTH}{{{sel}}}"]
             if recorded
@@ -228,7 +250,7 @@ class HealthView(FleetQueries):
             for r in g.rules
             if r.action in CORDON_ACTIONS and r.severity == "critical"
         ]
-        recorded = await self._recorded()
+        recorded = await self._recorded(recording.CORDON)
         narrowable = [r.alert for r in rules if r.alert in NARROWING]
         first = await self.many(
             *(NARROWING[alert].format(sel=self.selector) for alert in narrowable),
@@ -394,7 +416,7 @@ class UtilizationView(FleetQueries):
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
         """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
         part of the window counts only the part it was seen. From the recording rules where they are loaded."""
-        recorded = await self._recorded()
+        recorded = await self._recorded(*recording.UTILIZATION_RECORDS)
         raw, idle_s = self._raw_queries(window, limit)
         (
             (
@@ -462,7 +484,10 @@ class UtilizationView(FleetQueries):
         ordered_nodes = sorted(nodes.values(), key=lambda e: -e.get("wasted_gpu_hours", 0.0))
         return {
             "source": "recording rules (alert_rules/gpuwarden.recording.yaml)"
+            + (f"; {recorded.note}" if recorded.note else "")
             if recorded
+            else f"raw series: {recorded.note}; every view scans every GPU's counters over the window"
+            if recorded.note
             else "raw series: the recording rules (alert_rules/gpuwarden.recording.yaml) are not loaded in this "
             "Prometheus; every view scans every GPU's counters over the window (slow past ~1,000 nodes)",
             "bottlenecks": bottlenecks,
@@ -542,7 +567,7 @@ class UtilizationView(FleetQueries):
 
     async def fit(self, plan: Plan) -> list[dict[str, Any]]:
         sel = self.selector
-        recorded = await self._recorded()
+        recorded = await self._recorded(recording.NODE_MODELS, recording.NODE_MEMORY)
         memory, counts = await self.many(
             f"max by (name) ({recording.NODE_MEMORY}{{{sel}}})"
             if recorded
@@ -576,12 +601,13 @@ class Fleet(InventoryView, HealthView, UtilizationView):
     """Every fleet view, for one selector and node label (what the HTTP app calls)."""
 
 
-def _source(recorded: bool, what: str) -> str:
-    return (
-        f"recording rules (alert_rules/gpuwarden.recording.yaml): {what}"
-        if recorded
-        else f"raw series: {what} (load alert_rules/gpuwarden.recording.yaml to make this cheap at scale)"
-    )
+def _source(recorded: Recorded | bool, what: str) -> str:
+    note = recorded.note if isinstance(recorded, Recorded) else ""
+    if recorded:
+        return f"recording rules (alert_rules/gpuwarden.recording.yaml): {what}" + (f"; {note}" if note else "")
+    if note:
+        return f"raw series: {what} ({note})"
+    return f"raw series: {what} (load alert_rules/gpuwarden.recording.yaml to make this cheap at scale)"
 
 
 def _tally(values: Any) -> dict[str, int]:
