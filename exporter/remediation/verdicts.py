@@ -9,11 +9,17 @@ and PyYAML only, so that a command run every 30 s by node-problem-detector or sl
 from __future__ import annotations
 
 import base64
+import contextlib
+import http.client
 import json
+import math
+import signal
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +44,7 @@ NOT_REMEDIATED: dict[str, str] = {
 }
 LEVELS = {"warning": 1, "critical": 2}
 DEFAULT_URL = "http://127.0.0.1:10045"
+MAX_BODY_BYTES = 4 * 1024 * 1024  # the document is ~11 KB for 8 GPUs
 MAX_SNAPSHOT_AGE_S = 60.0  # an older snapshot means the exporter's poller is stuck: nothing current is known
 
 
@@ -111,39 +118,125 @@ def endpoint_from(
     return Endpoint(url.rstrip("/"), ca_file, cert_file, key_file, username, password, timeout_s)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """The exporter never redirects /api/v1/health: a redirect is refused, never followed (following one sent the
+    basic-auth credentials to another host and acted on its answer)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201, PLR0913 - urllib's
+        raise Unreachable(f"exporter answered a redirect (HTTP {code}): not followed")
+
+
+class _DeadlineExceeded(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """One deadline for the whole exchange (connect, TLS, headers, body): urllib's timeout applies to each socket
+    operation, so an answer trickled a byte a second kept the commands running past NPD's and slurmd's limits.
+    A real-time timer (SIGALRM) in the main thread, where these commands run; elsewhere only the per-operation
+    timeout holds."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame) -> None:  # noqa: ANN001
+        raise _DeadlineExceeded
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def fetch(endpoint: Endpoint) -> dict[str, Any]:
-    """The exporter's /api/v1/health, or Unreachable with the reason."""
+    """The exporter's /api/v1/health, or Unreachable with the reason: whatever the other end does (a wrong shape,
+    a redirect, a protocol it does not speak, a trickle), the answer is a document of the expected shape or
+    Unreachable, within `timeout_s` in all."""
     request = urllib.request.Request(f"{endpoint.url}/api/v1/health", headers={"Accept": "application/json"})
     if endpoint.username:
         token = base64.b64encode(f"{endpoint.username}:{endpoint.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     context = None
     if endpoint.url.startswith("https://"):
-        context = ssl.create_default_context(cafile=str(endpoint.ca_file) if endpoint.ca_file else None)
-        if endpoint.ca_file is not None:
-            # a pinned certificate (the exporter's own, or a private CA's) on loopback: the name is not the point
-            context.check_hostname = False
-        if endpoint.cert_file is not None:
-            context.load_cert_chain(str(endpoint.cert_file), str(endpoint.key_file))
+        try:
+            context = ssl.create_default_context(cafile=str(endpoint.ca_file) if endpoint.ca_file else None)
+            if endpoint.ca_file is not None:
+                # a pinned certificate (the exporter's own, or a private CA's) on loopback: the name is not the point;
+                # and the exporter's certificate itself may be what is trusted, though a CA issued it (the chart
+                # trusts the served certificate): a partial chain ends at a trusted certificate, as Python 3.13
+                # does by default and 3.11/3.12 do not
+                context.check_hostname = False
+                context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            if endpoint.cert_file is not None:
+                context.load_cert_chain(str(endpoint.cert_file), str(endpoint.key_file))
+        except (OSError, ssl.SSLError, ValueError) as error:
+            raise Unreachable(f"TLS settings unusable: {error}") from None
     opener = urllib.request.build_opener(
         urllib.request.ProxyHandler({}),  # loopback: never through a proxy from the environment
         urllib.request.HTTPSHandler(context=context),
+        _NoRedirect(),
     )
     try:
-        with opener.open(request, timeout=endpoint.timeout_s) as response:
-            body = response.read(4 * 1024 * 1024)
+        with _deadline(endpoint.timeout_s), opener.open(request, timeout=endpoint.timeout_s) as response:
+            body = response.read(MAX_BODY_BYTES + 1)
+    except _DeadlineExceeded:
+        raise Unreachable(f"exporter timed out: no complete answer within {endpoint.timeout_s:g} s") from None
     except urllib.error.HTTPError as error:
         hint = " (check --auth.username and --auth.password-file)" if error.code == 401 else ""
         raise Unreachable(f"exporter answered HTTP {error.code}{hint}") from None
     except (urllib.error.URLError, OSError, ssl.SSLError) as error:
         reason = getattr(error, "reason", error)
         raise Unreachable(f"exporter unreachable: {reason}") from None
+    except (http.client.HTTPException, ValueError) as error:  # not HTTP/1.x: a banner, HTTP/0.9, too many headers
+        raise Unreachable(f"exporter answered something other than HTTP ({type(error).__name__})") from None
+    if len(body) > MAX_BODY_BYTES:
+        raise Unreachable(f"exporter answered more than {MAX_BODY_BYTES} bytes: not a health document")
     try:
-        document = json.loads(body)
-        document["gpus"]  # noqa: B018 - the shape check
-    except (ValueError, KeyError, TypeError):
+        return checked(json.loads(body))
+    except (ValueError, RecursionError):
         raise Unreachable("exporter answered something other than /api/v1/health JSON") from None
+    except TypeError as error:
+        raise Unreachable(f"exporter answered an unexpected health document ({error})") from None
+
+
+def checked(document: Any) -> dict[str, Any]:
+    """The document, once every field the verdicts read has the type they read it as; TypeError naming the field
+    otherwise (a wrong type must be Unknown, never a traceback that NPD reads as a problem)."""
+
+    def need(value: Any, kinds: type | tuple[type, ...], field: str) -> Any:
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in _as_tuple(kinds)):
+            raise TypeError(f"{field} is {type(value).__name__}")
+        return value
+
+    need(document, dict, "the document")
+    if not math.isfinite(need(document.get("taken_at", 0), (int, float), "taken_at")):
+        raise TypeError("taken_at is not a finite number")
+    need(document.get("nvml_up", False), bool, "nvml_up")
+    need(document.get("nvml_error"), (str, type(None)), "nvml_error")
+    need(document.get("gpus_expected"), (int, type(None)), "gpus_expected")
+    skipped = need(document.get("gpus_skipped") or {}, dict, "gpus_skipped")
+    for index, reason in skipped.items():
+        need(reason, str, "gpus_skipped")
+        if not str(index).isdigit():
+            raise TypeError("gpus_skipped has a key that is not a GPU index")
+    for gpu in need(document.get("gpus"), list, "gpus"):
+        need(gpu, dict, "gpus[]")
+        need(gpu.get("index"), int, "gpus[].index")
+        need(gpu.get("stale", False), bool, "gpus[].stale")
+        for verdict in need(gpu.get("checks") or {}, dict, "gpus[].checks").values():
+            need(verdict, dict, "gpus[].checks[]")
+            need(verdict.get("level", 0), int, "gpus[].checks[].level")
+            need(verdict.get("observed", ""), str, "gpus[].checks[].observed")
+            need(verdict.get("since") or 0, (int, float), "gpus[].checks[].since")
     return document
+
+
+def _as_tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
 
 
 def _fit(text: str, limit: int) -> str:
@@ -217,7 +310,12 @@ def outcomes(endpoint: Endpoint, families: list[str], min_level: int, limit: int
     except Unreachable as error:
         return [Outcome("unknown", _fit(str(error), limit))] * len(families)
     now = time.time()
-    return [evaluate(document, family, min_level, now, limit) for family in families]
+    try:
+        return [evaluate(document, family, min_level, now, limit) for family in families]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:  # a shape checked() let through: Unknown
+        return [Outcome("unknown", _fit(f"exporter answered an unexpected health document ({error})", limit))] * len(
+            families
+        )
 
 
 def outcome(endpoint: Endpoint, family: str, min_level: int, limit: int = 80) -> Outcome:
