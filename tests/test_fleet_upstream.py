@@ -188,3 +188,82 @@ def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometh
 def test_windows_are_ascii_and_exact(window):
     with pytest.raises(ValueError):
         parse_duration(window)
+
+
+FLEET_MEMORY_LIMIT_MIB = 384  # the Helm chart's limit for the fleet service
+
+
+def _gzip_bomb(expanded_mib: int) -> bytes:
+    import zlib
+
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = b"\0" * 2**20
+    return b"".join(compressor.compress(zeros) for _ in range(expanded_mib)) + compressor.flush()
+
+
+def _deflate_bomb(expanded_mib: int) -> bytes:
+    import zlib
+
+    compressor = zlib.compressobj(9)
+    zeros = b" " * 2**20
+    return b"".join(compressor.compress(zeros) for _ in range(expanded_mib)) + compressor.flush()
+
+
+def _encoded(body: bytes, encoding: str) -> Answer:
+    def answer(query: str, handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Encoding", encoding)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return answer
+
+
+def _many_series(count: int) -> bytes:
+    items = [{"metric": {"instance": f"n{i:05d}", "check": "ecc"}, "value": [1.0, "2"]} for i in range(count)]
+    return json.dumps(vector(items)).encode()
+
+
+HOSTILE_BACKENDS: dict[str, Callable[[], Answer]] = {
+    "a gzip bomb (512 MiB expanded)": lambda: _encoded(_gzip_bomb(512), "gzip"),
+    "a deflate bomb (512 MiB expanded)": lambda: _encoded(_deflate_bomb(512), "deflate"),
+    "an encoding not asked for": lambda: _encoded(b"\x00" * 100, "br"),
+    "95,000 series in 8.3 MB": lambda: (lambda body: lambda q, h: reply(h, body))(_many_series(95_000)),
+    "900 KB label values": lambda: (lambda body: lambda q, h: reply(h, body))(
+        json.dumps(
+            vector([{"metric": {"instance": "x" * 900_000, "check": f"c{i}"}, "value": [1.0, "1"]} for i in range(8)])
+        ).encode()
+    ),  # fmt: skip
+    "deeply nested JSON": lambda: lambda q, h: reply(h, b"[" * 100_000 + b"]" * 100_000),
+    "non-finite values": lambda: (
+        lambda q, h: reply(
+            h,
+            vector([{"metric": {"instance": "a", "check": "ecc"}, "value": [1.0, v]} for v in ("NaN", "+Inf", "-Inf")]),
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_BACKENDS))
+def test_a_hostile_backend_never_kills_the_fleet_at_the_charts_memory_limit(prometheus, shape: str) -> None:  # noqa: ANN001
+    """Each answer, on every endpoint, in a memory cgroup at the chart's limit: a clear JSON answer (502 naming the
+    limit or the fault; 200 where non-finite values are dropped), never an OOM kill, never a traceback."""
+    from tests.helpers.cgroup import memory_cgroup
+
+    prometheus.answer = HOSTILE_BACKENDS[shape]()
+    with memory_cgroup(FLEET_MEMORY_LIMIT_MIB) as cgroup:
+        if cgroup is None:
+            pytest.skip("no writable memory cgroup here (CI runs as root with one)")
+        with fleet(prometheus) as (url, proc):
+            for path in ENDPOINTS[:4]:
+                answer = httpx.get(url + path, timeout=30)
+                assert answer.status_code in (200, 502), (path, answer.status_code, answer.text[:300])
+                assert answer.headers["content-type"].startswith("application/json")
+                if shape != "non-finite values":
+                    assert answer.status_code == 502 and answer.json()["error"] == "prometheus", answer.text[:300]
+            assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+            assert proc.poll() is None and cgroup.oom_kills() == 0, f"peak {cgroup.peak_mib():.0f} MiB"
+        log = proc.stderr.read()
+    assert "Traceback" not in log, log[-2000:]

@@ -271,6 +271,7 @@ def create_app(
         settings.query_timeout,
         settings.cache_ttl,
         max_answer_bytes=settings.max_answer_bytes,
+        max_answer_series=settings.max_answer_series,
         max_concurrent=settings.max_concurrent_queries,
         cache_max_bytes=settings.cache_max_bytes,
     )

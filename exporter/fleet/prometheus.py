@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,7 @@ class PrometheusClient:
         transport: httpx.AsyncBaseTransport | None = None,
         registry: CollectorRegistry | None = None,
         max_answer_bytes: int = 8 * 1024 * 1024,
+        max_answer_series: int = 50_000,
         max_concurrent: int = 4,
         cache_max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
@@ -94,10 +97,15 @@ class PrometheusClient:
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
         self._cache_bytes = 0
         self.max_answer_bytes = max_answer_bytes
+        self.max_answer_series = max_answer_series
+        self._parsing = threading.Lock()  # one large answer turned into objects at a time: the peak is one answer's
         self.timeout = timeout
         self.cache_ttl = cache_ttl
         self._client = httpx.AsyncClient(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=headers, transport=transport
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout),
+            headers={**(headers or {}), "Accept-Encoding": "gzip"},  # decoded here, bounded (see _post)
+            transport=transport,
         )
         self._cache: dict[str, tuple[float, list[Series], int]] = {}  # key → (when, answer, estimated bytes)
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
@@ -226,21 +234,44 @@ class PrometheusClient:
         except httpx.HTTPError as exc:
             raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
         # Parsed off the event loop: a large answer must not stall the probes and the other requests.
-        parsed = await anyio.to_thread.run_sync(_parse, body)
+        parsed = await anyio.to_thread.run_sync(self._parse_bounded, body)
         return self._interpret(status, parsed, body)
 
+    def _parse_bounded(self, raw: bytes) -> dict[str, Any] | str:
+        """The JSON answer, refused before parsing where it holds more series than max_answer_series (parsed JSON
+        costs ~1 MiB per 1,000 series: 95,000 series in an 8 MB answer OOM-killed the service at 384 MiB); large
+        answers are parsed one at a time."""
+        series = raw.count(b'"metric"')
+        if series > self.max_answer_series:
+            return (
+                f"{series} series, more than max_answer_series ({self.max_answer_series}); narrow the selector or "
+                "raise the limit"
+            )
+        if len(raw) < 1024 * 1024:
+            return _parse(raw)
+        with self._parsing:
+            return _parse(raw)
+
     async def _post(self, form: dict[str, str]) -> tuple[int, bytes]:
-        """The answer's status and body, refusing a body larger than max_answer_bytes as it arrives."""
+        """The answer's status and body, refusing a body larger than max_answer_bytes as it arrives, counted after
+        decompression (a 500 KB gzip answer expanding to 512 MB killed the service in a second: httpx's decoder
+        inflates a whole chunk at once, so the body is read raw and inflated here in bounded steps)."""
         async with self._client.stream("POST", "/api/v1/query", data=form) as response:
-            chunks, size = [], 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > self.max_answer_bytes:
-                    raise PrometheusQueryError(
-                        f"Prometheus at {self.base_url} answered more than {self.max_answer_bytes} bytes "
-                        "(max_answer_bytes); narrow the selector or raise the limit"
-                    )
-                chunks.append(chunk)
+            chunks = []
+            try:
+                decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self.max_answer_bytes)
+                async for chunk in response.aiter_raw():
+                    chunks.append(decoder.feed(chunk))
+                chunks.append(decoder.flush())
+            except AnswerTooLarge:
+                raise PrometheusQueryError(
+                    f"Prometheus at {self.base_url} answered more than {self.max_answer_bytes} bytes "
+                    "(max_answer_bytes); narrow the selector or raise the limit"
+                ) from None
+            except (zlib.error, ValueError) as exc:
+                raise PrometheusQueryError(
+                    f"Prometheus at {self.base_url} answered a body that does not decode: {exc}"
+                ) from None
             return response.status_code, b"".join(chunks)
 
     def _interpret(self, status: int, parsed: dict[str, Any] | str, raw: bytes) -> list[Series]:
@@ -262,6 +293,46 @@ class PrometheusClient:
             return _series(body)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PrometheusQueryError(f"{where} answered a malformed result: {exc}") from None
+
+
+class AnswerTooLarge(Exception):
+    pass
+
+
+class BoundedDecoder:
+    """Content-Encoding undone (identity, gzip, deflate) in steps that never produce more than `limit` bytes in all:
+    zlib's max_length bounds each step, and what it has not consumed waits in its unconsumed tail."""
+
+    def __init__(self, encoding: str, limit: int) -> None:
+        encoding = encoding.strip().lower()
+        if encoding in ("", "identity"):
+            self._inflate = None
+        elif encoding in ("gzip", "x-gzip"):
+            self._inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS)
+        else:
+            raise ValueError(f"content-encoding {encoding[:40]!r} was not asked for")
+        self.limit, self.size = limit, 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self._inflate is None:
+            return self._count(data)
+        out = []
+        while data:
+            piece = self._inflate.decompress(data, self.limit - self.size + 1)
+            out.append(self._count(piece))
+            data = self._inflate.unconsumed_tail
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        return b"" if self._inflate is None else self._count(self._inflate.flush(self.limit - self.size + 1))
+
+    def _count(self, piece: bytes) -> bytes:
+        self.size += len(piece)
+        if self.size > self.limit:
+            raise AnswerTooLarge
+        return piece
 
 
 def _rule_health(body: dict[str, Any]) -> dict[str, str] | None:
@@ -291,6 +362,8 @@ def _parse(raw: bytes) -> dict[str, Any] | str:
         body = json.loads(raw)
     except ValueError as exc:
         return f"not JSON ({exc})"
+    except RecursionError:
+        return "not JSON the fleet reads (nested too deeply)"
     return body if isinstance(body, dict) else f"JSON {type(body).__name__}, not an object"
 
 
@@ -301,7 +374,8 @@ def _series(body: dict[str, Any]) -> list[Series]:
         raise ValueError("'data' is not an object")
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar":
-        return [Series({}, _sample_value(result, "data.result"))]
+        value = _sample_value(result, "data.result")
+        return [Series({}, value)] if math.isfinite(value) else []
     if kind != "vector":
         raise ValueError(f"expected an instant vector, got resultType {kind!r}")
     if not isinstance(result, list):
@@ -311,8 +385,15 @@ def _series(body: dict[str, Any]) -> list[Series]:
         metric = item.get("metric") if isinstance(item, dict) else None
         if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
             raise ValueError(f"data.result[{position}].metric is not an object of strings")
-        series.append(Series(metric, _sample_value(item.get("value"), f"data.result[{position}].value")))
+        if any(len(v) > MAX_LABEL_VALUE for v in metric.values()):
+            raise ValueError(f"data.result[{position}].metric has a label value over {MAX_LABEL_VALUE} characters")
+        value = _sample_value(item.get("value"), f"data.result[{position}].value")
+        if math.isfinite(value):  # NaN and ±Inf (a ratio over no samples) say nothing; JSON cannot carry them
+            series.append(Series(metric, value))
     return series
+
+
+MAX_LABEL_VALUE = 4096  # gpuwarden's own label values are short; 900 KB ones took the service to 341 MiB
 
 
 def _sample_value(pair: Any, where: str) -> float:

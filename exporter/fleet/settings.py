@@ -50,6 +50,13 @@ class FleetSettings(BaseModel):
         le=1024**3,
         description="Largest Prometheus answer accepted (bytes); a larger one is refused as it arrives (502).",
     )
+    max_answer_series: int = Field(
+        50_000,
+        ge=100,
+        le=10_000_000,
+        description="Most series accepted in one Prometheus answer (five per node at 10,000 nodes); more is refused "
+        "before it is turned into objects (502): ~1 MiB of memory per 1,000 series while parsed.",
+    )
     max_concurrent_queries: int = Field(
         4,
         ge=1,

@@ -196,11 +196,12 @@ def stack(tmp: Path):
 
 @contextmanager
 def running_cli(
-    *args: str, python_flags: tuple[str, ...] = (), tls: bool = False
+    *args: str, python_flags: tuple[str, ...] = (), tls: bool = False, cgroup: Any = None
 ) -> Iterator[tuple[str, subprocess.Popen]]:
     """`gpuwarden ARGS --web.listen-address 127.0.0.1:PORT` as its own process, with no GPUWARDEN_* from the
     environment: yields its base URL (once /healthz answers) and the process (stderr piped, for its log; what is
-    left of it can be read once the block ends). `python_flags` go to the interpreter (e.g. -X importtime)."""
+    left of it can be read once the block ends). `python_flags` go to the interpreter (e.g. -X importtime);
+    `cgroup` (tests/helpers/cgroup.py) is joined before the process starts."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     proc = subprocess.Popen(
@@ -209,6 +210,7 @@ def running_cli(
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=cgroup.enter if cgroup is not None else None,  # noqa: PLW1509 - joins the cgroup before exec
     )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:

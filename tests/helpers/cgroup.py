@@ -1,0 +1,65 @@
+"""A memory cgroup at a given limit, as a kubelet enforces a pod's: the process under test is started inside it,
+so everything it allocates counts, and going over the limit OOM-kills it (SIGKILL) as it would in a cluster.
+cgroup v2 (memory.max) or v1 (memory.limit_in_bytes), whichever this host mounts writable; None where neither is."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+V2 = Path("/sys/fs/cgroup")
+V1 = Path("/sys/fs/cgroup/memory")
+
+
+class MemoryCgroup:
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+
+    def enter(self) -> None:
+        """Move the calling process in (a Popen's preexec_fn: the child joins before it execs)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_mib(self) -> float:
+        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        try:
+            return int((self.path / name).read_text()) / 2**20
+        except (OSError, ValueError):
+            return float("nan")
+
+    def oom_kills(self) -> int:
+        try:
+            text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_mib: int) -> Iterator[MemoryCgroup | None]:
+    name = f"gpuwarden-test-{uuid.uuid4().hex[:8]}"
+    v2 = (V2 / "cgroup.controllers").exists() and "memory" in (V2 / "cgroup.controllers").read_text()
+    root = V2 if v2 else V1
+    path = root / name
+    try:
+        path.mkdir()
+        (path / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit_mib * 2**20))
+        if not v2:
+            with contextlib.suppress(OSError):
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit_mib * 2**20))  # no escape into swap
+    except OSError:
+        yield None
+        return
+    try:
+        yield MemoryCgroup(path, v2)
+    finally:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), 9)
+        with contextlib.suppress(OSError):
+            path.rmdir()
