@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TRAIN = "bench/workloads/train.py"
 DDP = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", TRAIN]
+STALE = re.compile(r"^gpuwarden_gpu_stale\{.*\} 1$", re.M)
 WINDOW = re.compile(r'^gpuwarden_gpm_window_seconds_total\{gpu="(\d+)".*\} (\S+)$', re.M)
 
 
@@ -94,7 +95,7 @@ class Watch:
 
     def __init__(self, port: int, pid: int) -> None:
         self.base, self.pid = f"http://127.0.0.1:{port}", pid
-        self.scrapes = self.scrape_failures = self.ready_failures = 0
+        self.scrapes = self.scrape_failures = self.ready_failures = self.stale_scrapes = 0
         self.failures: list[str] = []
         self.last_advance: dict[str, float] = {}
         self.last_window: dict[str, float] = {}
@@ -122,6 +123,8 @@ class Watch:
                 self.scrape_failures += 1
                 self.failures.append(f"{now:.0f}s /metrics {status} {body[:100]}")
             else:
+                if STALE.search(body):  # a GPU's reads overran the call deadline (a GPM wait once did this)
+                    self.stale_scrapes += 1
                 for gpu, value in WINDOW.findall(body):
                     if float(value) > self.last_window.get(gpu, -1):
                         self.last_window[gpu], self.last_advance[gpu] = float(value), now
@@ -147,6 +150,7 @@ def summarise(watch: Watch, exporter: subprocess.Popen, alive: bool, started: fl
         "scrapes": watch.scrapes,
         "scrape_failures": watch.scrape_failures,
         "readyz_failures": watch.ready_failures,
+        "scrapes_with_a_stale_gpu": watch.stale_scrapes,
         "failures": watch.failures[:50],
         "gpm_window_seconds_total": watch.last_window,
         "longest_gpm_gap_s": round(watch.longest_gpm_gap, 1),
