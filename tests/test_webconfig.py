@@ -157,10 +157,28 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
         ({"tls_server_config": {"cert_file": "CERT"}}, "tls_server_config.key_file: Field required"),
         ({"basic_auth_users": ["admin"]}, "basic_auth_users: Input should be a mapping"),
         ({"tls_server_config": {"cert_file": "KEY", "key_file": "KEY"}}, "cannot load cert_file/key_file"),
+        # a malformed hash passed validation, then answered 500 with a traceback on the first login
+        ({"basic_auth_users": {"admin": "$2y$10$tooshort"}}, "basic_auth_users.admin is not a well-formed bcrypt hash"),
+        # cost 31 spun both services at 100 % CPU without ever listening, logging nothing
+        ({"basic_auth_users": {"admin": "$2y$31$" + "a" * 53}}, "basic_auth_users.admin has bcrypt cost 31"),
+        # a garbage CA file was a traceback and exit 1
+        (
+            {
+                "tls_server_config": {
+                    "cert_file": "CERT",
+                    "key_file": "KEY",
+                    "client_ca_file": "GARBAGE",
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+            },
+            "cannot load client_ca_file",
+        ),  # fmt: skip
     ],
 )
 def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
-    text = str(web).replace("CERT", str(pki["cert"])).replace("KEY", str(pki["key"]))
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    text = str(web).replace("CERT", str(pki["cert"])).replace("KEY", str(pki["key"])).replace("GARBAGE", str(garbage))
     path = tmp_path / "web.yml"
     path.write_text(text.replace("'", '"'))
     with pytest.raises(ConfigError) as caught:
@@ -182,6 +200,26 @@ def test_bad_web_config_is_one_line_and_exit_2(tmp_path, pki, web, expected):
         timeout=30,
     )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    fleet = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "fleet", "--web.config.file", str(path), "--listen-address",
+         f"127.0.0.1:{free_port()}"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert fleet.returncode == 2 and len(fleet.stderr.strip().splitlines()) == 1, fleet.stderr
+
+
+def test_sighup_leaves_the_fleet_service_serving(tmp_path):
+    """A config-management tool's reload sends SIGHUP to every service; it ended `gpuwarden fleet`."""
+    import signal
+
+    from tests.helpers.stack import running_cli
+
+    with running_cli("fleet", "--prometheus-url", f"http://127.0.0.1:{free_port()}") as (url, proc):
+        proc.send_signal(signal.SIGHUP)
+        assert wait(url + "/healthz").status_code == 200
+        proc.send_signal(signal.SIGHUP)
+        assert wait(url + "/healthz").status_code == 200 and proc.poll() is None
+    assert "restart it" in proc.stderr.read()
 
 
 def test_fleet_service_takes_the_same_web_config(tmp_path, pki):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class TlsServerConfig:
             raise ValueError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
 
 
+_BCRYPT = re.compile(r"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
+BCRYPT_MIN_COST, BCRYPT_MAX_COST = 4, 16
+
+
 @dataclass(frozen=True)
 class WebConfig:
     """A web-config file: TLS and the basic-auth users (bcrypt hashes)."""
@@ -69,6 +74,19 @@ class WebConfig:
         for user, hashed in self.basic_auth_users.items():
             if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
                 raise ValueError(f"basic_auth_users.{user} must be a bcrypt hash ($2y$...), not a plain password")
+            found = _BCRYPT.fullmatch(hashed)
+            if found is None:
+                raise ValueError(
+                    f"basic_auth_users.{user} is not a well-formed bcrypt hash ($2y$NN$ and 53 characters of bcrypt's "
+                    'base64); make one with: htpasswd -nBC 10 "" | tr -d ":"'
+                )
+            cost = int(found.group(1))
+            if not BCRYPT_MIN_COST <= cost <= BCRYPT_MAX_COST:
+                raise ValueError(
+                    f"basic_auth_users.{user} has bcrypt cost {cost}: give {BCRYPT_MIN_COST} to {BCRYPT_MAX_COST} "
+                    f"(each step doubles the CPU of every login; cost {BCRYPT_MAX_COST} is ~4 s of a core); "
+                    'hash it again with: htpasswd -nBC 10 "" | tr -d ":"'
+                )
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server's TLS context for this setup (None without TLS): TLS 1.2 or newer, client certificates as
@@ -99,6 +117,14 @@ def load_web_config(path: Path) -> WebConfig:
                 f"web config {path}: tls_server_config: cannot load cert_file/key_file ({exc}); "
                 "check that they are a matching PEM certificate and key"
             ) from None
+        if tls.client_ca_file is not None:
+            try:
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(str(tls.client_ca_file))
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"web config {path}: tls_server_config: cannot load client_ca_file ({exc}); "
+                    "give the PEM certificate(s) of the CA that issues the clients' certificates"
+                ) from None
     return config
 
 

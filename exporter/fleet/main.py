@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from gpuwarden.cli.common import EXIT_CONFIG, ConfigError
@@ -42,6 +43,10 @@ def main(argv: list[str]) -> int:
     listener = bind_listener(settings.host, settings.port)
     if listener is None:
         return EXIT_LISTEN
+    if hasattr(signal, "SIGHUP"):  # its default ends the process: a config-management tool's reload must not
+        signal.signal(  # (the fleet service reads its settings at start; a restart applies new ones)
+            signal.SIGHUP, lambda *_: log.warning("SIGHUP: gpuwarden fleet reads its settings at start; restart it")
+        )
     app = create_app(settings, basic_auth_users=web.basic_auth_users, guard=guard)
     HttpServer(app, guard, ssl_context=web.ssl_context(), graceful_s=5.0).run(listener)
     return 0
