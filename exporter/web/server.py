@@ -7,6 +7,9 @@ what it lacks, per connection, with the limits of gpuwarden.web.limits.Connectio
 - a deadline for a whole request, body included, from the moment the connection waits for one;
 - request bytes counted as they arrive, trailers included: 431 while the headers are incomplete, 413 after;
 - at most `MAX_PIPELINE` queued pipelined requests, and a write timeout for a response the client does not read;
+- a connection closed with its response still unsent (`Connection: close`, HTTP/1.0, a refusal) that the client
+  does not read is aborted after the header timeout (`_abort_closed_connections`): asyncio's close waits to flush
+  for ever, and 1,032 such connections held for good refused 121 of 134 probes (TLS: an OOM kill at 256 MiB);
 - admission: at the connection limit the oldest connection waiting for a request is closed, and up to
   `PROBE_RESERVE` connections past the limit get in, so a probe is never the one refused;
 - shedding: past the request limit new requests get 503, except the probes;
@@ -64,6 +67,7 @@ UVICORN_INTERNALS = (
     "connection_lost",
 )
 SERVER_INTERNALS = ("startup", "handle_exit", "_captured_signals", "should_exit", "server_state")
+# server_state.connections: the set of open protocols that uvicorn keeps (the close sweep reads it)
 # asyncio accepts each connection in a task running this coroutine; a TLS handshake happens inside it.
 ACCEPT_COROUTINE = "BaseSelectorEventLoop._accept_connection2"
 
@@ -87,8 +91,14 @@ class _CoalescedWrites:
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop = transport, loop
         self._held: bytes | None = None
+        self.aborted = False  # set by the protocol's _abort(): nothing more is written
 
     def write(self, data: bytes) -> None:
+        if self.aborted:
+            # aborted (the pipeline limit, a timeout) while a queued response was being made: asyncio's TLS transport
+            # raises AttributeError on a write after abort(), which logged a traceback per connection
+            self._held = None
+            return
         if self._held is None:
             self._held = data
             self._loop.call_soon(self.flush)
@@ -97,6 +107,8 @@ class _CoalescedWrites:
             self._transport.write(held + data)
 
     def flush(self) -> None:
+        if self.aborted:
+            self._held = None
         if self._held is not None:
             held, self._held = self._held, None
             self._transport.write(held)
@@ -142,12 +154,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _admit(self) -> None:
-        """Make room by closing the connection that has waited longest for a request; a newcomer is refused only
-        past the probe reserve."""
+        """Make room by closing the connection that has waited longest for a request, else one that is closing
+        with its response unsent; a newcomer is refused only past the probe reserve."""
         for oldest in self.guard.waiting:
             if oldest is not self:
                 self.guard.reject("evicted")
                 oldest._abort()
+                return
+        for other in self.connections:  # a connection closed with its response unsent is worth least
+            if other is not self and other.transport is not None and other.transport.is_closing():
+                self.guard.reject("evicted")
+                other._abort()
                 return
         if len(self.connections) > self.guard.max_connections + PROBE_RESERVE:
             self.guard.reject("evicted")
@@ -155,8 +172,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _abort(self) -> None:
         self._cancel_deadline()
-        if not self.transport.is_closing():
-            self.transport.abort()  # no graceful TLS close: an attacker never sends its close_notify
+        # no graceful TLS close: an attacker never sends its close_notify; and a transport already closing (uvicorn
+        # closed it after a Connection: close response) is aborted too, or it waits to flush for ever
+        self._writes.aborted = True
+        self.transport.abort()
 
     # -- a request's deadline and size -----------------------------------------------------------------------------
 
@@ -334,6 +353,29 @@ def protocol_for(guard: ConnectionGuard) -> type[GuardedHttpProtocol]:
     return type("BoundGuardedHttpProtocol", (GuardedHttpProtocol,), {"guard": guard})
 
 
+CLOSE_SWEEP_S = 1.0  # how often connections that were closed but not flushed are looked at
+
+
+async def _abort_closed_connections(connections: set[Any], guard: ConnectionGuard) -> None:
+    """Abort each connection that has been closing, its response unsent, for longer than the header timeout.
+
+    Every close path (uvicorn after a Connection: close or HTTP/1.0 response, a 400, a refusal here) ends in
+    asyncio's transport.close(), which waits for the buffer to flush: a client that never reads holds the
+    connection, its buffer and (over TLS) its SSL state for ever, and no deadline of the protocol's is running any
+    more. One sweep a second over the open connections covers them all."""
+    loop = asyncio.get_running_loop()
+    closing_since: dict[Any, float] = {}
+    while True:
+        await asyncio.sleep(CLOSE_SWEEP_S)
+        now = loop.time()
+        closing = {c for c in list(connections) if c.transport is not None and c.transport.is_closing()}
+        closing_since = {c: closing_since.get(c, now) for c in closing}
+        for connection, since in closing_since.items():
+            if now - since >= guard.header_timeout_s:
+                guard.reject("write_timeout")
+                connection._abort()
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, telling a thread when it listens."""
 
@@ -346,6 +388,9 @@ class _Server(uvicorn.Server):
         if self.config.ssl is not None:
             asyncio.get_running_loop().set_task_factory(HandshakeLimiter(self._guard))
         await super().startup(sockets)
+        self._sweeper = asyncio.get_running_loop().create_task(
+            _abort_closed_connections(self.server_state.connections, self._guard)
+        )
         self._started_event.set()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
