@@ -363,6 +363,20 @@ def test_per_job_sm_seconds_follow_the_jobs_share(sim, tmp_path: Path) -> None:
     assert rate("9") == pytest.approx(0.6, abs=0.01) and rate("10") == pytest.approx(0.2, abs=0.01)
 
 
+def poll_until_blocked(poller: Poller, entered) -> object:  # noqa: ANN001 - a threading.Event
+    """A poll in a thread of its own, once its host lookup is blocked: then the publication and NVML locks must be
+    free (a lookup under them stalled publication and the XID watcher). Returns the poll's thread."""
+    import threading
+
+    first = threading.Thread(target=poller.poll_once, daemon=True)
+    first.start()
+    assert entered.wait(30), "the lookup never started"
+    for lock in (poller.nvml.lock, poller._publish_lock):
+        assert lock.acquire(timeout=10), "a lock is held while the lookup is blocked"
+        lock.release()
+    return first
+
+
 def test_a_slow_user_lookup_never_holds_publication_or_nvml(sim, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """getpwuid goes through NSS (SSSD or LDAP on many Slurm clusters) and can block for as long as the directory
     does. It runs on the lookup thread: while it is blocked, the publication and NVML locks are free and snapshots
@@ -386,12 +400,7 @@ def test_a_slow_user_lookup_never_holds_publication_or_nvml(sim, tmp_path: Path,
     sim(FULL_GPU, clock=clock)
     poller = Poller(settings(processes={"proc_root": str(proc)}), wall_clock=clock)
     try:
-        first = threading.Thread(target=poller.poll_once, daemon=True)
-        first.start()
-        assert entered.wait(30), "the user lookup never started"
-        for lock in (poller.nvml.lock, poller._publish_lock):
-            assert lock.acquire(timeout=10), "a lock is held while the directory answers"
-            lock.release()
+        first = poll_until_blocked(poller, entered)
         clock.advance(1.0)
         snapshot = poller._publish()  # a publication while the lookup is still blocked
         series = parse_exposition(Renderer(lambda n: True).render(snapshot).decode())
@@ -424,12 +433,7 @@ def test_a_slow_pod_log_listing_never_holds_publication(sim, tmp_path: Path, mon
     sim(SHARED, clock=clock)
     poller = Poller(settings(processes=hosted), wall_clock=clock)
     try:
-        first = threading.Thread(target=poller.poll_once, daemon=True)
-        first.start()
-        assert entered.wait(30), "the listing never started"
-        for lock in (poller.nvml.lock, poller._publish_lock):
-            assert lock.acquire(timeout=10), "a lock is held while the directory is listed"
-            lock.release()
+        first = poll_until_blocked(poller, entered)
     finally:
         release.set()
     first.join(30)
