@@ -449,26 +449,3 @@ def test_slow_readers_of_pipelined_answers_stay_within_the_charts_memory(tmp_pat
     assert alive, f"OOM-killed: peak {peak:.0f} MiB"
     assert scrape.status_code == 200
     assert probes == [], probes[:20]
-
-
-def test_responses_waiting_for_a_reader_do_not_shed_other_clients_scrapes(tmp_path):
-    """300 keep-alive clients each ask /api/v1/gpus (~100 KB) and never read: 300 requests in flight, over the
-    256 at which requests are shed. A response waiting for its reader costs no CPU, so a scraper's requests are
-    answered, not 503 (before: 54 of 153 authorised scrapes shed)."""
-    with running_cli("--sim", "--web.header-timeout", "30") as (url, proc):
-        port = int(url.rsplit(":", 1)[1])
-        httpx.get(url + "/api/v1/gpus", timeout=30)
-        request = b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\n\r\n"
-        clients = [c for c in (_never_reading_client(port, request) for _ in range(300)) if c]
-        statuses = []
-        with httpx.Client(timeout=5) as client:
-            for _ in range(30):
-                statuses.append(client.get(url + "/metrics").status_code)
-        series = parse_exposition(httpx.get(url + "/metrics").text)
-        for sock in clients:
-            sock.close()
-    assert len(clients) == 300
-    assert statuses == [200] * 30, statuses
-    assert not values(series, "gpuwarden_http_rejected_total", reason="shed") or values(
-        series, "gpuwarden_http_rejected_total", reason="shed"
-    ) == [0.0]
