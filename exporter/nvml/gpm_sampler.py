@@ -188,6 +188,7 @@ class ChildProcessSampler:
         self._answers: dict[WindowKey, _Answers] = {}
         self._answered: set[WindowKey] = set()  # keys with any answer: their GPU's support is known
         self._owner: threading.Thread | None = None
+        self._in_flight: _Advance | None = None  # the request the owner is asking the child now
         self._stopping = False
 
     # -- the readers' API (never waits on the child) ------------------------------------------------------
@@ -226,6 +227,8 @@ class ChildProcessSampler:
                     self._queued.pop(key).cancelled = True
                 self._answers.pop(key, None)
                 self._answered.discard(key)
+            if self._in_flight is not None and self._matches(self._in_flight.key, uuid, gpu_instance):
+                self._in_flight.cancelled = True  # its answer belongs to the windows being closed
             if self._owner is not None and not self._stopping:
                 self._queue.append(("close", uuid, gpu_instance))
                 self._mailbox.notify()
@@ -279,6 +282,7 @@ class ChildProcessSampler:
                     if item.cancelled:
                         continue
                     self._queued.pop(item.key, None)
+                    self._in_flight = item
             if isinstance(item, tuple):
                 _, uuid, gpu_instance = item
                 with self._lock:
@@ -292,6 +296,8 @@ class ChildProcessSampler:
             with self._lock:
                 window = self._advance_in_child(uuid, gpu_instance, item.metric_ids)
         except GpmSamplerStarting:
+            with self._mailbox:
+                self._in_flight = None
             return  # nothing learnt: the reader asks again next cycle
         except (GpmUnavailable, GpmSamplerDown, GpuLostError, NvmlDownError, NvmlFatalError) as exc:
             self._deliver(item, error=exc)
@@ -306,6 +312,7 @@ class ChildProcessSampler:
 
     def _deliver(self, item: _Advance, window: Window | None = None, error: Exception | None = None) -> None:
         with self._mailbox:
+            self._in_flight = None
             if item.cancelled or self._stopping:
                 return  # closed meanwhile: the answer belongs to windows that are gone
             answers = self._answers.setdefault(item.key, _Answers())
