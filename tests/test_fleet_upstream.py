@@ -43,6 +43,7 @@ class FakePrometheus:
 
     def __init__(self) -> None:
         self.answer: Answer = lambda query, handler: reply(handler, vector([]))
+        self.rules: Callable[[BaseHTTPRequestHandler], None] = lambda handler: reply(handler, {"status": "success"})
         self.queries: list[str] = []
         fake = self
 
@@ -53,6 +54,10 @@ class FakePrometheus:
                 fake.queries.append(query)
                 with suppress(BrokenPipeError, ConnectionResetError):
                     fake.answer(query, self)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API: /api/v1/rules
+                with suppress(BrokenPipeError, ConnectionResetError):
+                    fake.rules(self)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -265,3 +270,31 @@ def test_a_hostile_backend_never_kills_the_fleet_at_the_charts_memory_limit(prom
             assert proc.poll() is None and cgroup.oom_kills() == 0, f"peak {cgroup.peak_mib():.0f} MiB"
         log = proc.stderr.read()
     assert "Traceback" not in log, log[-2000:]
+
+
+def test_rule_health_reads_the_rules_answer_as_boundedly_as_a_query(prometheus) -> None:  # noqa: ANN001
+    """/api/v1/rules is read through the same bounded decoder as every query: a gzip bomb there is refused as it
+    inflates (rule health then unknown), not inflated whole by the HTTP library."""
+    import asyncio
+    import tracemalloc
+
+    from gpuwarden.fleet.prometheus import PrometheusClient
+
+    bomb = _encoded(_gzip_bomb(512), "gzip")
+    prometheus.rules = lambda handler: bomb("", handler)
+
+    async def ask() -> object:
+        client = PrometheusClient(prometheus.url, timeout=10)
+        try:
+            return await client.rule_health()
+        finally:
+            await client.close()
+
+    tracemalloc.start()
+    try:
+        health = asyncio.run(ask())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert health is None
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB held while reading the answer"

@@ -104,7 +104,7 @@ class PrometheusClient:
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
-            headers={**(headers or {}), "Accept-Encoding": "gzip"},  # decoded here, bounded (see _post)
+            headers={**(headers or {}), "Accept-Encoding": "gzip"},  # decoded here, bounded (see _read)
             transport=transport,
         )
         self._cache: dict[str, tuple[float, list[Series], int]] = {}  # key → (when, answer, estimated bytes)
@@ -210,10 +210,10 @@ class PrometheusClient:
             return self._rule_health[1]
         try:
             async with self._slot(), asyncio.timeout(self.timeout):
-                response = await self._client.get("/api/v1/rules", params={"type": "record"})
-            body = await anyio.to_thread.run_sync(_parse, response.content[: self.max_answer_bytes])
-            health = _rule_health(body) if response.status_code == 200 and isinstance(body, dict) else None
-        except (TimeoutError, httpx.HTTPError):
+                status, raw = await self._read("GET", "/api/v1/rules", params={"type": "record"})
+            body = await anyio.to_thread.run_sync(self._parse_bounded, raw)
+            health = _rule_health(body) if status == 200 and isinstance(body, dict) else None
+        except (TimeoutError, httpx.HTTPError, PrometheusQueryError):
             health = None
         self._rule_health = (now, health)
         return health
@@ -226,7 +226,7 @@ class PrometheusClient:
             # One deadline for the whole exchange, body included: httpx's timeout applies to each read, so an
             # upstream trickling a byte every second would otherwise never be cut off.
             async with asyncio.timeout(self.timeout):
-                status, body = await self._post(form)
+                status, body = await self._read("POST", "/api/v1/query", data=form)
         except TimeoutError:
             raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
         except httpx.TimeoutException:
@@ -252,11 +252,12 @@ class PrometheusClient:
         with self._parsing:
             return _parse(raw)
 
-    async def _post(self, form: dict[str, str]) -> tuple[int, bytes]:
+    async def _read(self, method: str, path: str, **request: Any) -> tuple[int, bytes]:
         """The answer's status and body, refusing a body larger than max_answer_bytes as it arrives, counted after
         decompression (a 500 KB gzip answer expanding to 512 MB killed the service in a second: httpx's decoder
-        inflates a whole chunk at once, so the body is read raw and inflated here in bounded steps)."""
-        async with self._client.stream("POST", "/api/v1/query", data=form) as response:
+        inflates a whole chunk at once, so the body is read raw and inflated here in bounded steps). Every request
+        to the backend reads its answer here."""
+        async with self._client.stream(method, path, **request) as response:
             chunks = []
             try:
                 decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self.max_answer_bytes)
