@@ -422,7 +422,7 @@ class ChildProcessSampler:
             remaining = deadline - time.monotonic()
             readable, _, _ = select.select([self._answer_fd, stderr], [], [], max(remaining, 0.0))
             if stderr in readable:
-                self._drain_stderr()
+                self._drain_stderr(self._proc)
             if self._answer_fd in readable:
                 chunk = os.read(self._answer_fd, 65536)
                 if not chunk:
@@ -432,12 +432,6 @@ class ChildProcessSampler:
                 return None
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
-
-    def _drain_stderr(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(self._proc.stderr.fileno(), 65536):
-                self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
 
     def _failed(self) -> NoReturn:
         """The child died or wedged: count it, name the call, turn GPM off after `crash_limit`; always raises.
@@ -493,7 +487,7 @@ class ChildProcessSampler:
         except subprocess.TimeoutExpired:
             exited = False
             self._unreaped.append(proc)
-        self._drain_stderr_of(proc)
+        self._drain_stderr(proc)
         stderr = self._stderr_tail
         for stream in (proc.stdin, proc.stderr):
             if stream is not None:
@@ -510,11 +504,11 @@ class ChildProcessSampler:
         # faulthandler prints the crashing thread first, innermost frame first: its first NVML frame is the call
         return (frames[0] if frames else None), status, killed
 
-    def _drain_stderr_of(self, proc: subprocess.Popen[bytes]) -> None:
+    def _drain_stderr(self, proc: subprocess.Popen[bytes]) -> None:
+        """What the child has written to stderr (non-blocking since spawn), its last STDERR_TAIL_BYTES kept."""
         if proc.stderr is None:
             return
         with contextlib.suppress(OSError, ValueError):
-            os.set_blocking(proc.stderr.fileno(), False)
             while chunk := os.read(proc.stderr.fileno(), 65536):
                 self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
 

@@ -205,15 +205,19 @@ def cap_order(node: NodeState) -> tuple[str, str]:
     return (node.since or "9999", node.name)
 
 
-def over_the_cap(args, slurm: Slurm, node: NodeState) -> list[NodeState]:  # noqa: ANN001 - argparse namespace
-    """gpuwarden's drains in the node's partitions that come before this node in `cap_order`, where this node is
-    not among the first --max-drained of them; [] where it keeps its place."""
-    ours = [
+def drained_by_gpuwarden(args, slurm: Slurm, node: NodeState) -> list[NodeState]:  # noqa: ANN001 - argparse
+    """The nodes of this node's partitions that gpuwarden has drained (its reason prefix), as sinfo says now."""
+    return [
         n
         for n in slurm.nodes(["-p", ",".join(node.partitions)])
         if n.drained and n.reason.startswith(args.reason_prefix)
     ]
-    ours.sort(key=cap_order)
+
+
+def over_the_cap(args, slurm: Slurm, node: NodeState) -> list[NodeState]:  # noqa: ANN001 - argparse namespace
+    """gpuwarden's drains in the node's partitions that come before this node in `cap_order`, where this node is
+    not among the first --max-drained of them; [] where it keeps its place."""
+    ours = sorted(drained_by_gpuwarden(args, slurm, node), key=cap_order)
     names = [n.name for n in ours]
     if node.name not in names or names.index(node.name) < args.max_drained:
         return []
@@ -275,11 +279,7 @@ def act(args, slurm: Slurm, node: NodeState, verdict: Outcome, memory: Memory) -
         return f"{node.name}: {verdict.message}; gpuwarden's drain for it was resumed by a person: not drained again"
     if args.opt_out_feature and args.opt_out_feature in slurm.features(node.name):
         return f"{node.name}: {verdict.message}; feature {args.opt_out_feature} set: not drained"
-    drained = [
-        n
-        for n in slurm.nodes(["-p", ",".join(node.partitions)])
-        if n.drained and n.reason.startswith(args.reason_prefix)
-    ]
+    drained = drained_by_gpuwarden(args, slurm, node)
     if len(drained) >= args.max_drained:
         names = ",".join(sorted(n.name for n in drained))
         return (

@@ -112,10 +112,7 @@ PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def node(self, name: str) -> tuple[str, str]:
         """(state, reason) as sinfo shows them ("idle", "" / "drained", "gpuwarden: ...")."""
-        out = subprocess.run(["sinfo", "-h", "-N", "-n", name, "-o", "%T|%E"], env=self.env, capture_output=True,
-                             text=True, check=True).stdout.strip().splitlines()[0]  # fmt: skip
-        state, reason = out.split("|", 1)
-        return state.rstrip("*"), "" if reason == "none" else reason
+        return self.nodes()[name]
 
     def scontrol(self, *words: str) -> None:
         subprocess.run(["scontrol", *words], env=self.env, check=True, capture_output=True)
