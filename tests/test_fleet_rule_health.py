@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,20 @@ def exporters(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         yield parts, rules
 
 
+def settled(url: str, *exprs: str) -> bool:
+    """Each expression has an answer already 3 s ago: the fleet evaluates at a whole second at least the backend's
+    latency offset back, so a record that appeared a moment ago is still absent at its instant (a CI run caught the
+    fleet there, reading "no recording rules loaded" where the test meant "a rule failing")."""
+    import httpx
+
+    at = time.time() - 3
+    for expr in exprs:
+        body = httpx.get(f"{url}/api/v1/query", params={"query": expr, "time": at}, timeout=5).json()
+        if not body.get("data", {}).get("result"):
+            return False
+    return True
+
+
 def _failing_rules(url: str) -> bool:
     import httpx
 
@@ -83,8 +98,9 @@ def _failing_rules(url: str) -> bool:
 
 def test_prometheus_failing_health_rules_send_only_the_health_view_to_raw_series(exporters) -> None:  # noqa: ANN001
     parts, _ = exporters
-    wait_for(lambda: _failing_rules(parts.prometheus) and parts.query('gpuwarden_health{check="ecc"} == 2')
-             and parts.query(recording.NODE_MODELS), timeout=90, step=1)  # fmt: skip
+    wait_for(lambda: _failing_rules(parts.prometheus)
+             and settled(parts.prometheus, 'gpuwarden_health{check="ecc"} == 2', recording.NODE_MODELS),
+             timeout=90, step=1)  # fmt: skip
     check_fallback(parts.prometheus)
 
 
@@ -128,15 +144,9 @@ def test_victoriametrics_with_vmalert_failing_health_rules_falls_back_the_same(e
     try:
         wait_ready(vm_url + "/health")
         wait_for(lambda: _failing_rules(vm_url), timeout=120, step=1)  # through VictoriaMetrics' proxy to vmalert
-        import httpx
-
-        def recorded_and_raw() -> bool:
-            query = f"{vm_url}/api/v1/query"
-            models = httpx.get(query, params={"query": recording.NODE_MODELS}, timeout=5).json()["data"]["result"]
-            ecc = httpx.get(query, params={"query": 'gpuwarden_health{check="ecc"} == 2'}, timeout=5).json()
-            return bool(models) and bool(ecc["data"]["result"])
-
-        wait_for(recorded_and_raw, timeout=120, step=1)
+        wait_for(
+            lambda: settled(vm_url, recording.NODE_MODELS, 'gpuwarden_health{check="ecc"} == 2'), timeout=120, step=1
+        )
         check_fallback(vm_url)
     finally:
         for process in processes:
