@@ -288,10 +288,99 @@ def test_a_response_leaves_in_one_write_and_nothing_is_held_past_the_loop_iterat
     assert "self.transport = transport" in __import__("inspect").getsource(RequestResponseCycle.__init__)
 
 
+def tls_pair() -> tuple[Any, Any]:
+    """A server context with a certificate for 127.0.0.1 and a client context that trusts it."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
+
+
+async def tls_get(port: int, client: Any, path: str = "/x") -> bytes:
+    """One HTTPS request on a fresh connection, as a scraper makes it; what came back, or the error's name."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="127.0.0.1")
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        answer = await reader.read()
+        writer.close()
+        return answer
+    except (OSError, ssl_errors()) as exc:
+        return type(exc).__name__.encode()
+
+
+def ssl_errors() -> type[Exception]:
+    import ssl
+
+    return ssl.SSLError
+
+
+def test_a_burst_of_tls_clients_past_the_handshake_limit_waits_and_every_one_is_answered():
+    """More clients connecting at once than handshakes allowed in progress (16 here, 256 by default): the ones past
+    the limit wait (up to 4 × the limit), before any TLS state is made, and start as slots free. Closing the
+    oldest handshake instead closed real clients in the middle of theirs: on d3a938b `wrk -c1000` over TLS
+    completed 0 requests in 20 s, each client closed and back again."""
+    server, client = tls_pair()
+    guard = ConnectionGuard(header_timeout_s=5.0, max_handshakes=16)  # so at most 64 wait
+
+    async def burst(port: int) -> list[bytes]:
+        return await asyncio.gather(*(tls_get(port, client, f"/c{i}") for i in range(64)))
+
+    live = ServedApp(echo, guard=guard, ssl_context=server)
+    live.start()
+    try:
+        answers = asyncio.run(burst(live.port))
+    finally:
+        live.stop()
+    failed = [a[:60] for a in answers if not a.startswith(b"HTTP/1.1 200")]
+    assert not failed, failed
+    assert [re.search(rb"GET (/c\d+)", a).group(1) for a in answers] == [f"/c{i}".encode() for i in range(64)]
+    assert guard.counts()["handshake_limit"] == 0
+
+
+def test_stalled_handshakes_give_their_slots_to_waiting_clients_and_waiting_sockets_are_closed():
+    """Silent connections (no ClientHello) past the handshake limit: each one started stalls and is closed once a
+    client waits; the ones never started are closed too, their socket included (asyncio's accept coroutine, which
+    would close it, never ran); a real client that comes meanwhile is answered."""
+    server, client = tls_pair()
+    guard = ConnectionGuard(header_timeout_s=3.0, max_handshakes=4)
+    live = ServedApp(echo, guard=guard, ssl_context=server)
+    live.start()
+    silent = []
+    try:
+        for _ in range(40):
+            silent.append(socket.create_connection(("127.0.0.1", live.port)))
+        answer = asyncio.run(tls_get(live.port, client))
+
+        def closed(sock: socket.socket) -> bool:
+            sock.settimeout(0.05)
+            try:
+                return sock.recv(1) == b""
+            except TimeoutError:
+                return False
+            except OSError:
+                return True
+
+        # all but the last ones started, which stay until the handshake timeout (asyncio's 60 s in this process)
+        wait_for(lambda: sum(closed(s) for s in silent) >= len(silent) - guard.max_handshakes, timeout=30, step=0.2)
+    finally:
+        for sock in silent:
+            sock.close()
+        live.stop()
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert guard.counts()["handshake_limit"] >= len(silent) - guard.max_handshakes
+
+
 def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
     """HandshakeLimiter recognises asyncio's accept task by its coroutine's name and cancels it to abort a
     handshake: a Python release that renames it, or stops closing the transport on cancellation, fails here."""
     import asyncio.selector_events
+    import asyncio.sslproto
     import inspect
 
     from gpuwarden.web.server import ACCEPT_COROUTINE
@@ -303,6 +392,12 @@ def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
     assert "await waiter" in source and "transport.close()" in source
     accept = asyncio.selector_events.BaseSelectorEventLoop._accept_connection
     assert "self.create_task(accept)" in inspect.getsource(accept)
+    # a connection closed before its handshake started: the limiter closes the socket it finds as `conn`
+    assert "conn" in inspect.signature(method).parameters
+    # the handshake's SSLObject is made by the server context's wrap_bio, inside the accept task, and its cipher
+    # is chosen once the ClientHello is answered: what tells a stalled handshake from one the server is behind on
+    assert "self._sslcontext.wrap_bio(" in inspect.getsource(asyncio.sslproto.SSLProtocol.__init__)
+    assert "_make_ssl_transport(" in source
 
 
 _INSTANCE_ATTRIBUTES = (

@@ -70,13 +70,13 @@ def free_port() -> int:
 class ServedApp:
     """An ASGI app on gpuwarden's HTTP server (exporter/web/server.py, uvicorn) in a thread, on a loopback port."""
 
-    def __init__(self, app: Any, port: int | None = None, guard: Any = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, guard: Any = None, ssl_context: Any = None) -> None:
         from gpuwarden.web.limits import ConnectionGuard
         from gpuwarden.web.server import HttpServer
 
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = HttpServer(app, guard or ConnectionGuard(), graceful_s=1.0)
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{self.port}"
+        self.server = HttpServer(app, guard or ConnectionGuard(), ssl_context=ssl_context, graceful_s=1.0)
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", self.port))
