@@ -283,8 +283,18 @@ def test_scheduling_probes_resources_and_rollout() -> None:
     assert ctr["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert ctr["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert ctr["startupProbe"]["httpGet"]["path"] == "/healthz"
+    # the probes have a listener of their own (plain HTTP whatever the main port serves), named by the args
+    ports = {port["name"]: port["containerPort"] for port in ctr["ports"]}
+    assert f"--web.probe-listen-address=:{ports['probes']}" in ctr["args"]
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert ctr[probe]["httpGet"]["port"] == "metrics" and ctr[probe]["httpGet"]["scheme"] == "HTTP"
+        assert ctr[probe]["httpGet"]["port"] == "probes" and ctr[probe]["httpGet"]["scheme"] == "HTTP"
+    clash = run_render("template", "--values-json", json.dumps({"probePort": 10045}))
+    assert clash.returncode != 0 and "probePort must differ from port" in clash.stderr
+    without = container(render({"probePort": 0}))
+    assert not any(a.startswith("--web.probe-listen-address") for a in without["args"])
+    assert [p["name"] for p in without["ports"]] == ["metrics"] and without["livenessProbe"]["httpGet"][
+        "port"
+    ] == "metrics"
     assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in ctr["env"]
 
     # sized from the measured RSS (81-87 MiB on real hosts): the request covers it, the limit leaves headroom
@@ -307,7 +317,9 @@ def test_variants_switch_what_they_say() -> None:
 
     tls = render(VARIANTS["tls-and-basic-auth"])
     ctr = container(tls)
-    assert all(ctr[p]["httpGet"]["scheme"] == "HTTPS" for p in ("livenessProbe", "readinessProbe"))
+    assert all(ctr[p]["httpGet"]["scheme"] == "HTTP" for p in ("livenessProbe", "readinessProbe"))  # probe port
+    main_port_probes = container(render({**VARIANTS["tls-and-basic-auth"], "probePort": 0}))
+    assert all(main_port_probes[p]["httpGet"]["scheme"] == "HTTPS" for p in ("livenessProbe", "readinessProbe"))
     assert "--web.config.file=/etc/gpuwarden/web/web-config.yml" in ctr["args"]
     secret = one(tls, "Secret")
     assert (
@@ -385,7 +397,7 @@ def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> No
             if not a.startswith("--web.config.file")
         ]
         settings = settings_from_argv(args)
-        assert settings.web.port == 10045
+        assert settings.web.port == 10045 and settings.web.probe_port == 10047
         assert settings.log.format == "json"
         assert settings.pods.attribution is bool(variant.get("podResources", {}).get("enabled"))
         hosted = bool(variant.get("processes", {}).get("hostProc"))

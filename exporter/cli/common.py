@@ -82,7 +82,7 @@ def log_service_links(environ: Mapping[str, str], prefix: str, known: set[str] |
         )
 
 
-def bind_listener(host: str, port: int) -> socket.socket | None:
+def bind_listener(host: str, port: int, flag: str = "--web.listen-address") -> socket.socket | None:
     """Bind the listen address before anything starts, so that a port in use is one line and its own exit code
     (not "listening on …" followed by the server's error and the NVML exit code)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -95,7 +95,7 @@ def bind_listener(host: str, port: int) -> socket.socket | None:
         where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         print(
             f"gpuwarden: cannot listen on {where}: {exc.strerror.lower() if exc.strerror else exc}; "
-            "choose another --web.listen-address or stop what holds it",
+            f"choose another {flag} or stop what holds it",
             file=sys.stderr,
         )
         return None

@@ -243,6 +243,14 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     listener = bind_listener(settings.web.host, settings.web.port)
     if listener is None:
         return EXIT_LISTEN
+    probe_listener = None
+    if settings.web.probe_listen_address:
+        probe_listener = bind_listener(
+            settings.web.probe_host, settings.web.probe_port, flag="--web.probe-listen-address"
+        )
+        if probe_listener is None:
+            listener.close()
+            return EXIT_LISTEN
     from gpuwarden.collect.workers import WorkerPool
     from gpuwarden.nvml.session import start_init
 
@@ -254,12 +262,19 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
     # NVML's init and the first poll run while the HTTP stack is imported: first metrics sooner after start
     poller.start()
     try:
-        return _serve_http(settings, argv, web, listener, poller)
+        return _serve_http(settings, argv, web, listener, poller, probe_listener)
     finally:
         poller.stop()
 
 
-def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: socket.socket, poller: Any) -> int:
+def _serve_http(
+    settings: Settings,
+    argv: list[str] | None,
+    web: Any,
+    listener: socket.socket,
+    poller: Any,
+    probe_listener: socket.socket | None = None,
+) -> int:
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.model.families import CONFIG_RELOADS_TOTAL, GPUS_EXPECTED, HTTP_REJECTED_TOTAL
     from gpuwarden.web.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front, readiness_under
@@ -333,10 +348,20 @@ def _serve_http(settings: Settings, argv: list[str] | None, web: Any, listener: 
     log.info(
         "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
     )
+    probes = None
+    if probe_listener is not None:
+        from gpuwarden.web.probes import ProbeApp, ProbeListener
+
+        ready = readiness_under(lambda: poller.settings)
+        probes = ProbeListener(ProbeApp(lambda: poller.snapshot, ready, server.last_turn), settings.web.header_timeout)
+        probes.start(probe_listener)
+        log.info("probes (/healthz, /readyz) also on %s", settings.web.probe_listen_address)
     try:
         server.run(listener)
     finally:
         stopped.set()
+        if probes is not None:
+            probes.stop()
     if exit_code:
         log.error("exiting with code %d: %s", exit_code, poller.fatal)
     return exit_code

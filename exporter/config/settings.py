@@ -27,6 +27,10 @@ def check_listen_address(value: str) -> str:
     return value
 
 
+def check_probe_listen_address(value: str) -> str:
+    return check_listen_address(value) if value else value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -62,6 +66,13 @@ class WebSettings:
     listen_address: str = setting(
         ":10045", description="Address to listen on, HOST:PORT (`:PORT` = all interfaces).", check=check_listen_address
     )
+    probe_listen_address: str = setting(
+        "",
+        description="Address of a second listener, HOST:PORT, that serves only /healthz and /readyz, in plain HTTP "
+        "on a thread of its own, for the kubelet's probes: they are answered whatever load the main listener is "
+        "under, and /healthz fails when the main listener's loop stops turning. Empty: none.",
+        check=check_probe_listen_address,
+    )
     telemetry_path: str = setting(
         "/metrics", description="Path under which metrics are served.", check=_check_telemetry_path
     )
@@ -86,6 +97,14 @@ class WebSettings:
     @property
     def port(self) -> int:
         return listen_port(self.listen_address)
+
+    @property
+    def probe_host(self) -> str:
+        return listen_host(self.probe_listen_address)
+
+    @property
+    def probe_port(self) -> int:
+        return listen_port(self.probe_listen_address)
 
 
 @_section

@@ -70,7 +70,8 @@ def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
     return openmetrics > 0 and openmetrics >= text, _quality(accept_encoding, "gzip") > 0
 
 
-async def _json(send: Any, status: int, body: dict[str, Any], head: bool) -> None:
+async def send_json(send: Any, status: int, body: dict[str, Any], head: bool) -> None:
+    """A small JSON answer (HEAD: the same headers, no body)."""
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -85,6 +86,17 @@ def _wait_within(headers: dict[bytes, bytes], wait_s: float) -> float:
     except ValueError:
         return wait_s
     return min(wait_s, 0.8 * timeout) if timeout > 0 else wait_s
+
+
+async def serve_lifespan(receive: Any, send: Any) -> None:
+    """Start-up and shut-down need nothing here (the API app has no lifespan work either)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 FIRST_SNAPSHOT_POLL_S = 0.001
@@ -129,7 +141,7 @@ class Front:
                 await self._metrics(scope, send, head)
                 return
             if scope["path"] == "/healthz":
-                await _json(send, 200, {"status": "ok"}, head)
+                await send_json(send, 200, {"status": "ok"}, head)
                 return
             if scope["path"] == "/api/v1/health":  # node-problem-detector's, every 30 s: no framework loaded for it
                 body = self._health.body(self.snapshots(), self.expected_gpus())
@@ -140,25 +152,15 @@ class Front:
             if scope["path"] == "/readyz":
                 reason = self.ready(self.snapshots(), time.time())
                 if reason is None:
-                    await _json(send, 200, {"status": "ready"}, head)
+                    await send_json(send, 200, {"status": "ready"}, head)
                 else:
-                    await _json(send, 503, {"status": "not ready", "error": reason}, head)
+                    await send_json(send, 503, {"status": "not ready", "error": reason}, head)
                 return
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
         api = self._api or await asyncio.get_running_loop().run_in_executor(self._work, self._build)
         await api(scope, receive, send)
-
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        """Start-up and shut-down need nothing here (the API app has no lifespan work either)."""
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def _first_snapshot(self, wait_s: float) -> Snapshot:
         """A scrape that arrives before the poller's first snapshot waits for it (up to `wait_s`), so

@@ -30,6 +30,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -482,6 +483,7 @@ def protocol_for(guard: ConnectionGuard) -> type[GuardedHttpProtocol]:
     return type("BoundGuardedHttpProtocol", (GuardedHttpProtocol,), {"guard": guard})
 
 
+HEARTBEAT_S = 1.0  # how often the loop notes that it turns (HttpServer.last_turn)
 CLOSE_SWEEP_S = 1.0  # how often connections that were closed but not flushed are looked at
 
 
@@ -512,6 +514,7 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self._started_event = started
         self._guard = guard
+        self.last_turn = time.monotonic()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         if self.config.ssl is not None:
@@ -522,7 +525,14 @@ class _Server(uvicorn.Server):
         self._sweeper = asyncio.get_running_loop().create_task(
             _abort_closed_connections(self.server_state.connections, self._guard)
         )
+        self._heartbeat = asyncio.get_running_loop().create_task(self._beat())
         self._started_event.set()
+
+    async def _beat(self) -> None:
+        """Note each turn of the loop, once a second: the probe listener's /healthz reads it from its own thread."""
+        while True:
+            self.last_turn = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_S)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """SIGTERM and SIGINT stop the server gracefully and the process exits 0: uvicorn would raise the signal
@@ -557,6 +567,10 @@ class HttpServer:
         """Serve until stop() or SIGINT/SIGTERM (handled by uvicorn in the main thread)."""
         sock.setblocking(False)
         asyncio.run(self.server.serve(sockets=[sock]))
+
+    def last_turn(self) -> float:
+        """When the server's loop last turned (time.monotonic(); at most HEARTBEAT_S old while it runs)."""
+        return self.server.last_turn
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -1,0 +1,85 @@
+"""The kubelet's probes on a listener of their own (`web.probe_listen_address`), served on their own thread.
+
+On the main listener a probe is one more connection: it cannot be told from a scraper before its handshake and its
+request are read, so under 1,000 TLS clients at once the loop that would answer it turns in 250-700 ms and most
+probes missed their second (docs/reliability.md). Here the probes have a loop, a connection limit and a thread of
+their own, plain HTTP with two small answers, and what they report is judged from outside the main loop:
+
+- `/healthz` fails when the main server's loop has not turned for `LOOP_STALL_S` (its heartbeat,
+  `HttpServer.last_turn`), so a loop that hangs still restarts the pod, as the probe on the main port would;
+- `/readyz` is the front's readiness (the fast snapshot's age, NVML up, a GPU visible), and fails too while the
+  main loop is stalled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuwarden.web.front import Readiness, SnapshotSource, send_json, serve_lifespan
+
+LOOP_STALL_S = 10.0  # the liveness probe's period: a loop this late has stopped, not slowed under load
+
+
+class ProbeApp:
+    """ASGI: /healthz and /readyz (GET, HEAD), 404 for anything else."""
+
+    def __init__(
+        self,
+        snapshots: SnapshotSource,
+        ready: Readiness,
+        last_turn: Callable[[], float],
+        stall_s: float = LOOP_STALL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.snapshots, self.ready, self.last_turn = snapshots, ready, last_turn
+        self.stall_s, self.clock = stall_s, clock
+
+    def stalled(self) -> str | None:
+        """Why the main loop is judged stopped, or None."""
+        late = self.clock() - self.last_turn()
+        if late > self.stall_s:
+            return f"the main listener's event loop has not turned for {late:.0f} s"
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+            return
+        path, head = scope["path"], scope["method"] == "HEAD"
+        if scope["method"] not in ("GET", "HEAD") or path not in ("/healthz", "/readyz"):
+            await send_json(send, 404, {"status": "not found", "error": "only /healthz and /readyz are here"}, head)
+            return
+        stalled = self.stalled()
+        if stalled is not None:
+            await send_json(send, 503, {"status": "stalled", "error": stalled}, head)
+        elif path == "/healthz":
+            await send_json(send, 200, {"status": "ok"}, head)
+        elif (reason := self.ready(self.snapshots(), time.time())) is None:
+            await send_json(send, 200, {"status": "ready"}, head)
+        else:
+            await send_json(send, 503, {"status": "not ready", "error": reason}, head)
+
+
+class ProbeListener:
+    """The probe app on gpuwarden's HTTP server (its own guard and loop) in a daemon thread."""
+
+    def __init__(self, app: ProbeApp, header_timeout_s: float) -> None:
+        from gpuwarden.web.limits import ConnectionGuard
+        from gpuwarden.web.server import HttpServer
+
+        # a probe sends its request at once: the header deadline evicts whatever holds a connection without one
+        self.guard = ConnectionGuard(header_timeout_s=header_timeout_s, max_connections=64, max_requests=32)
+        self.server = HttpServer(app, self.guard, graceful_s=1.0)
+        self.thread: threading.Thread | None = None
+
+    def start(self, listener: Any) -> None:
+        self.thread = threading.Thread(target=self.server.run, args=(listener,), name="gpuwarden-probes", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        if self.thread is not None:
+            self.thread.join(5)

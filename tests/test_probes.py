@@ -1,0 +1,185 @@
+"""The kubelet's probes on a listener of their own (exporter/web/probes.py, `--web.probe-listen-address`).
+
+On the main listener a probe is one connection among the load: under 1,000 TLS clients at once most probes missed
+their second (docs/reliability.md). On the probe listener they are answered by another loop on another thread;
+what /healthz says about the main listener comes from the main loop's heartbeat, so a hung main loop still fails
+the liveness probe. Real HTTP throughout: the exporter's CLI over the simulator, gpuwarden's HTTP server."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuwarden.web.limits import ConnectionGuard
+from gpuwarden.web.probes import LOOP_STALL_S, ProbeApp
+from tests.helpers.common import ServedApp, free_port, wait_for
+from tests.helpers.stack import running_cli
+
+LOAD = r"""
+import asyncio, ssl, sys, time
+port, clients, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+context = ssl.create_default_context(); context.check_hostname = False; context.verify_mode = ssl.CERT_NONE
+done = 0
+async def client(end):
+    global done
+    while time.monotonic() < end:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            while time.monotonic() < end:
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                done += 1
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError, IndexError, ValueError):
+            await asyncio.sleep(0.05)
+async def main():
+    end = time.monotonic() + seconds
+    await asyncio.gather(*(client(end) for _ in range(clients)))
+asyncio.run(main())
+print(done)
+"""
+
+
+def probe(port: int, path: str = "/healthz") -> tuple[int, float]:
+    """One kubelet-style probe: a fresh connection, GET, 1 s to answer. (status, seconds); status 0 when it failed."""
+    started = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n".encode())
+            answer = sock.recv(64)
+    except OSError:
+        return 0, time.monotonic() - started
+    return int(answer.split(b" ")[1]) if answer.startswith(b"HTTP/1.1 ") else 0, time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_probes_on_their_own_listener_are_answered_while_tls_clients_saturate_the_main_one(tmp_path):
+    """400 TLS clients scraping as fast as they can (each reconnecting when dropped) past the 256 handshakes in
+    progress, in a process of their own; a probe every 0.2 s to the probe port, each answered 200 within 1 s."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path / 'cert.pem'}\n  key_file: {tmp_path / 'key.pem'}\n")
+    probe_port = free_port()
+    args = ("--sim", "--web.config.file", str(web), "--web.probe-listen-address", f"127.0.0.1:{probe_port}")
+    with running_cli(*args, tls=True) as (url, _proc):
+        port = int(url.rsplit(":", 1)[1])
+        load = subprocess.Popen(
+            [sys.executable, "-c", LOAD, str(port), "400", "8"], stdout=subprocess.PIPE, text=True
+        )  # fmt: skip
+        probes = []
+        while load.poll() is None:
+            probes.append(probe(probe_port, "/healthz" if len(probes) % 2 else "/readyz"))
+            time.sleep(0.2)
+        scraped = int(load.stdout.read().strip() or 0)
+    assert scraped > 0  # the load was real: scrapes were answered on the main port meanwhile
+    assert len(probes) >= 20
+    missed = [(status, round(took, 2)) for status, took in probes if status != 200 or took >= 1.0]
+    assert not missed, (missed, len(probes))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_healthz_on_the_probe_listener_fails_when_the_main_loop_stops_turning():
+    """The answers the kubelet acts on: ok while the main loop's heartbeat is recent, 503 naming the stall once it
+    is older than LOOP_STALL_S (for /readyz too), the front's readiness reason otherwise, 404 for anything else."""
+    clock, turned = Clock(), [1000.0]
+    state: dict[str, Any] = {"reason": None}
+    seen: list[Any] = []
+
+    def ready(snapshot: Any, now: float) -> str | None:  # the front's readiness is tested with the front
+        seen.append(snapshot)
+        return state["reason"]
+
+    app = ProbeApp(lambda: "the snapshot", ready, lambda: turned[0], clock=clock)
+    live = ServedApp(app, guard=ConnectionGuard(header_timeout_s=2.0))
+    live.start()
+    try:
+        with httpx.Client(base_url=live.url) as client:
+            assert client.get("/healthz").json() == {"status": "ok"}
+            assert client.get("/readyz").json() == {"status": "ready"}
+            assert client.get("/metrics").status_code == 404
+            clock.now += LOOP_STALL_S - 1  # slow, not stopped
+            assert client.get("/healthz").status_code == 200
+            clock.now += 2
+            stalled = client.get("/healthz")
+            assert stalled.status_code == 503 and "has not turned for 11 s" in stalled.json()["error"]
+            assert client.get("/readyz").status_code == 503
+            assert client.head("/healthz").content == b""
+            turned[0] = clock.now  # the loop turns again
+            assert client.get("/healthz").status_code == 200
+            state["reason"] = "the fast snapshot is older than 3 s"
+            old = client.get("/readyz")
+            assert old.status_code == 503 and old.json() == {"status": "not ready", "error": state["reason"]}
+            assert client.get("/healthz").status_code == 200  # not ready is not dead
+    finally:
+        live.stop()
+    assert seen and set(seen) == {"the snapshot"}
+
+
+def test_the_main_servers_heartbeat_stops_while_its_loop_is_blocked():
+    """HttpServer.last_turn, what the probe listener reads: it advances while the loop runs and stays behind while
+    a handler blocks the loop (the hang the liveness probe is there to catch)."""
+    release = threading.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/block":
+            release.wait(30)  # blocks the loop itself, as a bug would
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    live = ServedApp(app)
+    live.start()
+    try:
+        first = live.server.last_turn()
+        wait_for(lambda: live.server.last_turn() > first, timeout=10)
+        blocker = threading.Thread(target=lambda: httpx.get(live.url + "/block", timeout=40))
+        blocker.start()
+        wait_for(lambda: time.monotonic() - live.server.last_turn() > 3, timeout=20)
+        stuck_at = live.server.last_turn()
+        release.set()
+        blocker.join(40)
+        wait_for(lambda: live.server.last_turn() > stuck_at, timeout=10)
+    finally:
+        release.set()
+        live.stop()
+
+
+def test_a_bad_or_taken_probe_address_is_one_line():
+    from tests.test_config import run_cli
+
+    bad = run_cli("--sim", "--web.probe-listen-address", "nowhere")
+    assert bad.returncode == 2 and "web.probe_listen_address" in bad.stderr and "Traceback" not in bad.stderr
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        taken = run_cli(
+            "--sim", "--web.listen-address", f"127.0.0.1:{free_port()}", "--web.probe-listen-address",
+            f"127.0.0.1:{port}",
+        )  # fmt: skip
+    assert taken.returncode == 4, taken.stderr
+    assert taken.stderr.strip().splitlines() == [
+        f"gpuwarden: cannot listen on 127.0.0.1:{port}: address already in use; "
+        "choose another --web.probe-listen-address or stop what holds it"
+    ]
