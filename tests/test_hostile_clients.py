@@ -449,3 +449,75 @@ def test_slow_readers_of_pipelined_answers_stay_within_the_charts_memory(tmp_pat
     assert alive, f"OOM-killed: peak {peak:.0f} MiB"
     assert scrape.status_code == 200
     assert probes == [], probes[:20]
+
+
+def _pace_never_read(port: int, clients: int, stop: threading.Event) -> int:
+    """`clients` connections that each send `GET /api/v1/gpus` every 0.5 s and never read (reopened when the
+    server drops them, at most 80 new ones a round: 400 answers computed at once would be load, shed by design,
+    which is not what this measures); returns the requests sent."""
+    request, sent = b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\n\r\n", 0
+    socks: list[socket.socket | None] = [None] * clients
+    while not stop.wait(0.5):
+        opened = 0
+        for number, sock in enumerate(socks):
+            try:
+                if sock is None:
+                    if opened >= 80:
+                        continue
+                    opened += 1
+                    sock = socks[number] = _never_reading_client(port, request)
+                    sent += sock is not None
+                    continue
+                sock.setblocking(False)
+                sent += sock.send(request) > 0
+            except BlockingIOError:
+                pass
+            except OSError:
+                sock.close()
+                socks[number] = None
+    for sock in socks:
+        if sock is not None:
+            sock.close()
+    return sent
+
+
+def test_clients_that_never_read_their_answers_do_not_shed_a_scrape(tmp_path):
+    """400 clients each ask for `GET /api/v1/gpus` every 0.5 s and never read (a small receive buffer, MSS 1,400).
+    Each connection's next request then waits in uvicorn's send() for a drain that never comes, until the write
+    timeout: before, it held a place under the request limit (256) meanwhile, and scrapes got 503 (the review: 54
+    of 153 under 300 such clients). Now such a request is parked, not load. In a memory cgroup at the chart's limit:
+    every scrape answered 200, every probe within 1 s, no OOM kill."""
+    from tests.helpers.cgroup import memory_cgroup
+
+    with (
+        memory_cgroup(EXPORTER_MEMORY_LIMIT_MIB) as cgroup,
+        running_cli("--sim", "--web.header-timeout", "3", cgroup=cgroup) as (url, proc),
+    ):
+        port = int(url.rsplit(":", 1)[1])
+        httpx.get(url + "/api/v1/gpus", timeout=30)  # the API built before the attack, as on a used node
+        stop = threading.Event()
+        probes: list = []
+        sent: list[int] = []
+        prober = threading.Thread(target=lambda: probes.extend(_probe_while(url, stop)), daemon=True)
+        attacker = threading.Thread(target=lambda: sent.append(_pace_never_read(port, 400, stop)), daemon=True)
+        prober.start()
+        attacker.start()
+        scrapes = []
+        with httpx.Client(timeout=5) as client:
+            while len(scrapes) < 40:
+                time.sleep(0.2)
+                try:
+                    scrapes.append(client.get(url + "/metrics").status_code)
+                except httpx.HTTPError as exc:
+                    scrapes.append(type(exc).__name__)
+        stop.set()
+        prober.join()
+        attacker.join()
+        exposition = parse_exposition(httpx.get(url + "/metrics", timeout=5).text)
+        write_timeouts = values(exposition, "gpuwarden_http_rejected_total", reason="write_timeout")
+        alive = proc.poll() is None and cgroup.oom_kills() == 0
+    assert alive
+    assert sent and sent[0] > 1000  # the attack ran: hundreds of clients asking again and again
+    assert write_timeouts and write_timeouts[0] > 0  # their answers sat unread until the write timeout
+    assert [s for s in scrapes if s != 200] == [], scrapes
+    assert probes == [], probes[:20]

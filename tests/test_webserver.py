@@ -240,6 +240,15 @@ def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():
     source += __import__("inspect").getsource(HttpToolsProtocol.on_message_begin)
     renamed = [n for n in _INSTANCE_ATTRIBUTES if not re.search(rf"self\.{n}\b\s*(:[^=\n]*)?=", source)]
     assert not renamed, f"uvicorn no longer sets {renamed}"
+    # a parked writer (GuardedHttpProtocol._park_writer): the flow's pause flag, the cycle's completion, and the
+    # drain a paused request waits in
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    inspect = __import__("inspect")
+    assert "self.write_paused = " in inspect.getsource(FlowControl.__init__)
+    assert "self.response_complete = " in inspect.getsource(RequestResponseCycle.__init__)
+    assert "await self.flow.drain()" in inspect.getsource(RequestResponseCycle.send)
 
 
 def test_a_response_leaves_in_one_write_and_nothing_is_held_past_the_loop_iteration():
