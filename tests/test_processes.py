@@ -305,7 +305,11 @@ def test_the_diagnosis_endpoint_names_the_holders_of_a_full_gpu(live_server, tmp
         findings = server.get("/api/v1/diagnosis/0").json()["findings"]
         return next((f for f in findings if f["check"] == "memory_pressure" and f["holders"]), None)
 
-    wait_for(memory_finding)
+    def attributed() -> bool:  # the pod-log listing runs on the lookup thread: a cycle or two after the holders
+        finding = memory_finding()
+        return finding is not None and all(h["pod"] for h in finding["holders"])
+
+    wait_for(attributed)
     finding = memory_finding()
     assert [(h["pid"], h["namespace"], h["pod"], h["container"]) for h in finding["holders"]] == [
         (4101, "ml", "trainer-0", "worker"),
