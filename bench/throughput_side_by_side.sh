@@ -7,7 +7,9 @@ set -euo pipefail
 before=$1 after=$2 pairs=${3:-10} seconds=${4:-8}
 run() {  # dir port -> req/s
   local dir=$1 port=$2 pid path mod
-  if grep -q '"gpuwarden" = "exporter"' "$dir/pyproject.toml"; then  # the folder exporter/ imports as gpuwarden
+  if [ -d "$dir/exporter/gpuwarden" ]; then  # exporter/ is the package root
+    path=$dir/exporter; mod=gpuwarden
+  elif grep -q '"gpuwarden" = "exporter"' "$dir/pyproject.toml"; then  # the folder exporter/ imports as gpuwarden
     path=$(mktemp -d); ln -s "$dir/exporter" "$path/gpuwarden"; mod=gpuwarden
   else  # a checkout from before the rename imports as exporter
     path=$dir; mod=exporter

@@ -20,7 +20,7 @@ from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "exporter"
+PACKAGE = ROOT / "exporter" / "gpuwarden"
 
 
 def lint_imports(cwd: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from gpuwarden.model.families import FAMILIES
 from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import parse_exposition, polled
 
-SOURCE = Path(__file__).resolve().parent.parent / "exporter"
+SOURCE = Path(__file__).resolve().parent.parent / "exporter" / "gpuwarden"
 
 
 def production_sources() -> list[Path]:

@@ -1,6 +1,6 @@
-"""exporter/exposition/text.py against prometheus_client as the oracle: the same families written by both must be the
-same bytes, in the text format and in OpenMetrics — for every shipped scenario with every collector group, and for
-label values, help texts and floats chosen to break an escaper or a number formatter."""
+"""exporter/gpuwarden/exposition/text.py against prometheus_client as the oracle: the same families written by both must
+be the same bytes, in the text format and in OpenMetrics — for every shipped scenario with every collector group, and
+for label values, help texts and floats chosen to break an escaper or a number formatter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fleet's answer cache (exporter/fleet/refresh.py): fresh within the TTL, stale-while-revalidate up to
+"""The fleet's answer cache (exporter/gpuwarden/fleet/refresh.py): fresh within the TTL, stale-while-revalidate up to
 max_stale, one recomputation shared by every caller, background refresh of the views read lately, failures that
 keep the last answer. Pure asyncio: the computations are coroutines this test controls."""
 

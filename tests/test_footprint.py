@@ -16,8 +16,8 @@ from tests.helpers.common import free_port
 from tests.helpers.stack import running_cli
 
 KEPT_OUT = {
-    "pydantic": "settings are exporter/config/typed.py dataclasses",
-    "prometheus_client": "the exposition is exporter/exposition/text.py",
+    "pydantic": "settings are exporter/gpuwarden/config/typed.py dataclasses",
+    "prometheus_client": "the exposition is exporter/gpuwarden/exposition/text.py",
     "fastapi": "the JSON API loads on its first request",
     "starlette": "the JSON API loads on its first request",
     "anyio": "the front uses asyncio's executor",

@@ -296,7 +296,7 @@ def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
 def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
-    proto_dir = Path(__file__).parents[1] / "exporter" / "attribution" / "podresources"
+    proto_dir = Path(__file__).parents[1] / "exporter" / "gpuwarden" / "attribution" / "podresources"
     out = tmp_path / "set.pb"
     assert (
         protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", str(proto_dir / "podresources.proto")])

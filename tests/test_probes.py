@@ -1,4 +1,4 @@
-"""The kubelet's probes on a listener of their own (exporter/web/probes.py, `--web.probe-listen-address`).
+"""The kubelet's probes on a listener of their own (exporter/gpuwarden/web/probes.py, `--web.probe-listen-address`).
 
 On the main listener a probe is one connection among the load: under 1,000 TLS clients at once most probes missed
 their second (docs/reliability.md). On the probe listener they are answered by another loop on another thread;

@@ -1,4 +1,4 @@
-"""exporter/web/server.py (uvicorn with GuardedHttpProtocol) as HTTP/1.1 over real loopback sockets: framing
+"""exporter/gpuwarden/web/server.py (uvicorn with GuardedHttpProtocol) as HTTP/1.1 over real loopback sockets: framing
 (keep-alive, pipelining in order, chunked
 and HEAD responses, HTTP/1.0), what it refuses (malformed requests, bodies past the limit, upgrades), an app that
 fails, a client that stops reading, and a graceful stop that lets the request in flight finish. The exporter's and

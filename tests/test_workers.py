@@ -1,5 +1,5 @@
-"""exporter/collect/workers.py: a worker idle past its idle time ends and its key gets a new thread on the next job; a
-worker inside a job (a wedged NVML call) never ends, and its key accepts nothing until the job returns."""
+"""exporter/gpuwarden/collect/workers.py: a worker idle past its idle time ends and its key gets a new thread on the
+next job; a worker inside a job (a wedged NVML call) never ends, and its key accepts nothing until the job returns."""
 
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def free_port() -> int:
 
 
 class ServedApp:
-    """An ASGI app on gpuwarden's HTTP server (exporter/web/server.py, uvicorn) in a thread, on a loopback port."""
+    """An ASGI app on gpuwarden's HTTP server (exporter/gpuwarden/web/server.py, uvicorn) in a thread, on a loopback
+    port."""
 
     def __init__(self, app: Any, port: int | None = None, guard: Any = None, ssl_context: Any = None) -> None:
         from gpuwarden.web.limits import ConnectionGuard

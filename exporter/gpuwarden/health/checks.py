@@ -1,0 +1,574 @@
+"""Health verdicts per GPU and check: 0 ok, 1 warning, 2 critical, from the snapshot and the exporter's own history.
+
+Conditions that must be sustained (temperature for 5 m, a starved job for 30 m, ...) are judged over the exporter's
+own samples with the same thresholds and durations as the alert rules (exporter/gpuwarden/health/thresholds.py). A
+window is only judged once the exporter has watched that long: like Prometheus' `for:`, nothing fires on a half-seen
+window.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from gpuwarden.health.thresholds import Thresholds
+from gpuwarden.model.families import (
+    BUSY_SECONDS_TOTAL,
+    CLOCK_EVENT_ACTIVE,
+    ECC_ERRORS_TOTAL,
+    GPM_DRAM_ACTIVE_SECONDS_TOTAL,
+    GPM_PIPE_ACTIVE_SECONDS_TOTAL,
+    GPM_SM_ACTIVE_SECONDS_TOTAL,
+    GPM_WINDOW_SECONDS_TOTAL,
+    MEMORY_TOTAL_BYTES,
+    MEMORY_USED_BYTES,
+    NVLINK_BYTES_TOTAL,
+    NVLINK_ERRORS_TOTAL,
+    NVLINK_UP,
+    PCIE_BYTES_TOTAL,
+    PCIE_REPLAY_ERRORS_TOTAL,
+    PERFORMANCE_STATE,
+    PERSISTENCE_MODE_ENABLED,
+    POWER_DEFAULT_LIMIT_WATTS,
+    POWER_LIMIT_WATTS,
+    POWER_USAGE_WATTS,
+    PROCESSES,
+    REMAPPED_ROWS_FAILED,
+    REMAPPED_ROWS_PENDING,
+    RETIRED_PAGES,
+    RETIRED_PAGES_PENDING,
+    TEMPERATURE_CELSIUS,
+    THROTTLE_SECONDS_TOTAL,
+    UTILIZATION_SAMPLED_SECONDS_TOTAL,
+)
+from gpuwarden.model.snapshot import GpuSnapshot, Verdict
+
+OK, WARNING, CRITICAL = 0, 1, 2
+CHECKS = (
+    "gpu_lost",
+    "ecc",
+    "row_remap",
+    "xid",
+    "nvlink",
+    "temperature",
+    "thermal_throttling",
+    "power",
+    "performance_state",
+    "memory_pressure",
+    "utilization",
+    "persistence_mode",
+    "pcie",
+    "bottleneck",
+)
+
+
+def _values(gpu: GpuSnapshot) -> dict[tuple[str, tuple[str, ...]], float]:
+    return {(s.name, s.labels): s.value for s in gpu.samples}
+
+
+# The counters the windowed checks need; everything else is judged on the current snapshot. NVLink error counters
+# are kept as one sum per type over the GPU's links, not per link: the history stays a dozen numbers per point.
+_HISTORY_KEYS = {
+    (BUSY_SECONDS_TOTAL.name, ()),
+    (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()),
+    (PCIE_REPLAY_ERRORS_TOTAL.name, ()),
+    (GPM_WINDOW_SECONDS_TOTAL.name, ()),
+    (GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()),
+    (GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)),
+    (PCIE_BYTES_TOTAL.name, ("rx",)),
+    (PCIE_BYTES_TOTAL.name, ("tx",)),
+    (NVLINK_BYTES_TOTAL.name, ("rx",)),
+    (NVLINK_BYTES_TOTAL.name, ("tx",)),
+} | {
+    (THROTTLE_SECONDS_TOTAL.name, (reason,))
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
+}
+NVLINK_SUM = "nvlink_errors_sum"
+
+
+def _history_values(values: dict[tuple[str, tuple[str, ...]], float]) -> dict[tuple[str, tuple[str, ...]], float]:
+    kept = {key: value for key, value in values.items() if key in _HISTORY_KEYS}
+    for (name, labels), value in values.items():
+        if name == NVLINK_ERRORS_TOTAL.name:
+            key = (NVLINK_SUM, (labels[1],))
+            kept[key] = kept.get(key, 0.0) + value
+    return kept
+
+
+class _History:
+    """Readings of one GPU's counters, one point per `spacing` seconds, kept for the longest window.
+
+    Bounded: (longest window / spacing) points of a few dozen counters, whatever the poll rate.
+    """
+
+    def __init__(self, spacing: float, keep: float) -> None:
+        self.spacing, self.keep = spacing, keep
+        self.points: deque[tuple[float, dict[tuple[str, tuple[str, ...]], float]]] = deque()
+        self.latest: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    def add(self, now: float, values: dict[tuple[str, tuple[str, ...]], float]) -> None:
+        self.latest = _history_values(values)
+        if not self.points or now - self.points[-1][0] >= self.spacing:
+            self.points.append((now, self.latest))
+            while self.points[0][0] < now - self.keep:
+                self.points.popleft()
+
+    def span(self, now: float) -> float:
+        return now - self.points[0][0] if self.points else 0.0
+
+    def _then(self, now: float, window: float) -> tuple[float, dict[tuple[str, tuple[str, ...]], float]] | None:
+        """The newest point at least `window` seconds old; None until the window has been watched."""
+        if self.span(now) < window:
+            return None
+        found = None
+        for point in self.points:
+            if point[0] > now - window:
+                break
+            found = point
+        return found
+
+    def rate(self, key: tuple[str, tuple[str, ...]], now: float, window: float) -> float | None:
+        """Increase per second of a counter over (at least) the window."""
+        then = self._then(now, window)
+        if then is None or key not in then[1] or key not in self.latest or now <= then[0]:
+            return None
+        return max(self.latest[key] - then[1][key], 0.0) / (now - then[0])
+
+    def ratio(
+        self,
+        numerator: tuple[str, tuple[str, ...]],
+        denominator: tuple[str, tuple[str, ...]],
+        now: float,
+        window: float,
+    ) -> float | None:
+        """Δnumerator / Δdenominator over the window (busy seconds / sampled seconds)."""
+        then = self._then(now, window)
+        keys = {numerator, denominator}
+        if then is None or not keys <= then[1].keys() or not keys <= self.latest.keys():
+            return None
+        base = self.latest[denominator] - then[1][denominator]
+        return None if base <= 0 else (self.latest[numerator] - then[1][numerator]) / base
+
+
+BUSY = (BUSY_SECONDS_TOTAL.name, ())
+SAMPLED = (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ())
+
+
+def _throttle(reason: str) -> tuple[str, tuple[str, ...]]:
+    return (THROTTLE_SECONDS_TOTAL.name, (reason,))
+
+
+Values = dict[tuple[str, tuple[str, ...]], float]
+
+
+@dataclass
+class CheckContext:
+    """What one check sees of one GPU: its current values, its history, the node's XIDs and the evaluator's
+    memory of sustained conditions."""
+
+    name: str
+    uuid: str
+    values: Values
+    history: _History
+    xid: dict[tuple[str, int], tuple[int, float]]
+    now: float
+    pstate_exempt: bool
+    thresholds: Thresholds
+    evaluator: HealthEvaluator
+    wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
+
+    def verdict(
+        self, level: int, observed: object = "", threshold: object = "", severity: str | None = None, detail: str = ""
+    ) -> Verdict:
+        label = severity or ("ok", "warning", "critical")[level]
+        return Verdict(self.name, level, label, str(observed), str(threshold), detail=detail)
+
+    def sustained(self, key: str, condition: bool, duration: float) -> bool:
+        """True once `condition` has held continuously for `duration` seconds."""
+        return self.evaluator.sustained(self.uuid, key, condition, self.now, duration)
+
+    def pending(self, key: str, observed: str, threshold: str, duration: float) -> Verdict:
+        """A condition that holds but not yet for its sustain window: still level ok (nothing pages or turns the
+        gauges red), but the API says so, with how long it has been seen, instead of "ok". After a restart in the
+        middle of an incident the window starts again, and on-call reads "pending", not "no findings"."""
+        held = self.evaluator.held_for(self.uuid, key, self.now)
+        return self.verdict(
+            OK, f"{observed}, seen for {held:.0f} s of the {duration:g} s it must last", threshold, severity="pending"
+        )
+
+
+def check_gpu_lost(c: CheckContext) -> Verdict:
+    return c.verdict(OK, "up", "gpu_up 1")  # a lost GPU is judged before the checks run
+
+
+def check_ecc(c: CheckContext) -> Verdict:
+    uncorrected = c.values.get((ECC_ERRORS_TOTAL.name, ("uncorrected",)))
+    if uncorrected:
+        return c.verdict(CRITICAL, f"{uncorrected:.0f} uncorrected (volatile)", "0")
+    return c.verdict(OK, f"{uncorrected or 0:.0f} uncorrected", "0")
+
+
+def check_row_remap(c: CheckContext) -> Verdict:
+    limits, values = c.thresholds, c.values
+    if values.get((REMAPPED_ROWS_FAILED.name, ())):
+        return c.verdict(CRITICAL, "remap failed", "no failure")
+    retired = sum(values.get((RETIRED_PAGES.name, (cause,)), 0) for cause in ("single_bit", "double_bit"))
+    if retired >= limits.retired_pages_limit:
+        observed = f"{retired:.0f} retired pages"
+        return c.verdict(CRITICAL, observed, f"< {limits.retired_pages_limit}", detail="page_retirement")
+    if values.get((REMAPPED_ROWS_PENDING.name, ())):
+        return c.verdict(WARNING, "row remap pending", "none pending")
+    if values.get((RETIRED_PAGES_PENDING.name, ())):  # pre-Ampere GPUs retire pages instead of remapping rows
+        return c.verdict(WARNING, "page retirement pending", "none pending", detail="page_retirement")
+    return c.verdict(OK, "none pending", "none pending")
+
+
+# What an XID code means, for the finding's text (NVIDIA's XID catalog; codes not listed are shown by number).
+XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remap recorded",
+    64: "ECC page retirement or row remap failure",
+    68: "video processor exception",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def xid_text(codes: list[int]) -> str:
+    """'XID 48 (double-bit ECC error), XID 154': the number for the catalog, the name for the reader."""
+    return ", ".join(f"XID {code} ({XID_NAMES[code]})" if code in XID_NAMES else f"XID {code}" for code in codes)
+
+
+def check_xid(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    window = f"none in {limits.xid_window_s} s"
+    recent = {
+        code: last for (uuid, code), (_, last) in c.xid.items() if uuid == c.uuid and c.now - last < limits.xid_window_s
+    }
+    critical = sorted(code for code in recent if code in limits.xid_critical)
+    if critical:
+        return c.verdict(CRITICAL, xid_text(critical), window)
+    warning = sorted(code for code in recent if code in limits.xid_warning)
+    if warning:
+        return c.verdict(WARNING, xid_text(warning), window)
+    return c.verdict(OK, "no critical XID", window)
+
+
+def check_nvlink(c: CheckContext) -> Verdict:
+    limits, values, history = c.thresholds, c.values, c.history
+    links = {labels[0]: value for (name, labels), value in values.items() if name == NVLINK_UP.name}
+    seen_up = c.evaluator.links_seen_up.setdefault(c.uuid, set())
+    seen_up.update(link for link, up in links.items() if up)
+    # a link that was never up in our history may simply be unused, unless discovery found its remote end (a peer
+    # GPU or an NVSwitch): then it is wired, and down is a fault even if it went down before this exporter started
+    expected = seen_up | c.wired_links
+    down = sorted((link for link, up in links.items() if not up and link in expected), key=int)
+    if c.sustained("nvlink_down", bool(down), limits.nvlink_down_for_s):
+        return c.verdict(CRITICAL, f"link {', '.join(down)} down", "all links up")
+    for kind in ("replay", "recovery"):
+        if history.rate((NVLINK_SUM, (kind,)), c.now, 900):
+            named = sorted(
+                {
+                    labels[0]
+                    for (name, labels), value in values.items()
+                    if name == NVLINK_ERRORS_TOTAL.name and labels[1] == kind and value
+                },
+                key=int,
+            )
+            return c.verdict(WARNING, f"{kind} errors on link {', '.join(named)}", "none in 15 m")
+    crc = history.rate((NVLINK_SUM, ("crc_flit",)), c.now, limits.nvlink_crc_for_s)
+    if crc is not None and crc > limits.nvlink_crc_per_second:
+        # the sum over links: a conservative reading of the per-link threshold of the alert rule
+        return c.verdict(WARNING, f"CRC {crc:.0f}/s over all links", f"<= {limits.nvlink_crc_per_second:g}/s")
+    return c.verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
+
+
+def check_temperature(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    temp = c.values.get((TEMPERATURE_CELSIUS.name, ()))
+    if temp is None:
+        return c.verdict(OK, "n/a")
+    critical, warning = limits.temperature_critical_celsius, limits.temperature_warning_celsius
+    if c.sustained("temp_critical", temp > critical, limits.temperature_critical_for_s):
+        return c.verdict(CRITICAL, f"{temp:.0f} °C", f"> {critical:g} °C")
+    if c.sustained("temp_warning", temp > warning, limits.temperature_warning_for_s):
+        return c.verdict(WARNING, f"{temp:.0f} °C", f"> {warning:g} °C")
+    if temp > critical:
+        threshold = f"> {critical:g} °C for {limits.temperature_critical_for_s} s"
+        return c.pending("temp_critical", f"{temp:.0f} °C", threshold, limits.temperature_critical_for_s)
+    if temp > warning:
+        threshold = f"> {warning:g} °C for {limits.temperature_warning_for_s} s"
+        return c.pending("temp_warning", f"{temp:.0f} °C", threshold, limits.temperature_warning_for_s)
+    return c.verdict(OK, f"{temp:.0f} °C", f"<= {warning:g} °C")
+
+
+def check_thermal_throttling(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    active_now = None
+    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
+        active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
+        held = c.sustained(f"{reason}_active", active, limits.thermal_slowdown_for_s)
+        share = c.history.rate(_throttle(reason), c.now, limits.thermal_slowdown_for_s)
+        if share is None:  # no window of counters yet (just started), or none at all (old driver): the point sample
+            share = 1.0 if held else 0.0
+        if share > limits.thermal_slowdown_ratio:
+            return c.verdict(WARNING, f"{reason} {share:.0%} of the time", f"<= {limits.thermal_slowdown_ratio:.0%}")
+        if active and active_now is None:
+            active_now = reason
+    if active_now is not None:
+        threshold = f"<= {limits.thermal_slowdown_ratio:.0%} of {limits.thermal_slowdown_for_s} s"
+        return c.pending(f"{active_now}_active", f"{active_now} active", threshold, limits.thermal_slowdown_for_s)
+    return c.verdict(OK, "no thermal slowdown", f"<= {limits.thermal_slowdown_ratio:.0%}")
+
+
+def check_power(c: CheckContext) -> Verdict:
+    limits, values = c.thresholds, c.values
+    brake = c.history.rate(_throttle("hw_power_brake_slowdown"), c.now, limits.thermal_slowdown_for_s)
+    if brake is not None and brake > limits.power_brake_ratio:
+        return c.verdict(WARNING, f"power brake {brake:.0%} of the time", f"<= {limits.power_brake_ratio:.0%}")
+    limit = values.get((POWER_LIMIT_WATTS.name, ()))
+    default = values.get((POWER_DEFAULT_LIMIT_WATTS.name, ()))
+    reduced = limit is not None and default is not None and limit < default
+    if c.sustained("power_limit", reduced, limits.power_limit_reduced_for_s):
+        return c.verdict(WARNING, f"limit {limit:.0f} W", f"default {default:.0f} W")
+    cap = c.history.rate(_throttle("sw_power_cap"), c.now, limits.power_cap_for_s)
+    if cap is not None and cap > limits.power_cap_ratio:
+        return c.verdict(OK, f"power-capped {cap:.0%} of the time", f"<= {limits.power_cap_ratio:.0%}", "info")
+    draw = values.get((POWER_USAGE_WATTS.name, ()))
+    return c.verdict(OK, f"{draw:.0f} W" if draw is not None else "n/a", "")
+
+
+def check_performance_state(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    pstate = c.values.get((PERFORMANCE_STATE.name, ()))
+    busy = c.history.ratio(BUSY, SAMPLED, c.now, limits.pstate_for_s)
+    # idle GPUs (H100 idles in P0 at 345 MHz) and P-states of idle boards never count: busy must be high
+    degraded = (
+        pstate is not None
+        and pstate >= limits.pstate_degraded_min
+        and busy is not None
+        and busy > limits.pstate_busy_ratio
+        and not c.pstate_exempt
+    )
+    if c.sustained("pstate", degraded, limits.pstate_for_s):
+        return c.verdict(
+            WARNING, f"P{pstate:.0f} while {busy:.0%} busy", f"P{limits.pstate_degraded_min - 1} or better"
+        )
+    return c.verdict(OK, f"P{pstate:.0f}" if pstate is not None else "n/a", "")
+
+
+def check_memory_pressure(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    used, total = c.values.get((MEMORY_USED_BYTES.name, ())), c.values.get((MEMORY_TOTAL_BYTES.name, ()))
+    if not used or not total:
+        return c.verdict(OK, "0%" if total else "n/a")
+    share = used / total
+    if share >= limits.memory_critical_ratio:
+        return c.verdict(CRITICAL, f"{share:.1%} used", f"< {limits.memory_critical_ratio:.0%}")
+    if c.sustained("memory", share > limits.memory_warning_ratio, limits.memory_for_s):
+        return c.verdict(WARNING, f"{share:.1%} used", f"<= {limits.memory_warning_ratio:.0%}")
+    return c.verdict(OK, f"{share:.1%} used", f"<= {limits.memory_warning_ratio:.0%}")
+
+
+def check_utilization(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    busy = c.history.ratio(BUSY, SAMPLED, c.now, limits.utilization_for_s)
+    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    if running and busy is not None and busy < limits.utilization_low_ratio:
+        return c.verdict(WARNING, f"{busy:.0%} busy with a job running", f">= {limits.utilization_low_ratio:.0%}")
+    return c.verdict(OK, "n/a" if busy is None else f"{busy:.0%} busy", "")
+
+
+def check_persistence_mode(c: CheckContext) -> Verdict:
+    off = c.values.get((PERSISTENCE_MODE_ENABLED.name, ())) == 0
+    if c.sustained("persistence", off, c.thresholds.persistence_off_for_s):
+        return c.verdict(WARNING, "off", "on")
+    return c.verdict(OK, "off" if off else "on", "on")
+
+
+def check_pcie(c: CheckContext) -> Verdict:
+    limits = c.thresholds
+    per_second = c.history.rate((PCIE_REPLAY_ERRORS_TOTAL.name, ()), c.now, limits.pcie_replays_for_s)
+    if per_second is not None and per_second * 60 > limits.pcie_replays_per_minute:
+        return c.verdict(WARNING, f"{per_second * 60:.1f} replays/min", f"<= {limits.pcie_replays_per_minute:g}/min")
+    return c.verdict(OK, "", "")
+
+
+WINDOW = (GPM_WINDOW_SECONDS_TOTAL.name, ())
+HEALTHY_CLASSES = frozenset({"idle", "tensor_bound"})
+
+
+def bottleneck_class(
+    limits: Thresholds,
+    running: bool,
+    sm: float,
+    tensor: float,
+    dram: float,
+    nvlink_bps: float,
+    pcie_rx_bps: float,
+    fp32: float = 0.0,
+    busy: float | None = None,
+) -> str:
+    """What a GPU's time goes to over the window: the limit that dominates, compared with the others, not one
+    threshold chain. The math pipes are compared with each other (a bf16 job at 22 % tensor and 2 % FP32 is a
+    tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead).
+    The numbers and the jobs that set them: docs/diagnosis.md."""
+    if not running:
+        return "idle"
+    tensor_dominates = (
+        tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
+    )
+    if tensor >= limits.bottleneck_tensor_ratio or (tensor_dominates and sm >= limits.bottleneck_sm_idle_ratio):
+        return "tensor_bound"
+    if dram >= limits.bottleneck_dram_ratio:
+        return "memory_bound"
+    if sm >= limits.bottleneck_sm_busy_ratio:
+        # FP32 math is the class only where the FP32 pipe carries it: never tell a tensor job to use bf16
+        return "compute_without_tensor" if fp32 > tensor else "mixed"
+    if sm < limits.bottleneck_sm_idle_ratio:
+        if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
+            return "communication_bound"
+        if pcie_rx_bps >= limits.bottleneck_pcie_bytes_per_second:
+            return "host_transfer_bound"
+        launch = busy is not None and busy >= limits.bottleneck_launch_busy_ratio
+        if launch and sm < limits.bottleneck_launch_sm_share * busy:
+            return "launch_bound"
+        return "waiting"
+    return "mixed"
+
+
+def check_bottleneck(c: CheckContext) -> Verdict:
+    """Information, never paged: the class and the numbers behind it (GPM; "n/a" on GPUs without it)."""
+    limits, history, now = c.thresholds, c.history, c.now
+    window = limits.bottleneck_window_s
+    sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
+    if sm is None:
+        return c.verdict(OK, "n/a", "")
+    tensor = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)), WINDOW, now, window) or 0.0
+    dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
+    fp32 = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)), WINDOW, now, window) or 0.0
+    nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
+    pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
+    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
+    kind = bottleneck_class(limits, running, sm, tensor, dram, nvlink, pcie_rx, fp32, busy)
+    busy_text = "n/a" if busy is None else f"{busy:.0%}"
+    observed = (
+        f"{kind}: driver busy {busy_text}, SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "
+        f"NVLink {nvlink / 1e9:.1f} GB/s, PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
+    )
+    # Healthy classes (no process; tensor cores busy) are said by the gauge and the verdict, not as findings of
+    # /api/v1/diagnosis: a healthy node has none.
+    return c.verdict(OK, observed, "", severity="ok" if kind in HEALTHY_CLASSES else "info", detail=kind)
+
+
+# Every check, in the order verdicts are reported; a check is one function of its context.
+CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
+    "gpu_lost": check_gpu_lost,
+    "ecc": check_ecc,
+    "row_remap": check_row_remap,
+    "xid": check_xid,
+    "nvlink": check_nvlink,
+    "temperature": check_temperature,
+    "thermal_throttling": check_thermal_throttling,
+    "power": check_power,
+    "performance_state": check_performance_state,
+    "memory_pressure": check_memory_pressure,
+    "utilization": check_utilization,
+    "persistence_mode": check_persistence_mode,
+    "pcie": check_pcie,
+    "bottleneck": check_bottleneck,
+}
+assert tuple(CHECK_FUNCTIONS) == CHECKS
+
+
+class HealthEvaluator:
+    """Keeps per-GPU history between publications and turns each snapshot into verdicts."""
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.thresholds = thresholds
+        self._history: dict[str, _History] = {}
+        self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
+        self._since: dict[tuple[str, str], float] = {}
+        self.links_seen_up: dict[str, set[str]] = {}
+
+    def _new_history(self) -> _History:
+        limits = self.thresholds
+        windows = (
+            limits.utilization_for_s,
+            limits.thermal_slowdown_for_s,
+            limits.power_cap_for_s,
+            limits.pstate_for_s,
+            limits.nvlink_crc_for_s,
+            limits.pcie_replays_for_s,
+            limits.bottleneck_window_s,
+            900,
+        )
+        spacing = min(max(min(windows) / 10, 0.5), 15.0)
+        return _History(spacing, max(windows) + 2 * spacing)
+
+    def held_for(self, uuid: str, key: str, now: float) -> float:
+        """Seconds the condition under `key` has held continuously (0 when it does not hold)."""
+        since = self._since.get((uuid, key))
+        return 0.0 if since is None else now - since
+
+    def sustained(self, uuid: str, key: str, condition: bool, now: float, duration: float) -> bool:
+        """True once `condition` has held continuously for `duration` seconds."""
+        if not condition:
+            self._since.pop((uuid, key), None)
+            return False
+        since = self._since.setdefault((uuid, key), now)
+        return now - since >= duration
+
+    def evaluate(
+        self, gpus: Iterable[GpuSnapshot], xid: dict[tuple[str, int], tuple[int, float]], now: float
+    ) -> dict[str, tuple[Verdict, ...]]:
+        result: dict[str, tuple[Verdict, ...]] = {}
+        limits = self.thresholds
+        for gpu in gpus:
+            if not gpu.up:
+                result[gpu.uuid] = (Verdict("gpu_lost", CRITICAL, "critical", gpu.lost_reason or "lost", "gpu_up 1"),)
+                continue
+            values = _values(gpu)
+            history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
+            history.add(now, values)
+            exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
+            nvlink = gpu.info.nvlink
+            wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
+            result[gpu.uuid] = tuple(
+                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired))
+                for name, check in CHECK_FUNCTIONS.items()
+            )
+        return self._stamp(result, now)
+
+    def _stamp(self, result: dict[str, tuple[Verdict, ...]], now: float) -> dict[str, tuple[Verdict, ...]]:
+        """Carry when each non-ok level began; a level change (warning → critical) starts a new run."""
+        since: dict[tuple[str, str], tuple[int, float]] = {}
+        stamped: dict[str, tuple[Verdict, ...]] = {}
+        for uuid, verdicts in result.items():
+            out = []
+            for verdict in verdicts:
+                if verdict.level > 0:
+                    level, began = self._began.get((uuid, verdict.check), (verdict.level, now))
+                    began = began if level == verdict.level else now
+                    since[(uuid, verdict.check)] = (verdict.level, began)
+                    verdict = replace(verdict, since=began)
+                out.append(verdict)
+            stamped[uuid] = tuple(out)
+        self._began = since  # GPUs and checks that are gone or ok are forgotten: bounded by the current set
+        return stamped

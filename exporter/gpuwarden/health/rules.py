@@ -1,0 +1,538 @@
+"""Prometheus alert rules, generated from the thresholds (`python -m gpuwarden.health.rules` rewrites alert_rules/).
+
+One definition of every threshold and duration (exporter/gpuwarden/health/thresholds.py) feeds both these rules and the
+exporter's health gauges; tests/test_alert_rules.py fails when the committed file differs from this output.
+Severity: critical pages, warning opens a ticket, info is for dashboards (docs/alerting.md, Severities).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from gpuwarden.health.thresholds import DEFAULT, Thresholds
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+RULES_FILE = ROOT / "alert_rules" / "gpuwarden.rules.yaml"
+RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
+SELECTOR = 'job="gpuwarden"'
+
+
+@dataclass(frozen=True)
+class Rule:
+    alert: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_s: int = 0
+    action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
+
+
+@dataclass
+class Group:
+    name: str
+    rules: list[Rule] = field(default_factory=list)
+
+
+def duration(seconds: int) -> str:
+    """300 → '5m', 3600 → '1h', 90 → '90s' (Prometheus duration syntax)."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _xids(xids: tuple[int, ...]) -> str:
+    return "|".join(str(x) for x in sorted(xids))
+
+
+# Pages name the node: the `node` label where the scrape config adds it (the chart does; `instance` is then a pod
+# IP), else the instance.
+NODE = "{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
+
+
+def nodeish(series: str) -> str:
+    """`series` with a `node` label everywhere: kept where the scrape config set it, the instance where it did not.
+    Rules that must outlive an exporter restart group by it: a restarted pod has a new instance, not a new node."""
+    return f'(label_replace({series[:-1]},node=""}}, "node", "$1", "instance", "(.*)") or {series[:-1]},node!=""}})'
+
+
+def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
+    s = selector
+    gpu = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {NODE}"
+
+    def busy(window: int) -> str:
+        w = duration(window)
+        return (
+            f"rate(gpuwarden_busy_seconds_total{{{s}}}[{w}]) "
+            f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{w}])"
+        )
+
+    def throttle(reason: str, window: int) -> str:
+        return f'rate(gpuwarden_throttle_seconds_total{{{s},reason="{reason}"}}[{duration(window)}])'
+
+    return [
+        Group(
+            "gpuwarden-exporter",
+            [
+                Rule(
+                    "GpuwardenExporterDown",
+                    f"up{{{s}}} == 0",
+                    "warning",
+                    "A gpuwarden exporter is down.",
+                    f"gpuwarden on {NODE} has not answered scrapes for 5 minutes, so its GPUs are "
+                    "unmonitored; check the pod or service and its logs.",
+                    t.exporter_down_for_s,
+                ),
+                Rule(
+                    "GpuwardenExporterAbsent",
+                    f"absent(up{{{s}}})",
+                    "warning",
+                    "No gpuwarden exporter is scraped.",
+                    "Prometheus has no gpuwarden target at all, so every GPU rule evaluates to nothing and looks "
+                    "healthy; check the ServiceMonitor or scrape config and the DaemonSet.",
+                    t.exporter_absent_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvmlDown",
+                    f"gpuwarden_nvml_up{{{s}}} == 0",
+                    "critical",
+                    "NVML is down on a GPU node.",
+                    f"gpuwarden on {NODE} cannot use NVML (see gpuwarden_nvml_error_info): the driver "
+                    "is not loaded, the library is missing or was upgraded; check the driver with nvidia-smi and "
+                    "reload or reboot.",
+                    t.nvml_down_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenCollectionStale",
+                    f'time() - gpuwarden_last_collect_timestamp_seconds{{{s},tier="fast"}} > {t.collection_stale_s}',
+                    "warning",
+                    "GPU collection has stalled.",
+                    f"gpuwarden on {NODE} has not finished a poll for {{{{ $value | humanizeDuration }}}}: "
+                    "NVML is probably wedged in the driver (often a hung GPU, XID 119/120); check dmesg and "
+                    "nvidia-smi.",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-availability",
+            [
+                Rule(
+                    "GpuwardenGpuLost",
+                    f"gpuwarden_gpu_up{{{s}}} == 0",
+                    "critical",
+                    "A GPU has fallen off the bus.",
+                    f"{gpu} does not answer NVML (lost or reset required); drain and cordon the node, then reset or "
+                    "power-cycle the GPU; RMA if it recurs.",
+                    t.gpu_lost_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenGpuCountDropped",
+                    # against the node's expected count where it is set (a fact that survives restarts), else
+                    # against the most GPUs the node showed in gpu_count_memory_s, grouped by node so that a
+                    # restarted exporter (a new instance) does not forget the GPUs it never saw
+                    f"(gpuwarden_gpus_expected{{{s}}} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
+                    f"max by (node) (max_over_time({nodeish(f'gpuwarden_gpus{{{s}}}')}"
+                    f"[{duration(t.gpu_count_memory_s)}:1m])) - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
+                    f"> 0 unless on (node) {nodeish(f'gpuwarden_gpus_expected{{{s}}}')})",
+                    "warning",
+                    "A GPU disappeared from a node.",
+                    f"{{{{ $value }}}} GPU(s) fewer are visible on {NODE} than it should have "
+                    f"(gpuwarden_gpus_expected, or the most seen in the last {duration(t.gpu_count_memory_s)}); check "
+                    "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.",
+                    600,
+                ),
+                Rule(
+                    "GpuwardenRecoveryActionNeeded",
+                    f"gpuwarden_recovery_action{{{s}}} > 0",
+                    "critical",
+                    "The driver asks for a GPU recovery action.",
+                    f"The driver recommends recovery action {{{{ $value }}}} for {gpu} (1 reset GPU, 2 reboot node, "
+                    "3 drain P2P, 4 drain and reset); drain the node and carry it out.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenXidCritical",
+                    # over Prometheus' history, not only the running exporter's memory: a restarted exporter (which
+                    # starts with no XID history) must not resolve the page
+                    f"time() - max_over_time(gpuwarden_xid_last_timestamp_seconds{{{s},"
+                    f'xid=~"{_xids(t.xid_critical)}"}}[{duration(t.xid_critical_hold_s)}]) < {t.xid_critical_hold_s}',
+                    "critical",
+                    "A GPU reported a critical XID.",
+                    f"{gpu} raised XID {{{{ $labels.xid }}}}; drain the node, reset the GPU and follow the runbook "
+                    "for that XID.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenXidWarning",
+                    f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_warning)}"}} '
+                    f"< {t.xid_window_s}",
+                    "warning",
+                    "A GPU reported a contained XID.",
+                    f"{gpu} raised XID {{{{ $labels.xid }}}}; restart the affected application and reset the GPU at "
+                    "the next maintenance window.",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-memory-health",
+            [
+                Rule(
+                    "GpuwardenEccUncorrectable",
+                    f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0',
+                    "critical",
+                    "A GPU has uncorrectable ECC errors.",
+                    f"{gpu} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
+                    "workloads, cordon the node, reset the GPU, and request a replacement if it recurs.",
+                    0,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenRowRemapFailure",
+                    f"gpuwarden_remapped_rows_failed{{{s}}} == 1",
+                    "critical",
+                    "A GPU failed to remap a memory row.",
+                    f"{gpu} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
+                    "diagnostic and open an RMA.",
+                    0,
+                    "rma",
+                ),
+                Rule(
+                    "GpuwardenRowRemapPending",
+                    f"gpuwarden_remapped_rows_pending{{{s}}} == 1",
+                    "warning",
+                    "A GPU has a memory row remap pending.",
+                    f"{gpu} has a row remap that takes effect at the next GPU reset; reset it at the next "
+                    "maintenance window.",
+                    0,
+                    "reset_gpu",
+                ),
+                Rule(
+                    "GpuwardenRetiredPagesPending",
+                    f"gpuwarden_retired_pages_pending{{{s}}} == 1",
+                    "warning",
+                    "A GPU has a page retirement pending.",
+                    f"{gpu} retired memory pages that take effect at the next driver reload; reload the driver or "
+                    "reboot at the next maintenance window.",
+                ),
+                Rule(
+                    "GpuwardenRetiredPagesLimit",
+                    f"sum without (cause) (gpuwarden_retired_pages{{{s}}}) >= {t.retired_pages_limit}",
+                    "critical",
+                    "A GPU reached the retired-page limit.",
+                    f"{gpu} has {{{{ $value }}}} retired pages; drain it, run the field diagnostic and open an RMA.",
+                    0,
+                    "rma",
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-thermal-power",
+            [
+                Rule(
+                    "GpuwardenTemperatureHigh",
+                    f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_warning_celsius:g}",
+                    "warning",
+                    "A GPU is running hot.",
+                    f"{gpu} is at {{{{ $value }}}} °C; check airflow, fans and inlet temperature before it throttles.",
+                    t.temperature_warning_for_s,
+                ),
+                Rule(
+                    "GpuwardenTemperatureCritical",
+                    f"gpuwarden_temperature_celsius{{{s}}} > {t.temperature_critical_celsius:g}",
+                    "critical",
+                    "A GPU is in the thermal danger zone.",
+                    f"{gpu} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the cooling "
+                    "before the GPU shuts down.",
+                    t.temperature_critical_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenMemoryTemperatureHigh",
+                    f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
+                    f'(gpuwarden_temperature_threshold_celsius{{{s},threshold="memory_max"}} '
+                    f"- {t.memory_temperature_margin_celsius:g})",
+                    "warning",
+                    "A GPU's memory is running hot.",
+                    f"The HBM of {gpu} is at {{{{ $value }}}} °C, within {t.memory_temperature_margin_celsius:g} °C of "
+                    "its limit; check airflow and cooling.",
+                    t.memory_temperature_for_s,
+                ),
+                Rule(
+                    "GpuwardenHwThermalSlowdown",
+                    f"{throttle('hw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
+                    "warning",
+                    "A GPU is throttled for heat.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time in hardware thermal slowdown; "
+                    "check cooling and the chassis' fans.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenSwThermalSlowdown",
+                    f"{throttle('sw_thermal_slowdown', t.thermal_slowdown_for_s)} > {t.thermal_slowdown_ratio:g}",
+                    "warning",
+                    "A GPU is throttled by the driver for heat.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time in software thermal slowdown (the "
+                    "driver lowers clocks before the hardware has to); check cooling and the chassis' fans.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenThermalThrottling",
+                    f"max without (reason) (rate(gpuwarden_throttle_seconds_total{{{s},"
+                    f'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"}}[{duration(t.thermal_page_window_s)}])) '
+                    f"> {t.thermal_page_ratio:g}",
+                    "critical",
+                    "A GPU is throttled for heat most of the time.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the last "
+                    f"{duration(t.thermal_page_window_s)} in thermal slowdown (hardware or driver): its jobs run "
+                    "slower, and the GPU is at risk; drain the node and fix the cooling (fans, airflow, inlet "
+                    "temperature).",
+                    t.thermal_page_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenHwPowerBrake",
+                    f"{throttle('hw_power_brake_slowdown', t.thermal_slowdown_for_s)} > {t.power_brake_ratio:g}",
+                    "warning",
+                    "A GPU is held down by the power brake.",
+                    f"{gpu} spent {{{{ $value | humanizePercentage }}}} of the time under the external power brake; "
+                    "check the PSUs and the rack's power budget.",
+                    t.thermal_slowdown_for_s,
+                ),
+                Rule(
+                    "GpuwardenPowerCapSustained",
+                    f"{throttle('sw_power_cap', t.power_cap_for_s)} > {t.power_cap_ratio:g}",
+                    "info",
+                    "A GPU runs at its power cap.",
+                    f"{gpu} was power-capped {{{{ $value | humanizePercentage }}}} of the time; normal at full load, "
+                    "worth a look if the limit was lowered.",
+                    0,
+                ),
+                Rule(
+                    "GpuwardenPowerLimitReduced",
+                    f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}",
+                    "warning",
+                    "A GPU's power limit is below its default.",
+                    f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
+                    "find the out-of-band limiter (BMC).",
+                    t.power_limit_reduced_for_s,
+                ),
+                Rule(
+                    "GpuwardenPerformanceStateDegraded",
+                    f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
+                    f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
+                    f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
+                    f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
+                    "warning",
+                    "A busy GPU is stuck in a low performance state.",
+                    f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
+                    "thermals, and application clocks.",
+                    300,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-capacity",
+            [
+                Rule(
+                    "GpuwardenMemoryNearlyFull",
+                    f"gpuwarden_memory_used_bytes{{{s}}} / gpuwarden_memory_total_bytes{{{s}}} "
+                    f"> {t.memory_warning_ratio:g}",
+                    "warning",
+                    "A GPU's memory is nearly full.",
+                    f"{gpu} uses {{{{ $value | humanizePercentage }}}} of its memory; frameworks preallocate, so "
+                    "tell the job's owner: smaller batch, gradient checkpointing, sharding (ZeRO/FSDP) or bf16.",
+                    t.memory_for_s,
+                ),
+                Rule(
+                    "GpuwardenUnderutilized",
+                    f"{busy(t.utilization_for_s)} < {t.utilization_low_ratio:g} "
+                    f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
+                    "info",
+                    "A GPU holding a job is mostly idle.",
+                    f"{gpu} ran kernels only {{{{ $value | humanizePercentage }}}} of the time while a job held it; "
+                    "the job starves on input (DataLoader workers, pin_memory, local caching), communication or "
+                    "checkpoints: profile it.",
+                    300,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-interconnect",
+            [
+                Rule(
+                    "GpuwardenNvlinkDown",
+                    # against the links the GPU has (static, so a restart does not forget them); a GPU with none
+                    # active is a fault only if some were active in the last day (a PCIe card without a bridge has
+                    # links and none active)
+                    f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (instance, uuid) "
+                    f"(gpuwarden_nvlink_active_links{{{s}}} > 0 "
+                    f"or max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]) > 0)",
+                    "critical",
+                    "An NVLink link is down.",
+                    f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a link is "
+                    "down, which cripples multi-GPU training; drain the node, check nvidia-smi nvlink -s (which link: "
+                    "/api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
+                    t.nvlink_down_for_s,
+                    "cordon",
+                ),
+                Rule(
+                    "GpuwardenNvlinkCrcErrorsHigh",
+                    f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
+                    "warning",
+                    "A GPU's NVLinks have a high CRC error rate.",
+                    f"The NVLinks of {gpu} have {{{{ $value }}}} CRC errors/s together; find the link (/api/v1/gpus "
+                    "or the nvlink_links group), schedule a reset and check it at the next maintenance window.",
+                    t.nvlink_crc_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvlinkReplayRecovery",
+                    f'increase(gpuwarden_nvlink_gpu_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
+                    "warning",
+                    "A GPU's NVLinks needed replays or recovery.",
+                    f"The NVLinks of {gpu} logged {{{{ $labels.type }}}} errors; watch them and reset the GPU at the "
+                    "next maintenance window if they continue.",
+                ),
+                Rule(
+                    "GpuwardenPcieReplaysHigh",
+                    f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
+                    "warning",
+                    "A GPU's PCIe link is replaying packets.",
+                    f"{gpu} replays {{{{ $value | humanize }}}} PCIe packets per minute; check seating, risers and "
+                    "cables.",
+                    t.pcie_replays_for_s,
+                ),
+            ],
+        ),
+        Group(
+            "gpuwarden-configuration",
+            [
+                Rule(
+                    "GpuwardenPersistenceModeOff",
+                    f"gpuwarden_persistence_mode_enabled{{{s}}} == 0",
+                    "warning",
+                    "A GPU runs without persistence mode.",
+                    f"{gpu} has persistence mode off, so driver state is torn down between jobs; enable "
+                    "nvidia-persistenced (or nvidia-smi -pm 1).",
+                    t.persistence_off_for_s,
+                ),
+            ],
+        ),
+    ]
+
+
+def anchor(alert: str) -> str:
+    """The docs/runbooks.md heading anchor of an alert ('## GpuwardenGpuLost' → 'gpuwardengpulost')."""
+    return alert.lower()
+
+
+# An expression that ends on a comparison with a number: that number is the alert's threshold (the chart's
+# per-alert override replaces it there). Rules whose threshold sits elsewhere carry none, and cannot have it
+# overridden by the chart (their thresholds: the thresholds file and `python -m gpuwarden.health.rules`).
+TRAILING_THRESHOLD = re.compile(r"(>|<|>=|<=) (-?[0-9][0-9.e+-]*)$")
+
+
+def to_yaml(groups: list[Group], runbook_base: str = RUNBOOK_BASE, for_scale: float = 1.0) -> str:
+    """Prometheus rule-file YAML. `for_scale` shortens every `for:` (end-to-end tests only)."""
+    out = {"groups": []}
+    for group in groups:
+        rules = []
+        for rule in group.rules:
+            entry: dict[str, object] = {"alert": rule.alert, "expr": rule.expr}
+            if rule.for_s:
+                entry["for"] = duration(max(1, round(rule.for_s * for_scale)))
+            labels = {"severity": rule.severity}
+            if rule.action:
+                labels["action"] = rule.action
+            entry["labels"] = labels
+            entry["annotations"] = {
+                "summary": rule.summary,
+                "description": rule.description,
+                "runbook_url": f"{runbook_base}#{anchor(rule.alert)}",
+            }
+            threshold = TRAILING_THRESHOLD.search(rule.expr)
+            if threshold and float(threshold.group(2)) != 0:  # "> 0" is "any", not a tunable threshold
+                # the value the expression ends on: shown in the page, and what the chart's
+                # prometheusRule.rules.overrides.<alert>.threshold replaces
+                entry["annotations"]["threshold"] = threshold.group(2)
+            rules.append(entry)
+        out["groups"].append({"name": group.name, "rules": rules})
+    header = (
+        "# Generated by `python -m gpuwarden.health.rules` from exporter/gpuwarden/health/thresholds.py: do not edit.\n"
+    )
+    return header + yaml.safe_dump(out, sort_keys=False, width=120, allow_unicode=True)
+
+
+TESTS_FILE = RULES_FILE.parent / "tests" / "gpuwarden.test.yaml"
+TESTS_HEADER = """\
+# promtool unit tests for alert_rules/gpuwarden.rules.yaml: every alert fires when it should, with its labels and
+# its rendered annotations, and stays silent on near misses. Run as shipped, from the repository root:
+#   promtool test rules alert_rules/tests/*.yaml
+# After a change to an annotation: python -m gpuwarden.health.rules --fill-test-annotations (needs promtool).
+"""
+_GOT = re.compile(
+    r"name: (?P<name>.*?),\s*alertname: (?P<alert>\w+), time: (?P<time>\S+?),.*?got:\[(?P<got>.*?)\n\s*\]", re.S
+)
+_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _seconds(duration: str) -> int:
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([dhms])", str(duration)))
+
+
+def fill_test_annotations(promtool: str = "promtool") -> int:
+    """Write each expected alert's rendered annotations into the shipped test file, from what promtool renders:
+    the file then passes `promtool test rules` as shipped, wording included."""
+    import json
+    import subprocess
+
+    data = yaml.safe_load(TESTS_FILE.read_text(encoding="utf-8"))
+    for test in data["tests"]:  # start from none, so promtool reports every expected alert with its annotations
+        for check in test["alert_rule_test"]:
+            for alert in check.get("exp_alerts") or []:
+                alert.pop("exp_annotations", None)
+    TESTS_FILE.write_text(TESTS_HEADER + yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    result = subprocess.run([promtool, "test", "rules", str(TESTS_FILE)], capture_output=True, text=True)
+    output = result.stdout + result.stderr  # promtool reports failures on stderr
+    rendered: dict[tuple[str, str, int], list[tuple[dict[str, str], dict[str, str]]]] = {}
+    for match in _GOT.finditer(output):
+        entries = []
+        for labels, rendered_text in re.findall(r"Labels:\{(.*?)\}\s*Annotations:\{(.*?)\},?\n", match["got"] + "\n"):
+            parse = lambda text: {k: json.loads(f'"{v}"') for k, v in _PAIR.findall(text)}  # noqa: E731
+            entries.append((parse(labels), parse(rendered_text)))
+        rendered[(match["name"], match["alert"], _seconds(match["time"]))] = entries
+    for test in data["tests"]:
+        for check in test["alert_rule_test"]:
+            for alert in check.get("exp_alerts") or []:
+                wanted = {**alert["exp_labels"], "alertname": check["alertname"]}
+                key = (test["name"], check["alertname"], _seconds(check["eval_time"]))
+                found = [a for labels, a in rendered.get(key, []) if labels == {k: str(v) for k, v in wanted.items()}]
+                if len(found) != 1:
+                    raise SystemExit(f"no rendered annotations for {key} {wanted}: does the test fire as expected?")
+                alert["exp_annotations"] = found[0]
+    TESTS_FILE.write_text(TESTS_HEADER + yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    print(f"wrote {TESTS_FILE}")
+    return 0
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--fill-test-annotations"]:
+        return fill_test_annotations()
+    RULES_FILE.parent.mkdir(exist_ok=True)
+    RULES_FILE.write_text(to_yaml(build()), encoding="utf-8")
+    print(f"wrote {RULES_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Every health threshold, defined once.
+
+The exporter's health gauges (exporter/gpuwarden/health/checks.py) and the Prometheus alert rules
+(exporter/gpuwarden/health/rules.py → alert_rules/gpuwarden.rules.yaml) are both derived from this model;
+tests/test_alert_rules.py fails when the committed rules drift from it. Operators override values with a YAML file
+(`health.thresholds_file`); unknown keys or out-of-range values are rejected with one line, like the rest of the
+configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.config.typed import SettingError, build, setting
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every health threshold and duration, with its default; operators override them by file."""
+
+    # utilization: a job holds the GPU but kernels run less than this share of the time
+    utilization_low_ratio: float = setting(0.5, gt=0, lt=1)
+    utilization_for_s: int = setting(1800, ge=1)
+    # memory occupancy (used / total)
+    memory_warning_ratio: float = setting(0.95, gt=0, lt=1)
+    memory_critical_ratio: float = setting(0.99, gt=0, le=1)
+    memory_for_s: int = setting(900, ge=0)
+    # die temperature, absolute °C
+    temperature_warning_celsius: float = setting(83, gt=0, lt=120)
+    temperature_warning_for_s: int = setting(300, ge=0)
+    temperature_critical_celsius: float = setting(90, gt=0, lt=130)
+    temperature_critical_for_s: int = setting(120, ge=0)
+    # HBM temperature: within this many °C of the board's own memory_max threshold
+    memory_temperature_margin_celsius: float = setting(5, ge=0, le=30)
+    memory_temperature_for_s: int = setting(300, ge=0)
+    # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
+    thermal_slowdown_ratio: float = setting(0.1, gt=0, le=1)
+    thermal_slowdown_for_s: int = setting(300, ge=0)
+    # sustained thermal throttling pages: HW or SW thermal slowdown for at least this share of the window, that long
+    thermal_page_ratio: float = setting(0.5, gt=0, le=1)
+    thermal_page_window_s: int = setting(600, ge=60)
+    thermal_page_for_s: int = setting(600, ge=0)
+    power_brake_ratio: float = setting(0.1, gt=0, le=1)
+    power_cap_ratio: float = setting(0.5, gt=0, le=1)
+    power_cap_for_s: int = setting(1800, ge=0)
+    power_limit_reduced_for_s: int = setting(3600, ge=0)
+    # P-state: a busy GPU held at this state or lower performance (higher number)
+    pstate_degraded_min: int = setting(2, ge=1, le=15)
+    pstate_busy_ratio: float = setting(0.5, gt=0, lt=1)
+    pstate_for_s: int = setting(900, ge=1)
+    # CUDA runs GeForce/Quadro/TITAN boards in P2 by design ("CUDA - Force P2 State"): not a degradation there
+    pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
+    # XIDs (docs/alerting.md, XIDs): a critical XID seen within the window
+    xid_window_s: int = setting(600, ge=1)  # warning XIDs
+    # a critical XID keeps its page this long (until the GPU is reset and the alert silenced or the hold passes);
+    # judged over Prometheus' history, so a restarted exporter does not resolve it
+    xid_critical_hold_s: int = setting(86400, ge=600)
+    # where no expected GPU count is configured, a node remembers its GPU count this long (by node, across restarts)
+    gpu_count_memory_s: int = setting(86400, ge=3600)
+    xid_critical: tuple[int, ...] = (
+        46,
+        48,
+        54,
+        62,
+        64,
+        74,
+        79,
+        95,
+        109,
+        110,
+        119,
+        120,
+        136,
+        140,
+        143,
+        144,
+        145,
+        146,
+        147,
+        148,
+        149,
+        150,
+        155,
+        156,
+        158,
+    )
+    xid_warning: tuple[int, ...] = (61, 94)
+    xid_info: tuple[int, ...] = (63, 92)
+    # NVLink and PCIe
+    nvlink_down_for_s: int = setting(300, ge=0)
+    nvlink_crc_per_second: float = setting(100, gt=0)
+    nvlink_crc_for_s: int = setting(600, ge=0)
+    pcie_replays_per_minute: float = setting(8, gt=0)
+    pcie_replays_for_s: int = setting(600, ge=0)
+    # configuration and availability
+    persistence_off_for_s: int = setting(900, ge=0)
+    gpu_lost_for_s: int = setting(60, ge=0)
+    retired_pages_limit: int = setting(63, ge=1)
+    # bottleneck classes from GPM activity (information, never paged), judged over this window
+    bottleneck_window_s: int = setting(300, ge=1)
+    bottleneck_tensor_ratio: float = setting(0.3, gt=0, le=1)  # tensor cores active at least this share: healthy
+    # mixed precision sits at 20-40 % tensor (bf16 transformer on H100: tensor 22 %, FP32 2 %): the tensor pipe
+    # dominates when it is at least this share and this many times the FP32 pipe's
+    bottleneck_tensor_min_ratio: float = setting(0.1, gt=0, le=1)
+    bottleneck_pipe_dominance: float = setting(2.0, ge=1)
+    # "busy but SMs nearly idle": the driver counts a kernel running while the SMs barely work (a Python loop of
+    # tiny kernels on H100: driver busy 31 %, SM 0 %): launch overhead
+    bottleneck_launch_busy_ratio: float = setting(0.2, gt=0, le=1)
+    bottleneck_launch_sm_share: float = setting(0.25, gt=0, le=1)  # SM activity below this share of driver busy
+    bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
+    bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
+    bottleneck_sm_idle_ratio: float = setting(0.3, gt=0, le=1)  # SMs below this: waiting on something
+    bottleneck_nvlink_bytes_per_second: float = setting(10e9, gt=0)  # NVLink traffic that means communication
+    bottleneck_pcie_bytes_per_second: float = setting(5e9, gt=0)  # host→device traffic that means transfers
+    # the exporter itself
+    exporter_down_for_s: int = setting(300, ge=0)
+    exporter_absent_for_s: int = setting(900, ge=0)
+    nvml_down_for_s: int = setting(300, ge=0)
+    collection_stale_s: int = setting(300, ge=1)
+
+    def validate(self) -> None:
+        """Checks across fields (typedconfig.build runs it last)."""
+        if self.temperature_critical_celsius <= self.temperature_warning_celsius:
+            raise ValueError("temperature_critical_celsius must be above temperature_warning_celsius")
+        if self.memory_critical_ratio <= self.memory_warning_ratio:
+            raise ValueError("memory_critical_ratio must be above memory_warning_ratio")
+        lists = [set(self.xid_critical), set(self.xid_warning), set(self.xid_info)]
+        if lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]:
+            raise ValueError("xid_critical, xid_warning and xid_info must not share an XID")
+
+
+DEFAULT = Thresholds()
+
+
+def load_thresholds(path: Path | None) -> Thresholds:
+    """Defaults, overridden by a YAML mapping of the fields above; ConfigError (one line) on a bad file."""
+    if path is None:
+        return DEFAULT
+    try:
+        return build(Thresholds, read_yaml(path, "thresholds file", "health.thresholds_file"))
+    except SettingError as exc:
+        raise ConfigError(exc.line(f"thresholds file {path}")) from None
