@@ -17,10 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwarden.collect.poller import Poller  # noqa: E402
-from gpuwarden.collect.workers import WorkerPool  # noqa: E402
 from gpuwarden.config.settings import load_settings  # noqa: E402
 from gpuwarden.model.snapshot import Tier  # noqa: E402
 from gpuwarden.nvml.session import start_init  # noqa: E402
+from gpuwarden.workers import WorkerPool  # noqa: E402
 
 
 def timed_readers(poller: Poller, spent: dict[str, list[float]]) -> None:

@@ -14,6 +14,8 @@ from gpuwarden.config.settings import options
 from gpuwarden.model.families import FAMILIES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+if str(README.parent / "docs") not in sys.path:  # run as a script, or imported by tests as docs.references
+    sys.path.insert(0, str(README.parent / "docs"))
 NVML_DOC = README.parent / "docs" / "nvml.md"
 
 
@@ -45,7 +47,7 @@ def groups_reference() -> str:
 
 
 def budget_reference() -> str:
-    from gpuwarden.sim.budget import budget_table, default_series
+    from series_budget import budget_table, default_series  # docs/, beside this file (on sys.path below)
 
     return budget_table(default_series())
 

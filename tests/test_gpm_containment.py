@@ -155,7 +155,7 @@ def test_the_child_sampler_reads_the_same_windows_and_survives_nothing_it_should
     fake = install_simulator("training")
     try:
         spec = library.child_spec()
-        assert spec == {"backend": "sim", "scenario": "training", "start": fake.start}
+        assert spec == {"module": "gpuwarden.sim.gpm_child", "scenario": "training", "start": fake.start}
         sampler = ChildProcessSampler(spec, crash_limit=3, crash_backoff=5)
         uuid = fake.uuid(0)
         answers = []

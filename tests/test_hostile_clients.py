@@ -21,7 +21,7 @@ import bcrypt
 import httpx
 import pytest
 
-from gpuwarden.config.web import BasicAuth
+from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, values, write_yaml
 from tests.helpers.stack import running_cli

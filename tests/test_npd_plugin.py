@@ -18,7 +18,8 @@ import pytest
 
 from gpuwarden.sim import install_simulator
 from gpuwarden.sim.scenario import load_scenario, shipped_scenarios
-from gpuwarden.web.front import create_front, readiness_under
+from gpuwarden.web.front import create_front
+from gpuwarden.web.readiness import readiness_under
 from tests.helpers.common import ServedApp, free_port
 from tests.helpers.npd import check_npd_config
 

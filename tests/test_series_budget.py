@@ -1,5 +1,5 @@
 """The series budget: the simulated 8x H100 NVSwitch node at the default collector groups, with profiling,
-processes and pod attribution, stays within gpuwarden.sim.budget.BUDGET; what the alerts and the fleet
+processes and pod attribution, stays within docs.series_budget.BUDGET; what the alerts and the fleet
 service query is in the default set; the groups switch what they say."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from gpuwarden.cli.common import ConfigError
+from docs.series_budget import BUDGET, default_series
+from gpuwarden.commandline import ConfigError
 from gpuwarden.config.settings import load_settings
 from gpuwarden.health import rules
 from gpuwarden.model.families import GROUPS, Selection
-from gpuwarden.sim.budget import BUDGET, default_series
 from tests.helpers.kubelet import FakeKubelet
 
 

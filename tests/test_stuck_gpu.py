@@ -77,9 +77,9 @@ def test_nvml_init_begun_before_the_poller_is_adopted_once(sim, make_poller):
     """The CLI starts NVML's init on the pool before importing the rest; the lifecycle waits for that answer
     instead of initialising a second time (NVML counts inits: a second would need a second shutdown)."""
     from gpuwarden.collect.poller import Poller
-    from gpuwarden.collect.workers import WorkerPool
     from gpuwarden.config.settings import load_settings
     from gpuwarden.nvml.session import start_init
+    from gpuwarden.workers import WorkerPool
 
     fake = sim("healthy")
     pool = WorkerPool()
@@ -96,9 +96,9 @@ def test_nvml_init_begun_before_the_poller_is_adopted_once(sim, make_poller):
 
 def test_an_early_nvml_init_that_hangs_is_a_counted_timeout_and_retried(sim):
     from gpuwarden.collect.poller import Poller
-    from gpuwarden.collect.workers import WorkerPool
     from gpuwarden.config.settings import load_settings
     from gpuwarden.nvml.session import start_init
+    from gpuwarden.workers import WorkerPool
 
     sim({"faults": [{"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": 2.5}]})
     pool = WorkerPool()

@@ -1,4 +1,4 @@
-"""exporter/gpuwarden/collect/workers.py: a worker idle past its idle time ends and its key gets a new thread on the
+"""exporter/gpuwarden/workers.py: a worker idle past its idle time ends and its key gets a new thread on the
 next job; a worker inside a job (a wedged NVML call) never ends, and its key accepts nothing until the job returns."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuwarden.collect.workers import WorkerPool, run_with_deadline
+from gpuwarden.workers import WorkerPool, run_with_deadline
 from tests.helpers.common import wait_for
 
 

@@ -17,7 +17,8 @@ from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import Settings, load_settings
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.sim.scenario import Scenario
-from gpuwarden.web.front import create_front, readiness_under
+from gpuwarden.web.front import create_front
+from gpuwarden.web.readiness import readiness_under
 
 
 class ManualClock:

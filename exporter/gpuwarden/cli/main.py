@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.cli.common import (
+from gpuwarden.commandline import (
     EXIT_CONFIG,
     EXIT_FATAL,
     EXIT_LISTEN,
     EXPORTER_ENV_PREFIX,
     OneLineParser,
-    bind_listener,
     log_service_links,
 )
 from gpuwarden.config.settings import ConfigError, Settings, load_settings, options
 from gpuwarden.config.typed import as_dict, choices
+from gpuwarden.web.listener import bind_listener
 
 log = logging.getLogger("gpuwarden")
 
@@ -177,7 +177,7 @@ def reload_settings(argv: list[str], current: Settings, poller: Any, renderer: A
 
     An invalid configuration is rejected with one log line and the running one stays in force.
     """
-    from gpuwarden.cli import logs
+    from gpuwarden import logs
     from gpuwarden.health.thresholds import load_thresholds
 
     try:
@@ -235,7 +235,7 @@ def settle_memory() -> None:
 
 
 def serve(settings: Settings, argv: list[str] | None = None) -> int:
-    from gpuwarden.cli import logs
+    from gpuwarden import logs
 
     logs.setup(settings.log.level, settings.log.format)
     log_service_links(os.environ, EXPORTER_ENV_PREFIX, {opt.env for opt in options()})
@@ -251,8 +251,8 @@ def serve(settings: Settings, argv: list[str] | None = None) -> int:
         if probe_listener is None:
             listener.close()
             return EXIT_LISTEN
-    from gpuwarden.collect.workers import WorkerPool
     from gpuwarden.nvml.session import start_init
+    from gpuwarden.workers import WorkerPool
 
     pool = WorkerPool()
     started_init = start_init(pool)  # NVML starts while the poller and the HTTP stack are imported
@@ -277,8 +277,9 @@ def _serve_http(
 ) -> int:
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.model.families import CONFIG_RELOADS_TOTAL, GPUS_EXPECTED, HTTP_REJECTED_TOTAL
-    from gpuwarden.web.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front, readiness_under
+    from gpuwarden.web.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front
     from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
+    from gpuwarden.web.readiness import readiness_under
     from gpuwarden.web.server import HttpServer
 
     guard = ConnectionGuard(

@@ -17,12 +17,12 @@ from typing import Any
 
 from gpuwarden.collect import topology
 from gpuwarden.collect.tiers import Failed, Fatal, LibraryDown, Lost, Outcome, Read, Stuck, TierRunner, Waiting
-from gpuwarden.collect.workers import WorkerPool, run_with_deadline
 from gpuwarden.model.snapshot import Tier, TierReading
 from gpuwarden.nvml import session
 from gpuwarden.nvml.device import ErrorLedger, GpuDevice
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from gpuwarden.nvml.session import GpuSkipped
+from gpuwarden.workers import WorkerPool, run_with_deadline
 
 log = logging.getLogger(__name__)
 

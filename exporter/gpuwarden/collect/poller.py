@@ -25,7 +25,6 @@ from gpuwarden.collect.assembly import GpuView, HealthStep, PodsStep, SnapshotAs
 from gpuwarden.collect.lifecycle import NvmlLifecycle
 from gpuwarden.collect.readers import Reader, all_readers
 from gpuwarden.collect.tiers import TierRunner
-from gpuwarden.collect.workers import WorkerPool
 from gpuwarden.collect.xid_events import XidCounts, XidWatcher
 from gpuwarden.config.settings import Settings
 from gpuwarden.health.checks import HealthEvaluator
@@ -34,6 +33,7 @@ from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import EMPTY, Snapshot, Tier
 from gpuwarden.nvml import gpm_sampler
 from gpuwarden.nvml.device import ErrorLedger, GpuDevice
+from gpuwarden.workers import WorkerPool
 
 log = logging.getLogger(__name__)
 

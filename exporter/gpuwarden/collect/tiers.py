@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.collect.readers import Reader
-from gpuwarden.collect.workers import WorkerPool
 from gpuwarden.model.snapshot import SampleWriter, Tier, TierReading
 from gpuwarden.nvml.device import GpuDevice
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
+from gpuwarden.workers import WorkerPool
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuwarden.cli.common import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
+from gpuwarden.commandline import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
 from gpuwarden.config.typed import SettingError, build, fields, is_list, setting
 
 ENV_PREFIX = EXPORTER_ENV_PREFIX

@@ -21,7 +21,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
-from gpuwarden.config.web import BasicAuth
 from gpuwarden.fleet import planner
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
 from gpuwarden.fleet.refresh import AnswerCache
@@ -29,6 +28,7 @@ from gpuwarden.fleet.settings import FleetSettings, parse_duration
 from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import jsonable_errors, problem
+from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.limits import ConnectionGuard
 
 log = logging.getLogger("gpuwarden.fleet")

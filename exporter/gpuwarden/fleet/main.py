@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from gpuwarden.cli.common import EXIT_CONFIG, ConfigError
+from gpuwarden.commandline import EXIT_CONFIG, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +22,11 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"gpuwarden fleet: {str(exc).removeprefix('gpuwarden fleet: ')}", file=sys.stderr)
         return EXIT_CONFIG
-    from gpuwarden import __version__
-    from gpuwarden.cli import logs
-    from gpuwarden.cli.common import EXIT_LISTEN, bind_listener, log_service_links
+    from gpuwarden import __version__, logs
+    from gpuwarden.commandline import EXIT_LISTEN, log_service_links
     from gpuwarden.fleet.app import create_app
     from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
+    from gpuwarden.web.listener import bind_listener
     from gpuwarden.web.server import HttpServer
 
     logs.setup("info", "logfmt")

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpuwarden.cli.common import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
+from gpuwarden.commandline import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
 from gpuwarden.config.settings import check_listen_address, listen_host, listen_port
 from gpuwarden.health.thresholds import DEFAULT
 

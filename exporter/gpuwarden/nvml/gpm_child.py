@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -71,17 +72,13 @@ class Child:
         return {"window": {"seconds": window.seconds, "values": window.values, "failed": window.failed}}
 
 
-def install(spec: dict[str, Any]) -> None:
-    if spec.get("backend") == "sim":
-        from gpuwarden.sim import install_simulator  # the simulator only where the parent runs one
-
-        install_simulator(spec.get("scenario"), start=float(spec["start"]))
-
-
-def main() -> int:
+def main(prepare: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Serve the protocol; `prepare` first loads the parent's library where it is not the driver's (the simulator's
+    child, gpuwarden.sim.gpm_child, passes its installer: nvml/ knows nothing of the simulator)."""
     out = os.fdopen(int(sys.argv[2]), "w")
     os.dup2(2, 1)  # prints, Python's or a native library's, go to stderr: the protocol's pipe is its own
-    install(json.loads(sys.argv[1]))
+    if prepare is not None:
+        prepare(json.loads(sys.argv[1]))
     try:
         calls.nvmlInitWithFlags(calls.NVML_INIT_FLAG_NO_GPUS)
     except pynvml.NVMLError as exc:

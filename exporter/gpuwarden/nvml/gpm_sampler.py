@@ -42,6 +42,8 @@ from gpuwarden.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
 
 log = logging.getLogger(__name__)
 
+CHILD_MODULE = "gpuwarden.nvml.gpm_child"  # the child over the driver's library
+
 ANSWER_TIMEOUT_S = 3.0  # a GPM sample and 12 metrics take under 4 ms; a child that takes this long is wedged
 START_TIMEOUT_S = 10.0  # interpreter start, pynvml import and nvmlInit
 EXIT_GRACE_S = 0.5  # a child whose end of the pipe closed has exited within this, or is killed (hung)
@@ -167,6 +169,7 @@ class ChildProcessSampler:
     reported one fast cycle after it was sampled, and a wedged child delays only GPM."""
 
     def __init__(self, spec: dict[str, Any], crash_limit: int = 3, crash_backoff: float = 600.0) -> None:
+        # spec["module"]: the child's entry where the library is not the driver's (gpuwarden.sim.gpm_child)
         self.spec = spec  # how the child loads the same library (gpuwarden.nvml.library.child_spec)
         self.crash_limit, self.crash_backoff = crash_limit, crash_backoff
         self._lock = threading.Lock()  # the owner's: the child, its pipes and the failure counts
@@ -393,8 +396,8 @@ class ChildProcessSampler:
         answers_read, answers_write = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", "-m", "gpuwarden.nvml.gpm_child", json.dumps(self.spec),
-                 str(answers_write)],
+                [sys.executable, "-X", "faulthandler", "-m", self.spec.get("module", CHILD_MODULE),
+                 json.dumps(self.spec), str(answers_write)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,  # the child sends its own stdout to stderr; the protocol has its pipe
                 stderr=subprocess.PIPE,

@@ -20,7 +20,7 @@ from gpuwarden.nvml import calls
 from gpuwarden.nvml.errors import ErrorKind, GpuLostError, NvmlDownError, classify, error_code, error_name
 
 if TYPE_CHECKING:
-    from gpuwarden.collect.workers import WorkerPool
+    from gpuwarden.workers import WorkerPool
 
 _in_flight: dict[int, str] = {}  # thread id → the NVML call it is inside
 

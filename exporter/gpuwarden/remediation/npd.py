@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from gpuwarden.cli.common import ConfigError, OneLineParser
+from gpuwarden.commandline import ConfigError, OneLineParser
 from gpuwarden.remediation.flags import add_endpoint_flags, endpoint, family_names
 from gpuwarden.remediation.verdicts import LEVELS, Outcome, outcome
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.cli.common import ConfigError, OneLineParser
+from gpuwarden.commandline import ConfigError, OneLineParser
 from gpuwarden.remediation.flags import add_endpoint_flags, endpoint, family_names
 from gpuwarden.remediation.verdicts import LEVELS, Outcome, outcomes
 

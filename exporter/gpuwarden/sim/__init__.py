@@ -22,6 +22,10 @@ def install_simulator(
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(name)
     fake = FakeNvmlLibrary(scenario, clock=clock, start=start)
-    spec = None if name is None or clock is not None else {"backend": "sim", "scenario": name, "start": fake.start}
+    spec = (
+        None
+        if name is None or clock is not None
+        else {"module": "gpuwarden.sim.gpm_child", "scenario": name, "start": fake.start}
+    )
     library.install(fake.library, clock=fake.now, child_spec=spec)
     return fake

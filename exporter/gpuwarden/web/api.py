@@ -23,8 +23,8 @@ from gpuwarden.model.families import FAMILIES
 from gpuwarden.model.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import first_error, jsonable_errors
-from gpuwarden.web.front import Readiness, SnapshotSource
 from gpuwarden.web.health_document import node_health
+from gpuwarden.web.readiness import Readiness, SnapshotSource
 
 GPU_KEY_PATTERN = r"^([0-9]{1,3}|GPU-[0-9a-fA-F-]{8,64}|MIG-[0-9a-fA-F-]{8,64})$"
 

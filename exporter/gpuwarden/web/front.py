@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -21,28 +20,7 @@ from gpuwarden.exposition.render import Renderer, content_type
 from gpuwarden.model.snapshot import Snapshot
 from gpuwarden.web.health_document import HealthBodies
 from gpuwarden.web.limits import ConnectionGuard
-
-READY_INTERVALS = 3  # /readyz fails when the fast snapshot is older than this many intervals
-SnapshotSource = Callable[[], Snapshot]
-Readiness = Callable[[Snapshot, float], "str | None"]
-
-
-def readiness(snapshot: Snapshot, fast_interval: float, now: float) -> str | None:
-    """None when ready, else the reason."""
-    if not snapshot.nvml_up:
-        return f"nvml is down: {snapshot.nvml_error or 'not initialised'}"
-    if not any(gpu.up for gpu in snapshot.gpus):
-        return "no GPU is visible"
-    fast_at = snapshot.tier_finished.get("fast")
-    limit = READY_INTERVALS * fast_interval
-    if fast_at is None or now - fast_at > limit:
-        return f"the fast snapshot is older than {limit:g} s"
-    return None
-
-
-def readiness_under(settings: Callable[[], Any]) -> Readiness:
-    """Readiness judged by the fast interval in force now (a reload may change it), not the one at start."""
-    return lambda snapshot, now: readiness(snapshot, settings().poll.fast_interval, now)
+from gpuwarden.web.readiness import Readiness, SnapshotSource, send_json, serve_lifespan
 
 
 def _quality(header: str, wanted: str) -> float:
@@ -70,14 +48,6 @@ def negotiate(accept: str, accept_encoding: str) -> tuple[bool, bool]:
     return openmetrics > 0 and openmetrics >= text, _quality(accept_encoding, "gzip") > 0
 
 
-async def send_json(send: Any, status: int, body: dict[str, Any], head: bool) -> None:
-    """A small JSON answer (HEAD: the same headers, no body)."""
-    data = json.dumps(body, separators=(",", ":")).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": b"" if head else data})
-
-
 def _wait_within(headers: dict[bytes, bytes], wait_s: float) -> float:
     """How long a start-up scrape may wait: `wait_s`, and no more than 80 % of the scrape timeout Prometheus sends
     (X-Prometheus-Scrape-Timeout-Seconds), so that the wait never turns the scrape into a failed one (up 0)."""
@@ -86,17 +56,6 @@ def _wait_within(headers: dict[bytes, bytes], wait_s: float) -> float:
     except ValueError:
         return wait_s
     return min(wait_s, 0.8 * timeout) if timeout > 0 else wait_s
-
-
-async def serve_lifespan(receive: Any, send: Any) -> None:
-    """Start-up and shut-down need nothing here (the API app has no lifespan work either)."""
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 FIRST_SNAPSHOT_POLL_S = 0.001
@@ -217,7 +176,7 @@ def create_front(
 
     app: Any = Front(snapshots, ready, renderer, telemetry_path, api, first_snapshot_wait_s, expected_gpus)
     if basic_auth_users:
-        from gpuwarden.config.web import BasicAuth
+        from gpuwarden.web.basic_auth import BasicAuth
 
         app = BasicAuth(app, users=basic_auth_users, guard=guard)
     return app

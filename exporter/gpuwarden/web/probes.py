@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuwarden.web.front import Readiness, SnapshotSource, send_json, serve_lifespan
+from gpuwarden.web.readiness import Readiness, SnapshotSource, send_json, serve_lifespan
 
 LOOP_STALL_S = 10.0  # the liveness probe's period: a loop this late has stopped, not slowed under load
 

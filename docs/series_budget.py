@@ -1,4 +1,5 @@
-"""The series budget: what the default collector groups cost on the simulated 8x H100 NVSwitch node.
+"""The series budget: what the default collector groups cost on the simulated 8x H100 NVSwitch node. A development
+tool beside docs/references.py (which writes its table into the README), not part of the package.
 
 Prometheus pays for every series of every node for as long as it keeps them; the default set is sized so that an
 8-GPU node with profiling, processes and pod attribution stays within BUDGET. tests/test_series_budget.py enforces

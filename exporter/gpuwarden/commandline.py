@@ -1,14 +1,12 @@
-"""What both command lines share (the exporter's and `gpuwarden fleet`'s): exit codes, a parser whose errors are
-one line, reading one command's own environment variables, binding the listen address. Imports nothing of NVML or
-HTTP."""
+"""What every command line shares (the exporter's, `gpuwarden fleet`'s and the remediation commands'): exit codes,
+the configuration error, a parser whose errors are one line, reading one command's own environment variables.
+The lowest layer: the standard library only, so that each command, config/ included, can build on it."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import re
-import socket
-import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
@@ -80,24 +78,3 @@ def log_service_links(environ: Mapping[str, str], prefix: str, known: set[str] |
             len(ignored),
             ", ".join(ignored),
         )
-
-
-def bind_listener(host: str, port: int, flag: str = "--web.listen-address") -> socket.socket | None:
-    """Bind the listen address before anything starts, so that a port in use is one line and its own exit code
-    (not "listening on …" followed by the server's error and the NVML exit code)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
-        print(
-            f"gpuwarden: cannot listen on {where}: {exc.strerror.lower() if exc.strerror else exc}; "
-            f"choose another {flag} or stop what holds it",
-            file=sys.stderr,
-        )
-        return None
-    sock.set_inheritable(True)
-    return sock
