@@ -48,7 +48,10 @@ def backends(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         for backend in (prometheus, victoria):
             backend.load(fleet, recorded=False)
             backend.start()
-            backend.record(now - 80 * 60, now)  # the shipped rules, by each backend's own tool
+            # the shipped rules, by each backend's own tool, past the instant the fleet asks at: promtool's backfill
+            # ends before --end and vmalert's replay at it, so ending at `now` left Prometheus one evaluation short
+            # of VictoriaMetrics in the last hour whenever the minute fell so (94.4 against 96.0 GPU-hours)
+            backend.record(now - 80 * 60, now + 10 * 60)
         yield {"fleet": fleet, "prometheus": prometheus.url, "victoriametrics": victoria.url, "limit": limit}
     finally:
         prometheus.stop()
