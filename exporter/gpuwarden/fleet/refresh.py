@@ -43,7 +43,10 @@ class AnswerCache:
         keep_warm: float = 600.0,
         max_views: int = 64,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self.clock, self.wall = clock, wall  # ages on `clock`; `computed_at` on the wall clock (tests inject both)
         self.ttl = ttl
         self.max_stale = max_stale if ttl > 0 else 0.0
         self.refresh_interval = refresh_interval if ttl > 0 else 0.0
@@ -65,10 +68,10 @@ class AnswerCache:
         """The view's answer with a `freshness` object: its evaluation time, age and whether it is stale."""
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(compute, asked_at=time.monotonic())
+            entry = self._entries[key] = _Entry(compute, asked_at=self.clock())
             self._forget_oldest()
-        entry.asked_at = time.monotonic()
-        age = time.monotonic() - entry.computed_at
+        entry.asked_at = self.clock()
+        age = self.clock() - entry.computed_at
         if entry.answer is not None and age < self.ttl:
             self.served.labels("fresh").inc()
             return self._dated(entry, stale=False)
@@ -88,14 +91,14 @@ class AnswerCache:
         return entry.running
 
     async def _compute(self, entry: _Entry) -> dict[str, Any]:
-        began = time.time()
+        began = self.wall()
         answer = await entry.compute()
-        entry.answer, entry.computed_at, entry.evaluated_at = answer, time.monotonic(), began
+        entry.answer, entry.computed_at, entry.evaluated_at = answer, self.clock(), began
         return answer
 
     def _dated(self, entry: _Entry, stale: bool) -> dict[str, Any]:
         assert entry.answer is not None
-        age = time.monotonic() - entry.computed_at
+        age = self.clock() - entry.computed_at
         freshness = {
             "computed_at": round(entry.evaluated_at, 3),
             "age_seconds": round(age, 1),
@@ -128,7 +131,7 @@ class AnswerCache:
         """Recompute, one after another, the views read within keep_warm whose answer is older than the refresh
         interval; how many were recomputed. A failure keeps the last answer (it ages, and says so)."""
         done = 0
-        now = time.monotonic()
+        now = self.clock()
         for entry in list(self._entries.values()):
             if now - entry.asked_at > self.keep_warm or now - entry.computed_at < self.refresh_interval:
                 continue
