@@ -15,7 +15,7 @@ import urllib.parse
 import httpx
 import pytest
 
-from tests.helpers.common import raw, rss_mib
+from tests.helpers.common import raw, rss_mib, tls_web_config
 from tests.helpers.stack import running_cli
 
 RSS_BOUND_MIB = 64
@@ -177,22 +177,15 @@ def https_probe(port: int, context: ssl.SSLContext) -> float | None:
 def test_tls_handshakes_that_never_finish_are_counted_and_bounded(tmp_path):
     """Clients that open TLS connections and stop inside their ClientHello: asyncio makes a protocol per accept but
     tells it nothing until the handshake ends, so without the handshake limit each cost ~100 KiB unseen by the
-    connection limit (+438 MiB in 15 s at 4,500). Bounded: past 256 in progress the oldest is closed, so an HTTPS
-    probe, whose handshake takes milliseconds, still gets through."""
+    connection limit (+438 MiB in 15 s at 4,500). Bounded: past 256 in progress the rest wait, newest first, and a
+    stalled handshake gives up its slot, so an HTTPS probe, whose handshake takes milliseconds, still gets through."""
     import os
     import resource
-
-    import trustme
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     attackers = max(100, min(2000, hard // 2 - 200))
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
-    web = tmp_path / "web.yml"
-    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path / 'cert.pem'}\n  key_file: {tmp_path / 'key.pem'}\n")
+    web, ca = tls_web_config(tmp_path)
     hello = bytes.fromhex("16030100c8010000c40303") + os.urandom(32)  # a ClientHello that stops after its random
     try:
         with running_cli("--sim", "--web.config.file", str(web), "--web.header-timeout", "2", tls=True) as (url, proc):

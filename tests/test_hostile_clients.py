@@ -23,7 +23,7 @@ import pytest
 
 from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
-from tests.helpers.common import free_port, parse_exposition, rss_mib, values, write_yaml
+from tests.helpers.common import free_port, parse_exposition, rss_mib, tls_web_config, values, write_yaml
 from tests.helpers.stack import running_cli
 
 pytestmark = pytest.mark.slow
@@ -360,16 +360,7 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
 def test_clients_aborted_at_the_pipeline_limit_over_tls_log_no_traceback(tmp_path):
     """Over TLS, a client aborted at the pipeline limit while its queued responses were being made logged a
     traceback per connection (asyncio's TLS transport raises on a write after abort): 1.69 MB of log in 20 s."""
-    import trustme
-
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    server.cert_chain_pems[0].write_to_path(str(tmp_path / "s.crt"))
-    server.private_key_pem.write_to_path(str(tmp_path / "s.key"))
-    web = write_yaml(
-        tmp_path / "web.yml",
-        {"tls_server_config": {"cert_file": str(tmp_path / "s.crt"), "key_file": str(tmp_path / "s.key")}},
-    )
+    web, _ca = tls_web_config(tmp_path)
     client = ssl.create_default_context()
     client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
     with running_cli("--sim", "--web.config.file", str(web), tls=True) as (url, proc):
@@ -419,13 +410,7 @@ def test_slow_readers_of_pipelined_answers_stay_within_the_charts_memory(tmp_pat
     with memory_cgroup(EXPORTER_MEMORY_LIMIT_MIB) as cgroup:
         flags, client_tls = ["--sim", "--web.header-timeout", "2"], None
         if tls:
-            import trustme
-
-            server = trustme.CA().issue_cert("127.0.0.1")
-            server.cert_chain_pems[0].write_to_path(str(tmp_path / "s.crt"))
-            server.private_key_pem.write_to_path(str(tmp_path / "s.key"))
-            web = {"tls_server_config": {"cert_file": str(tmp_path / "s.crt"), "key_file": str(tmp_path / "s.key")}}
-            flags += ["--web.config.file", str(write_yaml(tmp_path / "web.yml", web))]
+            flags += ["--web.config.file", str(tls_web_config(tmp_path)[0])]
             client_tls = ssl.create_default_context()
             client_tls.check_hostname, client_tls.verify_mode = False, ssl.CERT_NONE
         with running_cli(*flags, cgroup=cgroup, tls=tls) as (url, proc):

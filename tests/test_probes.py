@@ -19,7 +19,7 @@ import pytest
 
 from gpuwarden.web.limits import ConnectionGuard
 from gpuwarden.web.probes import LOOP_STALL_S, ProbeApp
-from tests.helpers.common import ServedApp, free_port, wait_for
+from tests.helpers.common import ServedApp, free_port, tls_web_config, wait_for
 from tests.helpers.stack import running_cli
 
 LOAD = r"""
@@ -64,14 +64,7 @@ def probe(port: int, path: str = "/healthz") -> tuple[int, float]:
 def test_probes_on_their_own_listener_are_answered_while_tls_clients_saturate_the_main_one(tmp_path):
     """400 TLS clients scraping as fast as they can (each reconnecting when dropped) past the 256 handshakes in
     progress, in a process of their own; a probe every 0.2 s to the probe port, each answered 200 within 1 s."""
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
-    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
-    web = tmp_path / "web.yml"
-    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path / 'cert.pem'}\n  key_file: {tmp_path / 'key.pem'}\n")
+    web, _ca = tls_web_config(tmp_path)
     probe_port = free_port()
     args = ("--sim", "--web.config.file", str(web), "--web.probe-listen-address", f"127.0.0.1:{probe_port}")
     with running_cli(*args, tls=True) as (url, _proc):

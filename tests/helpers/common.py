@@ -187,3 +187,17 @@ def poll_series(sim, scenario, seconds: int, **sections):  # noqa: ANN001, ANN20
         clock.advance(1.0)
     poller.stop(0.5)
     return poller, series
+
+
+def tls_web_config(tmp: Path, *names: str) -> tuple[Path, Any]:
+    """A web-config file (exporter-toolkit format) serving TLS with a certificate for `names` (default 127.0.0.1)
+    from a fresh trustme CA, written under `tmp`; (the file, the CA, for clients that verify)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert(*(names or ("127.0.0.1",)))
+    cert.cert_chain_pems[0].write_to_path(str(tmp / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(tmp / "key.pem"))
+    web = tmp / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp / 'cert.pem'}\n  key_file: {tmp / 'key.pem'}\n")
+    return web, ca

@@ -299,9 +299,10 @@ def _serve_http(
         }
 
     renderer = Renderer(settings.metrics.selection(), own_counters)
+    ready = readiness_under(lambda: poller.settings)  # the fast interval in force now: a reload may change it
     app = create_front(
         lambda: poller.snapshot,
-        readiness_under(lambda: poller.settings),
+        ready,
         renderer,
         settings.web.telemetry_path,
         web.basic_auth_users,
@@ -354,7 +355,6 @@ def _serve_http(
     if probe_listener is not None:
         from gpuwarden.web.probes import ProbeApp, ProbeListener
 
-        ready = readiness_under(lambda: poller.settings)
         probes = ProbeListener(ProbeApp(lambda: poller.snapshot, ready, server.last_turn), settings.web.header_timeout)
         probes.start(probe_listener)
         log.info("probes (/healthz, /readyz) also on %s", settings.web.probe_listen_address)

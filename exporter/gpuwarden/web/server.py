@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import socket
@@ -420,6 +421,8 @@ class HandshakeLimiter:
                 self._start(handshake, loop)
         except asyncio.CancelledError:
             handshake.discard()  # closed before it started: asyncio's coroutine never ran to close its socket
+            with contextlib.suppress(ValueError):  # cancelled from elsewhere (shutdown): no gate to open later
+                self.waiting.remove(handshake)
             raise
         try:
             await handshake.coro
