@@ -285,21 +285,21 @@ def poll_cost() -> dict:
             "fast_tier_ms": round(1000 * durations[0], 3),
         }
     sys.path.insert(0, str(ROOT))
-    from gpuwarden.collect.poller import Poller
     from gpuwarden.config.settings import load_settings
     from gpuwarden.model.snapshot import Tier
+    from gpuwarden.runtime.pipeline import Pipeline
 
     for label, exclude in (("read_on", ()), ("read_off", ("gpuwarden_gpm_*",))):
-        poller = Poller(load_settings(None, environ={}, flags={"metrics.exclude": list(exclude)}))
-        poller.poll_once()
-        dev = next(iter(poller.nvml.gpus.values())).device
+        pipeline = Pipeline(load_settings(None, environ={}, flags={"metrics.exclude": list(exclude)}))
+        pipeline.poll_once()
+        dev = next(iter(pipeline.poller.nvml.gpus.values())).device
         times = []
         for _ in range(40):
             time.sleep(0.12)  # GPM needs >= 100 ms between samples: each read takes one
             started = time.perf_counter()
-            poller.runner.read(dev, Tier.FAST)
+            pipeline.poller.runner.read(dev, Tier.FAST)
             times.append(time.perf_counter() - started)
-        poller.stop()
+        pipeline.stop()
         times.sort()
         out[label] = {"median_ms": round(1000 * times[len(times) // 2], 3), "p90_ms": round(1000 * times[36], 3)}
     return out

@@ -26,9 +26,9 @@ from typing import Any
 
 import pynvml
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import load_settings
 from gpuwarden.model.snapshot import Tier
+from gpuwarden.runtime.pipeline import Pipeline
 
 SMI_QUERY = (
     "timestamp,name,pci.bus_id,driver_version,pstate,temperature.gpu,utilization.gpu,utilization.memory,"
@@ -137,18 +137,18 @@ def main() -> int:
     parser.add_argument("--md")
     args = parser.parse_args()
     # samples_interval 0: every timed fast read includes the sample-buffer drain (the worst case per poll)
-    poller = Poller(load_settings(None, environ={}, flags={"nvml.xid_events": False, "poll.samples_interval": 0}))
-    poller.poll_once()
+    pipeline = Pipeline(load_settings(None, environ={}, flags={"nvml.xid_events": False, "poll.samples_interval": 0}))
+    pipeline.poll_once()
     time.sleep(1.1)
-    poller.poll_once()
+    pipeline.poll_once()
     results: dict[str, Any] = {"gpus": []}
-    for state in sorted(poller.nvml.gpus.values(), key=lambda st: st.device.index):
+    for state in sorted(pipeline.poller.nvml.gpus.values(), key=lambda st: st.device.index):
         dev = state.device
-        calls = trace_calls(lambda dev=dev: poller.runner.read(dev, Tier.FAST))
-        ours = time_ms(lambda dev=dev: poller.runner.read(dev, Tier.FAST), args.repeat)
+        calls = trace_calls(lambda dev=dev: pipeline.poller.runner.read(dev, Tier.FAST))
+        ours = time_ms(lambda dev=dev: pipeline.poller.runner.read(dev, Tier.FAST), args.repeat)
         raw = time_ms(lambda calls=calls: replay(calls), args.repeat)
-        slow = time_ms(lambda dev=dev: poller.runner.read(dev, Tier.SLOW), max(5, args.repeat // 5))
-        slow_calls = trace_calls(lambda dev=dev: poller.runner.read(dev, Tier.SLOW))
+        slow = time_ms(lambda dev=dev: pipeline.poller.runner.read(dev, Tier.SLOW), max(5, args.repeat // 5))
+        slow_calls = trace_calls(lambda dev=dev: pipeline.poller.runner.read(dev, Tier.SLOW))
         slow_raw = time_ms(lambda calls=slow_calls: replay(calls), max(5, args.repeat // 5))
         results["gpus"].append(
             {
@@ -163,10 +163,10 @@ def main() -> int:
                 "slow_calls": len(slow_calls),
             }
         )
-    cycle = time_ms(lambda: poller._tier_cycle(Tier.FAST, poller.settings.poll.call_deadline), 20)
+    cycle = time_ms(lambda: pipeline.poller._tier_cycle(Tier.FAST, pipeline.settings.poll.call_deadline), 20)
     results["fast_cycle_all_gpus"] = cycle
-    results["driver"] = poller.snapshot.driver.get("driver_version")
-    poller.stop()
+    results["driver"] = pipeline.snapshot.driver.get("driver_version")
+    pipeline.stop()
     try:
         smi = time_ms(
             lambda: subprocess.run(

@@ -1,5 +1,5 @@
 """Where gpuwarden's resident memory goes on a GPU host: the interpreter alone, NVML initialised, then the exporter's
-serving path built in-process (poller running, HTTP stack imported), with tracemalloc's largest Python allocators.
+serving path built in-process (pipeline running, HTTP stack imported), with tracemalloc's largest Python allocators.
 
     python3 bench/rss_breakdown.py OUT.json
 """
@@ -33,10 +33,10 @@ def main() -> None:
 import tracemalloc, time
 tracemalloc.start(1)
 from gpuwarden.config.settings import load_settings
-from gpuwarden.collect.poller import Poller
+from gpuwarden.runtime.pipeline import Pipeline
 settings = load_settings(None, environ={}, flags={})
-poller = Poller(settings)
-poller.start()
+pipeline = Pipeline(settings)
+pipeline.start()
 import gpuwarden.web.server, gpuwarden.web.front, gpuwarden.exposition.render
 time.sleep(6)
 snap = tracemalloc.take_snapshot()

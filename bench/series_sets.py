@@ -1,7 +1,7 @@
 """Dump, per shipped scenario, the sorted set of series (name + labels) after 12 s of simulated polling.
 
 `python bench/series_sets.py before.json` on one commit and `after.json` on another, then compare the two files:
-a refactor must not change the series set (used for the poller split: 14 scenarios, identical).
+a refactor must not change the series set (used for the pipeline split: 14 scenarios, identical).
 """
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwarden.collect.poller import Poller  # noqa: E402
 from gpuwarden.exposition.render import Renderer  # noqa: E402
 from gpuwarden.nvml import library  # noqa: E402
+from gpuwarden.runtime.pipeline import Pipeline  # noqa: E402
 from gpuwarden.sim import install_simulator  # noqa: E402
 from gpuwarden.sim.scenario import load_scenario, shipped_scenarios  # noqa: E402
 from tests.helpers.common import ManualClock, settings  # noqa: E402
@@ -29,13 +29,13 @@ def main(path: str) -> None:
     for name in sorted(shipped_scenarios()):
         clock = ManualClock()
         fake = install_simulator(load_scenario(name), clock=clock)
-        poller = Poller(settings())
-        poller.poll_once()
+        pipeline = Pipeline(settings())
+        pipeline.poll_once()
         for _ in range(12):
             clock.advance(1.0)
-            poller.poll_once()
-        out[name] = series_names(Renderer(lambda n: True).render(poller.snapshot).decode())
-        poller.stop(0.5)
+            pipeline.poll_once()
+        out[name] = series_names(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+        pipeline.stop(0.5)
         fake.close()
         library.install(None)
     Path(path).write_text(json.dumps(out, indent=0))

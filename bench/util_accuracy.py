@@ -3,7 +3,7 @@
 Usage (GPU host, PyTorch installed): python3 bench/util_accuracy.py --gpu 0 --json OUT.json --md OUT.md
 
 For each duty (20/50/80 %) and period (0.1-2 s) a child process runs bf16 matmuls for duty × period of every
-period and sleeps the rest, measuring its own on-time. gpuwarden's poller (1 s fast interval) runs in this process;
+period and sleeps the rest, measuring its own on-time. gpuwarden's pipeline (1 s fast interval) runs in this process;
 over a 10 s window we compare rate(busy)/rate(sampled) with the duty cycle, and with what one
 nvmlDeviceGetUtilizationRates read per scrape would have reported (the read at the end of each window, as a
 scrape would take it, plus the spread of reads taken every second).
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pynvml
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import load_settings
+from gpuwarden.runtime.pipeline import Pipeline
 
 LOAD = r"""
 import sys, time, torch
@@ -60,13 +60,13 @@ WINDOW_S = 10.0
 SETTLE_S = 7.0
 
 
-def counters(poller: Poller, index: int) -> tuple[float, float, dict[str, float]]:
-    gpu = next(g for g in poller.snapshot.gpus if g.index == index)
+def counters(pipeline: Pipeline, index: int) -> tuple[float, float, dict[str, float]]:
+    gpu = next(g for g in pipeline.snapshot.gpus if g.index == index)
     values = {s.name + ("" if not s.labels else "{" + ",".join(s.labels) + "}"): s.value for s in gpu.samples}
     return values["gpuwarden_busy_seconds_total"], values["gpuwarden_utilization_sampled_seconds_total"], values
 
 
-def run_case(poller: Poller, handle: object, index: int, duty: float, period: float) -> dict[str, object]:
+def run_case(pipeline: Pipeline, handle: object, index: int, duty: float, period: float) -> dict[str, object]:
     seconds = SETTLE_S + WINDOW_S + 2
     load = subprocess.Popen(
         [sys.executable, "-c", LOAD, str(duty), str(period), str(seconds), str(index)],
@@ -75,13 +75,13 @@ def run_case(poller: Poller, handle: object, index: int, duty: float, period: fl
     )
     assert load.stdout is not None
     assert load.stdout.readline().strip() == "ready"
-    time.sleep(max(SETTLE_S, poller.settings.poll.samples_interval + 2))
-    busy0, sampled0, _ = counters(poller, index)
+    time.sleep(max(SETTLE_S, pipeline.settings.poll.samples_interval + 2))
+    busy0, sampled0, _ = counters(pipeline, index)
     single_reads = []
     for _ in range(int(WINDOW_S)):
         time.sleep(1.0)
         single_reads.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    busy1, sampled1, _ = counters(poller, index)
+    busy1, sampled1, _ = counters(pipeline, index)
     out, _ = load.communicate(timeout=60)
     measured = float(out.split("measured_duty")[1])
     exporter = (busy1 - busy0) / (sampled1 - sampled0)
@@ -99,7 +99,7 @@ def run_case(poller: Poller, handle: object, index: int, duty: float, period: fl
     }
 
 
-def response(poller: Poller, index: int) -> list[dict[str, float]]:
+def response(pipeline: Pipeline, index: int) -> list[dict[str, float]]:
     """Power, clocks, P-state and temperature, second by second: idle, 8 s of 80 % load, idle."""
     load = subprocess.Popen(
         [sys.executable, "-c", LOAD, "0.8", "2.0", "8", str(index)], stdout=subprocess.PIPE, text=True
@@ -108,7 +108,7 @@ def response(poller: Poller, index: int) -> list[dict[str, float]]:
     start = time.time()
     for _ in range(16):
         time.sleep(1.0)
-        _, _, values = counters(poller, index)
+        _, _, values = counters(pipeline, index)
         rows.append(
             {
                 "t_s": round(time.time() - start, 1),
@@ -172,15 +172,15 @@ def main() -> int:
         help="poll.samples_interval: how often the counters take in new samples (default 5 s)",
     )
     args = parser.parse_args()
-    poller = Poller(
+    pipeline = Pipeline(
         load_settings(
             None,
             environ={},
             flags={"poll.fast_interval": 1, "nvml.xid_events": False, "poll.samples_interval": args.samples_interval},
         )
     )
-    poller.start()
-    poller.ready_once.wait(10)
+    pipeline.start()
+    pipeline.ready_once.wait(10)
     time.sleep(1.5)
     handle = pynvml.nvmlDeviceGetHandleByIndex(args.gpu)
     header = (
@@ -191,10 +191,10 @@ def main() -> int:
     cases = []
     for duty in args.duties.split(","):
         for period in args.periods.split(","):
-            cases.append(run_case(poller, handle, args.gpu, float(duty), float(period)))
+            cases.append(run_case(pipeline, handle, args.gpu, float(duty), float(period)))
             print(json.dumps(cases[-1]), flush=True)  # partial results survive a later failure
-    rows = response(poller, args.gpu)
-    poller.stop()
+    rows = response(pipeline, args.gpu)
+    pipeline.stop()
     report = markdown(cases, rows, header)
     print(report)
     if args.md:

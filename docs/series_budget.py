@@ -18,10 +18,10 @@ BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottlenec
 def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECONDS, **sections: dict) -> Counter[str]:
     """Series per family that /metrics serves at the default settings on the simulated node, after `seconds` of
     simulated polling (a manual clock: this takes about a second). `sections` override settings (e.g. pods)."""
-    from gpuwarden.collect.poller import Poller
     from gpuwarden.config.settings import load_settings
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.nvml import library
+    from gpuwarden.runtime.pipeline import Pipeline
     from gpuwarden.sim import install_simulator
     from gpuwarden.sim.scenario import load_scenario
 
@@ -30,16 +30,16 @@ def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECOND
     settings = load_settings(
         None, environ={}, flags={f"{k}.{o}": v for k, opts in sections.items() for o, v in opts.items()}
     )
-    poller = Poller(settings, wall_clock=lambda: now[0])
+    pipeline = Pipeline(settings, wall_clock=lambda: now[0])
     try:
-        if poller.pods is not None:
-            poller.pods.refresh()  # the background refresher is not running here: one List before the polls
+        if pipeline.pods is not None:
+            pipeline.pods.refresh()  # the background refresher is not running here: one List before the polls
         for _ in range(seconds):
-            poller.poll_once()
+            pipeline.poll_once()
             now[0] += 1.0
-        text = Renderer(settings.metrics.selection()).render(poller.snapshot).decode()
+        text = Renderer(settings.metrics.selection()).render(pipeline.snapshot).decode()
     finally:
-        poller.stop(0.5)
+        pipeline.stop(0.5)
         fake.close()
         library.install(None)
     return Counter(line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#"))

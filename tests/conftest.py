@@ -1,4 +1,4 @@
-"""Shared fixtures: the real pynvml over the simulator's fake libnvidia-ml, a poller, the real HTTP server.
+"""Shared fixtures: the real pynvml over the simulator's fake libnvidia-ml, a pipeline, the real HTTP server.
 
 Nothing of gpuwarden is mocked: the only stand-in is the C library beneath pynvml (no GPU here).
 """
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.nvml import library
+from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim import install_simulator
 from gpuwarden.sim.fakelib import FakeNvmlLibrary
 from gpuwarden.sim.scenario import Scenario, load_scenario
@@ -47,29 +47,29 @@ def sim() -> Iterator[Callable[..., FakeNvmlLibrary]]:
 
 
 @pytest.fixture
-def make_poller() -> Iterator[Callable[..., Poller]]:
-    pollers: list[Poller] = []
+def make_pipeline() -> Iterator[Callable[..., Pipeline]]:
+    pipelines: list[Pipeline] = []
 
-    def make(**sections: dict[str, Any]) -> Poller:
-        poller = Poller(settings(**sections))
-        pollers.append(poller)
-        return poller
+    def make(**sections: dict[str, Any]) -> Pipeline:
+        pipeline = Pipeline(settings(**sections))
+        pipelines.append(pipeline)
+        return pipeline
 
     yield make
-    for poller in pollers:
-        poller.stop(timeout=0.5)
+    for pipeline in pipelines:
+        pipeline.stop(timeout=0.5)
 
 
 @pytest.fixture
 def live_server(
-    sim: Callable[..., FakeNvmlLibrary], make_poller: Callable[..., Poller]
+    sim: Callable[..., FakeNvmlLibrary], make_pipeline: Callable[..., Pipeline]
 ) -> Iterator[Callable[..., LiveServer]]:
     servers: list[LiveServer] = []
 
     def start(scenario: str | dict[str, Any] = "healthy", **sections: dict[str, Any]) -> LiveServer:
         sim(scenario)
         sections.setdefault("poll", {"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0})
-        server = LiveServer(make_poller(**sections)).__enter__()
+        server = LiveServer(make_pipeline(**sections)).__enter__()
         servers.append(server)
         return server
 
@@ -95,7 +95,7 @@ IMPATIENT = {"nvlink_down_for_s": 0, "temperature_critical_for_s": 0, "thermal_s
 
 
 @pytest.fixture
-def scenario_exporter(make_poller, tmp_path_factory):  # noqa: ANN001, ANN201 - the fixtures; a starter
+def scenario_exporter(make_pipeline, tmp_path_factory):  # noqa: ANN001, ANN201 - the fixtures; a starter
     """The exporter over a scenario whose timed faults (t=5 s, t=8 s) have already happened. One at a time: the
     simulator is process-wide, so a second start replaces what the first one reads."""
     started: list[LiveServer] = []
@@ -110,7 +110,7 @@ def scenario_exporter(make_poller, tmp_path_factory):  # noqa: ANN001, ANN201 - 
             path = tmp_path_factory.mktemp("thresholds") / "thresholds.yaml"
             path.write_text(yaml.safe_dump(IMPATIENT))
             sections["health"] = {"thresholds_file": str(path)}
-        server = LiveServer(make_poller(**sections))
+        server = LiveServer(make_pipeline(**sections))
         started.append(server.__enter__())
         time.sleep(2.2)  # two slow cycles: health verdicts from the faults' readings
         return server

@@ -54,14 +54,14 @@ def test_metric_names_follow_the_conventions():
         assert family.help.strip()
 
 
-def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
+def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
     seen: set[str] = set()
     for name in sorted(shipped_scenarios()):
-        poller, fake = polled(sim, make_poller, name, 10, processes={"per_pid_series": True})
+        pipeline, fake = polled(sim, make_pipeline, name, 10, processes={"per_pid_series": True})
         if name == "ecc-uncorrectable":
-            poller.xid.record(poller.snapshot.gpus[0].uuid, 48, 1.0)  # events need the watcher thread
-            poller.poll_once()
-        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())}
+            pipeline.poller.xid.record(pipeline.snapshot.gpus[0].uuid, 48, 1.0)  # events need the watcher thread
+            pipeline.poll_once()
+        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())}
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}
@@ -82,8 +82,8 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_poller):
 
 
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
-def test_the_fake_implements_every_symbol_the_exporter_asks_for(sim, make_poller, name):
+def test_the_fake_implements_every_symbol_the_exporter_asks_for(sim, make_pipeline, name):
     fake = sim(name)
-    poller = make_poller(processes={"per_pid_series": True})
-    poller.poll_once()
+    pipeline = make_pipeline(processes={"per_pid_series": True})
+    pipeline.poll_once()
     assert not fake.missing_lookups, dict(fake.missing_lookups)

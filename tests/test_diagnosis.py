@@ -6,55 +6,55 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings, write_yaml
 from tests.helpers.thresholds import SHORT
 
 
 @pytest.fixture
 def findings_for(sim, tmp_path):
-    pollers: list[Poller] = []
+    pipelines: list[Pipeline] = []
 
     def run(scenario, seconds: int = 15):
         clock = ManualClock()
         sim(scenario, clock=clock)
-        poller = Poller(
+        pipeline = Pipeline(
             settings(health={"thresholds_file": str(write_yaml(tmp_path / "t.yaml", SHORT))}), wall_clock=clock
         )
-        pollers.append(poller)
+        pipelines.append(pipeline)
         for _ in range(seconds):
-            poller.poll_once()
+            pipeline.poll_once()
             clock.advance(1)
-        return diagnose(poller.poll_once())
+        return diagnose(pipeline.poll_once())
 
     yield run
-    for poller in pollers:
-        poller.stop(timeout=0.2)
+    for pipeline in pipelines:
+        pipeline.stop(timeout=0.2)
 
 
 @pytest.fixture
-def default_poller(sim):
-    """A poller over `scenario` at the default thresholds, polled once a second of a manual clock: call it with the
-    scenario and how many seconds to run; it returns the poller and the clock (stopped at the end of the test)."""
-    pollers: list[Poller] = []
+def default_pipeline(sim):
+    """A pipeline over `scenario` at the default thresholds, polled once a second of a manual clock: call it with the
+    scenario and how many seconds to run; it returns the pipeline and the clock (stopped at the end of the test)."""
+    pipelines: list[Pipeline] = []
 
-    def run(scenario: str, seconds: int) -> tuple[Poller, ManualClock]:
+    def run(scenario: str, seconds: int) -> tuple[Pipeline, ManualClock]:
         clock = ManualClock()
         sim(scenario, clock=clock)
-        poller = Poller(settings(), wall_clock=clock)
-        pollers.append(poller)
-        advance(poller, clock, seconds)
-        return poller, clock
+        pipeline = Pipeline(settings(), wall_clock=clock)
+        pipelines.append(pipeline)
+        advance(pipeline, clock, seconds)
+        return pipeline, clock
 
     yield run
-    for poller in pollers:
-        poller.stop(timeout=0.2)
+    for pipeline in pipelines:
+        pipeline.stop(timeout=0.2)
 
 
-def advance(poller: Poller, clock: ManualClock, seconds: int) -> None:
+def advance(pipeline: Pipeline, clock: ManualClock, seconds: int) -> None:
     for _ in range(seconds):
-        poller.poll_once()
+        pipeline.poll_once()
         clock.advance(1)
 
 
@@ -115,31 +115,33 @@ def test_diagnosis_endpoints(live_server):
     assert gpu["health"]["row_remap"]["level"] == 2
 
 
-def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(default_poller):
+def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(default_pipeline):
     """Right after a (re)start, a GPU at 92 °C in HW thermal slowdown has not yet been watched for the 2-5 minutes
     its verdicts need: the API says "pending" with the time seen, and findings say what it will be, never "ok"."""
-    poller, clock = default_poller("thermal-throttling", 30)  # default thresholds: 120 s at 90 °C, 300 s slowdown
-    early = by_check(diagnose(poller.poll_once()))
+    pipeline, clock = default_pipeline("thermal-throttling", 30)  # default thresholds: 120 s at 90 °C, 300 s slowdown
+    early = by_check(diagnose(pipeline.poll_once()))
     temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
     assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
     assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
     assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
     assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
     assert ("temperature", 0) not in early  # the cool GPUs: nothing
-    verdicts = {v.check: v for v in poller.snapshot.health[poller.snapshot.gpus[2].uuid]}
+    verdicts = {v.check: v for v in pipeline.snapshot.health[pipeline.snapshot.gpus[2].uuid]}
     assert verdicts["temperature"].level == 0  # pending pages nothing and leaves the gauges ok
-    advance(poller, clock, 330)
-    late = by_check(diagnose(poller.poll_once()))
+    advance(pipeline, clock, 330)
+    late = by_check(diagnose(pipeline.poll_once()))
     assert late[("temperature", 2)].severity == "critical"
     assert late[("thermal_throttling", 2)].severity == "warning"
 
 
-def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(default_poller):
+def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(default_pipeline):
     """Whose job just failed or is at risk: the processes (and pods) holding the GPU, as /api/v1/processes knows
     them; the XID by name as well as number; the reset command for this GPU."""
-    poller, clock = default_poller("ecc-uncorrectable", 8)  # its double-bit errors on GPU 1 come at 5 s
-    poller.xid.record(poller.snapshot.gpus[1].uuid, 48, clock())  # its XID 48 (events need the watcher thread)
-    found = by_check(diagnose(poller.poll_once()))
+    pipeline, clock = default_pipeline("ecc-uncorrectable", 8)  # its double-bit errors on GPU 1 come at 5 s
+    pipeline.poller.xid.record(
+        pipeline.snapshot.gpus[1].uuid, 48, clock()
+    )  # its XID 48 (events need the watcher thread)
+    found = by_check(diagnose(pipeline.poll_once()))
     ecc, xid = found[("ecc", 1)], found[("xid", 1)]
     for finding in (ecc, xid):
         assert finding.holders and all(h["pid"] for h in finding.holders), finding
@@ -147,19 +149,19 @@ def test_ecc_xid_and_lost_gpu_findings_name_the_jobs_on_the_gpu_and_the_xid(defa
     assert "XID 48 (double-bit ECC error)" in xid.observed
 
 
-def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(default_poller):
-    poller, _ = default_poller("gpu-lost", 40)
-    findings = [f for f in diagnose(poller.poll_once()) if f.check == "gpu_lost"]
+def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(default_pipeline):
+    pipeline, _ = default_pipeline("gpu-lost", 40)
+    findings = [f for f in diagnose(pipeline.poll_once()) if f.check == "gpu_lost"]
     (lost,) = findings
     assert f"nvidia-smi -r -i {lost.gpu}" in lost.recommended_action
     assert lost.holders, lost  # the processes last seen on it: the job that died with it
 
 
-def test_pending_page_retirement_is_not_called_a_row_remap(default_poller):
+def test_pending_page_retirement_is_not_called_a_row_remap(default_pipeline):
     """Pre-Ampere GPUs (the legacy-pcie scenario) retire pages: the finding says so, with the driver-reload action,
     not the row-remap one."""
-    poller, _ = default_poller("legacy-pcie", 3)
-    finding = by_check(diagnose(poller.poll_once()))[("row_remap", 1)]
+    pipeline, _ = default_pipeline("legacy-pcie", 3)
+    finding = by_check(diagnose(pipeline.poll_once()))[("row_remap", 1)]
     assert finding.observed == "page retirement pending", finding
     assert "retire pages" in finding.likely_cause and "reload the driver" in finding.recommended_action
     assert "row" not in finding.recommended_action.lower()
@@ -216,18 +218,18 @@ def test_a_waiting_gpu_gets_its_cause_from_the_host(sim, tmp_path, main, others,
     clock = ManualClock()
     sim("data-starvation", clock=clock)
     thresholds = write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 5})
-    poller = Poller(
+    pipeline = Pipeline(
         settings(health={"thresholds_file": str(thresholds)}, processes={"proc_root": str(tmp_path / "proc")}),
         wall_clock=clock,
     )
     try:
-        advance(poller, clock, 1)
-        for views in poller.snapshot.processes.values():
+        advance(pipeline, clock, 1)
+        for views in pipeline.snapshot.processes.values():
             fake_proc(tmp_path / "proc", views[0].pid, main, others, workers)
-        advance(poller, clock, 20)
-        finding = by_check(diagnose(poller.poll_once()))[("bottleneck", 0)]
+        advance(pipeline, clock, 20)
+        finding = by_check(diagnose(pipeline.poll_once()))[("bottleneck", 0)]
     finally:
-        poller.stop(timeout=0.2)
+        pipeline.stop(timeout=0.2)
     assert finding.observed.startswith("waiting"), finding
     assert finding.likely_cause.startswith(cause) and "Host evidence (PID" in finding.likely_cause, finding
     others_actions = {"I/O stall": "DataLoader", "Input-bound": "checkpoint", "Host-bound": "checkpoint"}
@@ -239,10 +241,10 @@ def test_without_the_hosts_proc_a_waiting_gpu_says_what_could_not_be_seen(sim, t
     clock = ManualClock()
     sim("data-starvation", clock=clock)
     thresholds = write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 5})
-    poller = Poller(settings(health={"thresholds_file": str(thresholds)}), wall_clock=clock)
+    pipeline = Pipeline(settings(health={"thresholds_file": str(thresholds)}), wall_clock=clock)
     try:
-        advance(poller, clock, 20)
-        finding = by_check(diagnose(poller.poll_once()))[("bottleneck", 0)]
+        advance(pipeline, clock, 20)
+        finding = by_check(diagnose(pipeline.poll_once()))[("bottleneck", 0)]
     finally:
-        poller.stop(timeout=0.2)
+        pipeline.stop(timeout=0.2)
     assert "Host evidence: none" in finding.likely_cause

@@ -11,11 +11,11 @@ from gpuwarden.exposition.render import Renderer
 from tests.helpers.common import ManualClock, parse_exposition, values, wait_for
 
 
-def series_of(poller):
-    return parse_exposition(Renderer(lambda name: True).render(poller.snapshot).decode())
+def series_of(pipeline):
+    return parse_exposition(Renderer(lambda name: True).render(pipeline.snapshot).decode())
 
 
-def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller):
+def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_pipeline):
     fake = sim(
         {
             "node": {"count": 2},
@@ -25,10 +25,10 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller)
             ],
         }
     )
-    poller = make_poller()
+    pipeline = make_pipeline()
     for _ in range(4):
-        poller.poll_once()
-    series = series_of(poller)
+        pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
     assert len(values(series, "gpuwarden_power_usage_watts", gpu="0")) == 1
     assert values(series, "gpuwarden_memory_temperature_celsius", gpu="0") == []
@@ -42,58 +42,58 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_poller)
     assert values(series, "gpuwarden_gpu_up") == [1, 1]
 
 
-def test_no_permission_omits_the_series(sim, make_poller):
+def test_no_permission_omits_the_series(sim, make_pipeline):
     sim(
         {
             "node": {"count": 1},
             "faults": [{"kind": "error", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "code": "no_permission"}],
         }
     )
-    poller = make_poller()
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_processes") == []
     assert values(series, "gpuwarden_collect_errors_total", error="no_permission") == [1]
 
 
-def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_poller):
+def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_pipeline):
     clock = ManualClock()
     sim({"node": {"count": 3}, "faults": [{"kind": "gpu_lost", "gpu": 1, "at": 5, "until": 20}]}, clock=clock)
-    poller = make_poller()
-    poller.poll_once()
+    pipeline = make_pipeline()
+    pipeline.poll_once()
     clock.advance(6)
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [1]
     assert values(series, "gpuwarden_temperature_celsius", gpu="1") == []
     assert len(values(series, "gpuwarden_temperature_celsius", gpu="2")) == 1
     assert values(series, "gpuwarden_gpus") == [2]
     assert values(series, "gpuwarden_collect_errors_total", error="gpu_is_lost") != []
-    assert poller.snapshot.gpu("1").lost_reason == "gpu_is_lost"
+    assert pipeline.snapshot.gpu("1").lost_reason == "gpu_is_lost"
     # peers no longer list the lost GPU in the topology
-    assert all(peer.peer_index != 1 for peer in poller.snapshot.topology[poller.snapshot.gpu("0").uuid])
+    assert all(peer.peer_index != 1 for peer in pipeline.snapshot.topology[pipeline.snapshot.gpu("0").uuid])
     clock.advance(20)  # the GPU is back on the bus
     time.sleep(1.1)  # re-discovery backoff starts at 1 s
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
     assert len(values(series, "gpuwarden_temperature_celsius", gpu="1")) == 1
 
 
 @pytest.mark.parametrize("code", ["reset_required", "gpu_not_found"])
-def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_poller, code):
+def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_pipeline, code):
     sim(
         {"node": {"count": 2}, "faults": [{"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": code}]}
     )
-    poller = make_poller()
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
 
 
-def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_poller):
+def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_pipeline):
     sim(
         {
             "node": {"count": 2},
@@ -105,98 +105,98 @@ def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_
             ],
         }
     )
-    poller = make_poller()
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]  # three in a row
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]  # one, then successes
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
     assert values(series, "gpuwarden_collect_errors_total", call="nvmlDeviceGetPowerUsage", error="unknown")
 
 
-def test_hardware_error_marks_the_gpu(sim, make_poller):
+def test_hardware_error_marks_the_gpu(sim, make_pipeline):
     sim(
         {
             "node": {"count": 1},
             "faults": [{"kind": "error", "call": "nvmlDeviceGetTotalEccErrors", "code": "corrupted_inforom"}],
         }
     )
-    poller = make_poller()
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_hardware_error_info", error="corrupted_inforom") == [1]
     assert values(series, "gpuwarden_gpu_up") == [1]
 
 
-def test_driver_unloaded_then_reloaded_reinitialises(sim, make_poller):
+def test_driver_unloaded_then_reloaded_reinitialises(sim, make_pipeline):
     clock = ManualClock()
     sim({"node": {"count": 2}, "faults": [{"kind": "driver_unloaded", "at": 5, "until": 10}]}, clock=clock)
-    poller = make_poller()
-    poller.poll_once()
+    pipeline = make_pipeline()
+    pipeline.poll_once()
     clock.advance(6)
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [0]
     assert values(series, "gpuwarden_nvml_error_info", error="driver_not_loaded") == [1]
     assert values(series, "gpuwarden_gpu_up") == []  # no healthy-looking scrape missing series
     assert values(series, "gpuwarden_temperature_celsius") == []
     clock.advance(5)
     time.sleep(1.1)  # re-init backoff
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [1]
     assert values(series, "gpuwarden_nvml_reinit_total") == [1]
     assert values(series, "gpuwarden_gpu_up") == [1, 1]
     assert len(values(series, "gpuwarden_temperature_celsius")) == 2
 
 
-def test_library_missing_at_start_stays_up_and_reports(sim, make_poller):
+def test_library_missing_at_start_stays_up_and_reports(sim, make_pipeline):
     sim({"faults": [{"kind": "library_missing"}]})
-    poller = make_poller()
-    poller.poll_once()
-    series = series_of(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [0]
     assert values(series, "gpuwarden_nvml_error_info", error="library_not_found") == [1]
-    assert poller.fatal is None
+    assert pipeline.fatal is None
 
 
-def test_library_missing_at_start_exits_when_configured(sim, make_poller):
+def test_library_missing_at_start_exits_when_configured(sim, make_pipeline):
     sim({"faults": [{"kind": "library_missing"}]})
-    poller = make_poller(nvml={"on_missing": "exit"})
-    poller.poll_once()
-    assert poller.fatal == "library_not_found"
+    pipeline = make_pipeline(nvml={"on_missing": "exit"})
+    pipeline.poll_once()
+    assert pipeline.fatal == "library_not_found"
 
 
-def test_driver_upgraded_under_us_is_fatal(sim, make_poller):
+def test_driver_upgraded_under_us_is_fatal(sim, make_pipeline):
     clock = ManualClock()
     sim({"node": {"count": 1}, "faults": [{"kind": "version_mismatch", "at": 3}]}, clock=clock)
-    poller = make_poller()
-    poller.poll_once()
-    assert poller.fatal is None
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    assert pipeline.fatal is None
     clock.advance(4)
-    poller.poll_once()
-    assert poller.fatal == "lib_rm_version_mismatch"
-    assert series_of(poller)[("gpuwarden_nvml_up", frozenset())] == 0
+    pipeline.poll_once()
+    assert pipeline.fatal == "lib_rm_version_mismatch"
+    assert series_of(pipeline)[("gpuwarden_nvml_up", frozenset())] == 0
 
 
-def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_poller):
+def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_pipeline):
     fake = sim(
         {
             "node": {"count": 3},
             "faults": [{"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetPowerUsage", "at": 0.5, "until": 4}],
         }
     )
-    poller = make_poller(poll={"call_deadline": 0.3, "fast_interval": 0.1})
-    poller.poll_once()
+    pipeline = make_pipeline(poll={"call_deadline": 0.3, "fast_interval": 0.1})
+    pipeline.poll_once()
     threads_before = threading.active_count()
     time.sleep(0.6)
     fast_times = []
     for _ in range(5):
         started = time.monotonic()
-        poller.poll_once()
+        pipeline.poll_once()
         assert time.monotonic() - started < 1.5  # a hung GPU never holds a cycle past the deadline
-        fast_times.append(poller.snapshot.gpu("0").updated_at["fast"])
-    series = series_of(poller)
+        fast_times.append(pipeline.snapshot.gpu("0").updated_at["fast"])
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_gpu_stale", gpu="2") == [1]
     assert values(series, "gpuwarden_gpu_stale", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="2") == [1]
@@ -206,13 +206,13 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     assert threading.active_count() <= threads_before + 1  # nothing piles up
     fake_hang_calls = fake.calls["nvmlDeviceGetPowerUsage"]
     time.sleep(3.6)  # the hang clears
-    poller.poll_once()
-    poller.poll_once()
-    assert values(series_of(poller), "gpuwarden_gpu_stale", gpu="2") == [0]
+    pipeline.poll_once()
+    pipeline.poll_once()
+    assert values(series_of(pipeline), "gpuwarden_gpu_stale", gpu="2") == [0]
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
 
 
-def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
+def test_xid_events_are_counted_per_gpu_and_xid(sim, make_pipeline):
     clock = ManualClock(0.0)
     sim(
         {
@@ -225,12 +225,12 @@ def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
         },
         clock=clock,
     )  # before registration: no history
-    poller = make_poller(poll={"fast_interval": 0.1})
-    poller.start()
-    wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 2)
+    pipeline = make_pipeline(poll={"fast_interval": 0.1})
+    pipeline.start()
+    wait_for(lambda: pipeline.poller._watcher is not None and len(pipeline.poller._watcher.registered) == 2)
     clock.advance(11)
-    wait_for(lambda: sum(count for count, _ in poller.snapshot.xid.values()) >= 3)
-    series = series_of(poller)
+    wait_for(lambda: sum(count for count, _ in pipeline.snapshot.xid.values()) >= 3)
+    series = series_of(pipeline)
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="48") == [1]
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="79") == [2]
     assert values(series, "gpuwarden_xid_errors_total", gpu="0") == []
@@ -238,16 +238,16 @@ def test_xid_events_are_counted_per_gpu_and_xid(sim, make_poller):
     assert abs(last - time.time()) < 10
 
 
-def test_xid_storm_is_counted_without_losing_events(sim, make_poller):
+def test_xid_storm_is_counted_without_losing_events(sim, make_pipeline):
     clock = ManualClock(0.0)
     fake = sim(
         {"node": {"count": 1}, "faults": [{"kind": "xid", "gpu": 0, "xid": 31, "at": 5, "count": 5000}]}, clock=clock
     )
-    poller = make_poller(poll={"fast_interval": 0.1})
-    poller.start()
-    wait_for(lambda: poller._watcher is not None and len(poller._watcher.registered) == 1)
+    pipeline = make_pipeline(poll={"fast_interval": 0.1})
+    pipeline.start()
+    wait_for(lambda: pipeline.poller._watcher is not None and len(pipeline.poller._watcher.registered) == 1)
     clock.advance(6)
     uuid = fake.uuid(0)
-    wait_for(lambda: poller.xid.snapshot().get((uuid, 31), (0, 0.0))[0] >= 5000, timeout=30)
+    wait_for(lambda: pipeline.poller.xid.snapshot().get((uuid, 31), (0, 0.0))[0] >= 5000, timeout=30)
     time.sleep(0.3)
-    assert values(series_of(poller), "gpuwarden_xid_errors_total", xid="31") == [5000]
+    assert values(series_of(pipeline), "gpuwarden_xid_errors_total", xid="31") == [5000]

@@ -50,9 +50,9 @@ def assert_same_bytes(families: list[Family]) -> None:
 
 
 @pytest.mark.parametrize("scenario", sorted(shipped_scenarios()))
-def test_every_scenario_renders_as_prometheus_client_renders_it(sim, make_poller, scenario):
-    poller, fake = polled(sim, make_poller, scenario, 5, processes={"per_pid_series": True})
-    families = list(SnapshotCollector(poller.snapshot, Selection((), (), tuple(GROUPS))).collect())
+def test_every_scenario_renders_as_prometheus_client_renders_it(sim, make_pipeline, scenario):
+    pipeline, fake = polled(sim, make_pipeline, scenario, 5, processes={"per_pid_series": True})
+    families = list(SnapshotCollector(pipeline.snapshot, Selection((), (), tuple(GROUPS))).collect())
     fake.close()
     assert sum(len(family.samples) for family in families) > (2 if scenario == "driver-not-loaded" else 20)
     assert_same_bytes(families)

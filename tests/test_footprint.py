@@ -11,7 +11,8 @@ import sys
 
 import httpx
 
-from gpuwarden.cli.main import main, settle_memory
+from gpuwarden.cli.main import main
+from gpuwarden.runtime.service import settle_memory
 from tests.helpers.common import free_port
 from tests.helpers.stack import running_cli
 
@@ -75,16 +76,16 @@ def test_npd_style_health_requests_load_no_framework_and_equal_the_api_routes_bo
 
     clock = ManualClock()
     install_simulator("ecc-uncorrectable", clock=clock)
-    from gpuwarden.collect.poller import Poller
     from gpuwarden.exposition.render import Renderer
+    from gpuwarden.runtime.pipeline import Pipeline
 
-    poller = Poller(settings(), wall_clock=clock)
+    pipeline = Pipeline(settings(), wall_clock=clock)
     clock.advance(10.0)  # past the scenario's faults (t=5 s, t=8 s)
     try:
         for _ in range(3):
-            poller.poll_once()
+            pipeline.poll_once()
             clock.advance(1.0)
-        snapshot = poller.snapshot
+        snapshot = pipeline.snapshot
         front = create_front(
             lambda: snapshot, lambda snap, now: None, Renderer(lambda n: True), expected_gpus=lambda: 8
         )
@@ -104,7 +105,7 @@ def test_npd_style_health_requests_load_no_framework_and_equal_the_api_routes_bo
         assert served.json() == routed.json() and 2 in levels  # a critical verdict, with its `since`
         assert served.content == routed.content  # byte for byte, as the JSON API encodes
     finally:
-        poller.stop()
+        pipeline.stop()
         from gpuwarden.nvml import library
 
         library.install(None)
@@ -115,6 +116,7 @@ def test_npd_style_health_requests_load_no_framework_and_equal_the_api_routes_bo
 WATCH_GC = """
 import gc, os, sys, threading, time, urllib.request
 import gpuwarden.cli.main as cli
+import gpuwarden.runtime.service as service
 
 def watch(url, disabled_at_start):
     deadline = time.monotonic() + 60
@@ -129,13 +131,13 @@ def watch(url, disabled_at_start):
     print(disabled_at_start, gc.isenabled(), gc.get_freeze_count() > 0, flush=True)
     os._exit(0)
 
-serve = cli.serve
-def watched_serve(settings, argv=None):
+serve = service.serve
+def watched_serve(settings, reread):
     url = "http://" + settings.web.listen_address
     threading.Thread(target=watch, args=(url, not gc.isenabled()), daemon=True).start()
-    return serve(settings, argv)
+    return serve(settings, reread)
 
-cli.serve = watched_serve
+service.serve = watched_serve
 cli.main(["--sim", "--nvml.scenario=healthy", "--web.listen-address=127.0.0.1:" + sys.argv[1]])
 """
 

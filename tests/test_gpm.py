@@ -46,7 +46,7 @@ def test_counters_average_to_the_scenarios_activity(sim):
 
 
 def test_a_gpu_without_gpm_has_no_profiling_series_and_the_others_keep_theirs(sim):
-    poller, series = run(
+    pipeline, series = run(
         sim,
         {
             "node": {"count": 2},
@@ -58,7 +58,7 @@ def test_a_gpu_without_gpm_has_no_profiling_series_and_the_others_keep_theirs(si
     assert values(last, "gpuwarden_gpm_window_seconds_total", gpu="0")
     assert values(last, "gpuwarden_gpm_window_seconds_total", gpu="1") == []
     assert values(last, "gpuwarden_gpm_unavailable_info", gpu="1") == []  # no GPM is not a fault
-    errors = {k: v for k, v in poller.snapshot.collect_errors.items() if k[0] == "nvmlGpmQueryDeviceSupport"}
+    errors = {k: v for k, v in pipeline.snapshot.collect_errors.items() if k[0] == "nvmlGpmQueryDeviceSupport"}
     assert errors == {("nvmlGpmQueryDeviceSupport", "not_supported"): 1}
 
 
@@ -80,7 +80,7 @@ def test_no_permission_is_one_line_and_a_gauge(sim, caplog):
 
 def test_a_failing_sample_loses_one_window_not_the_counters(sim):
     fault = {"kind": "error", "gpu": 0, "call": "nvmlGpmSampleGet", "code": "unknown", "at": 4, "until": 6}
-    poller, series = run(sim, {"node": {"count": 1}, "faults": [fault]}, seconds=12)
+    pipeline, series = run(sim, {"node": {"count": 1}, "faults": [fault]}, seconds=12)
     windows = [values(s, "gpuwarden_gpm_window_seconds_total", gpu="0")[0] for s in series[1:]]
     assert windows == sorted(windows) and windows[-1] > windows[4]
     assert windows[-1] < 11  # the failed seconds are not counted as activity windows
@@ -125,12 +125,12 @@ def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy,
 @pytest.mark.parametrize("scenario", ["training", "thermal-throttling", "nvlink-down", "shared-gpu"])
 def test_training_like_scenarios_are_never_told_to_use_bf16(sim, tmp_path, scenario):
     """Their default activity is the measured bf16 job's: tensor_bound, and no advice that contradicts it."""
-    poller, _ = run(sim, scenario, seconds=10, tmp_path=tmp_path)
+    pipeline, _ = run(sim, scenario, seconds=10, tmp_path=tmp_path)
     from gpuwarden.health.diagnosis import diagnose
 
-    for finding in diagnose(poller.snapshot):
+    for finding in diagnose(pipeline.snapshot):
         assert "bf16" not in finding.recommended_action or finding.check == "memory_pressure", finding
-    classes = {v.detail for gpu in poller.snapshot.gpus for v in poller.snapshot.health[gpu.uuid] if v.detail}
+    classes = {v.detail for gpu in pipeline.snapshot.gpus for v in pipeline.snapshot.health[gpu.uuid] if v.detail}
     assert "compute_without_tensor" not in classes, classes
 
 
@@ -147,13 +147,13 @@ def test_training_like_scenarios_are_never_told_to_use_bf16(sim, tmp_path, scena
     ],
 )
 def test_scenarios_get_their_class_in_metrics_and_diagnosis(sim, tmp_path, scenario, expected):
-    poller, series = run(sim, scenario, seconds=10, tmp_path=tmp_path)
+    pipeline, series = run(sim, scenario, seconds=10, tmp_path=tmp_path)
     assert values(series[-1], "gpuwarden_bottleneck_info", gpu="0") == [1]
     classes = {dict(labels)["class"] for name, labels in series[-1] if name == "gpuwarden_bottleneck_info"}
     assert classes == {expected}
-    findings = [f for f in diagnose(poller.snapshot) if f.check == "bottleneck" and f.gpu == 0]
+    findings = [f for f in diagnose(pipeline.snapshot) if f.check == "bottleneck" and f.gpu == 0]
     if expected in ("idle", "tensor_bound"):  # healthy: said by the gauge and the GPU's health, not as a finding
-        assert poller.snapshot.health[poller.snapshot.gpus[0].uuid][-1].detail == expected
+        assert pipeline.snapshot.health[pipeline.snapshot.gpus[0].uuid][-1].detail == expected
         assert findings == []
         return
     assert len(findings) == 1 and findings[0].observed.startswith(expected) and findings[0].severity == "info"
@@ -208,7 +208,7 @@ def test_a_slice_that_cannot_be_sampled_loses_only_its_own_series(sim):
             {"kind": "not_supported", "call": "nvmlGpmMigSampleGet", "gpu": 0, "at": 8},
         ],
     }
-    poller, series = run(sim, scenario)
+    pipeline, series = run(sim, scenario)
     # a transient error (t 3-5) restarts the slices' windows; the counters stay and never go back
     readings = [sum(values(s, "gpuwarden_mig_gpm_window_seconds_total", gpu="0")) for s in series[2:8]]
     assert readings == sorted(readings) and readings[-1] > readings[0]

@@ -4,33 +4,33 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import ConfigError
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.thresholds import load_thresholds
+from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
 from tests.helpers.thresholds import SHORT
 
 
 @pytest.fixture
 def health_run(sim, tmp_path):
-    pollers: list[Poller] = []
+    pipelines: list[Pipeline] = []
 
     def run(scenario, seconds: int = 15, **overrides):
         clock = ManualClock()
         sim(scenario, clock=clock)
         path = write_yaml(tmp_path / "thresholds.yaml", {**SHORT, **overrides})
-        poller = Poller(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
-        pollers.append(poller)
+        pipeline = Pipeline(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
+        pipelines.append(pipeline)
         for _ in range(seconds):
-            poller.poll_once()
+            pipeline.poll_once()
             clock.advance(1)
-        poller.poll_once()
-        return parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+        pipeline.poll_once()
+        return parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
 
     yield run
-    for poller in pollers:
-        poller.stop(timeout=0.2)
+    for pipeline in pipelines:
+        pipeline.stop(timeout=0.2)
 
 
 def health(series, gpu: str, check: str) -> float:
@@ -132,17 +132,17 @@ def test_retired_pages_pending_on_a_legacy_board(health_run):
 def test_critical_xid_within_the_window(sim, tmp_path):
     clock = ManualClock()
     sim({"node": {"count": 2}}, clock=clock)
-    poller = Poller(settings(), wall_clock=clock)
-    poller.poll_once()
-    uuid = poller.snapshot.gpus[1].uuid
-    poller.xid.record(uuid, 79, clock())
-    poller.xid.record(poller.snapshot.gpus[0].uuid, 13, clock())  # application XID: never a verdict
-    poller.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    pipeline = Pipeline(settings(), wall_clock=clock)
+    pipeline.poll_once()
+    uuid = pipeline.snapshot.gpus[1].uuid
+    pipeline.poller.xid.record(uuid, 79, clock())
+    pipeline.poller.xid.record(pipeline.snapshot.gpus[0].uuid, 13, clock())  # application XID: never a verdict
+    pipeline.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
     assert health(series, "1", "xid") == 2 and health(series, "0", "xid") == 0
     clock.advance(601)
-    poller.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    pipeline.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
     assert health(series, "1", "xid") == 0
 
 
@@ -200,21 +200,21 @@ def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
     clock = ManualClock()
     sim("nvlink-down", clock=clock)
     path = write_yaml(tmp_path / "thresholds.yaml", SHORT)
-    poller = Poller(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
+    pipeline = Pipeline(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
     first_bad = None
     for _ in range(20):
-        poller.poll_once()
+        pipeline.poll_once()
         if first_bad is None and any(
-            v.level for v in poller.snapshot.health[poller.snapshot.gpus[4].uuid] if v.check == "nvlink"
+            v.level for v in pipeline.snapshot.health[pipeline.snapshot.gpus[4].uuid] if v.check == "nvlink"
         ):
             first_bad = clock()
         clock.advance(1)
-    poller.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    pipeline.poll_once()
+    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
     assert first_bad is not None
     assert values(series, "gpuwarden_health_since_timestamp_seconds", gpu="4", check="nvlink") == [first_bad]
     assert not values(series, "gpuwarden_health_since_timestamp_seconds", gpu="0")  # ok checks carry none
-    poller.stop(timeout=0.2)
+    pipeline.stop(timeout=0.2)
 
 
 def test_health_since_restarts_when_the_level_changes():

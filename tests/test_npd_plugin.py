@@ -130,7 +130,7 @@ def test_an_exporter_still_starting_or_answering_nonsense_is_unknown(tmp_path: P
         answers["/api/v1/health"] = JSONResponse({"error": "boom"}, status_code=503)
         code, out, _, _ = plugin(served.url, "hardware", tmp_path)
         assert code == 2 and "HTTP 503" in out
-        stale = time.time() - 600  # a reading ten minutes old: the exporter's poller is stuck
+        stale = time.time() - 600  # a reading ten minutes old: the exporter's pipeline is stuck
         answers["/api/v1/health"] = JSONResponse({"taken_at": stale, "nvml_up": True, "gpus": []})
         code, out, _, _ = plugin(served.url, "hardware", tmp_path)
         assert code == 2 and "old" in out
@@ -235,17 +235,17 @@ def test_every_health_check_belongs_to_a_family_or_is_declared_not_remediated() 
     assert {family: set(checks) for family, checks in FAMILIES.items()} == FAMILY_CHECKS
 
 
-def test_basic_auth_from_the_web_config(make_poller, tmp_path: Path) -> None:  # noqa: ANN001
+def test_basic_auth_from_the_web_config(make_pipeline, tmp_path: Path) -> None:  # noqa: ANN001
     install_simulator(load_scenario("ecc-uncorrectable"), start=time.monotonic() - 30)
-    poller = make_poller(poll={"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0})
+    pipeline = make_pipeline(poll={"fast_interval": 0.2, "slow_interval": 1.0, "call_deadline": 1.0})
     hashed = bcrypt.hashpw(b"npd-secret", bcrypt.gensalt(rounds=4)).decode()
-    app = create_front(lambda: poller.snapshot, readiness_under(lambda: poller.settings), None, "/metrics",
+    app = create_front(lambda: pipeline.snapshot, readiness_under(lambda: pipeline.settings), None, "/metrics",
                        {"npd": hashed})  # fmt: skip
     served = ServedApp(app)
-    poller.start()
+    pipeline.start()
     served.start()
     try:
-        poller.ready_once.wait(10)
+        pipeline.ready_once.wait(10)
         time.sleep(2.2)
         web_config = tmp_path / "web.yml"
         web_config.write_text(f"basic_auth_users:\n  npd: '{hashed}'\n")
@@ -263,7 +263,7 @@ def test_basic_auth_from_the_web_config(make_poller, tmp_path: Path) -> None:  #
         assert code == 2 and "HTTP 401" in out
     finally:
         served.stop()
-        poller.stop(timeout=0.5)
+        pipeline.stop(timeout=0.5)
         from gpuwarden.nvml import library
 
         library.install(None)

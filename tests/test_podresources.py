@@ -1,7 +1,7 @@
 """Pod attribution against a fake kubelet: a real gRPC server on a unix socket speaking pod-resources v1.
 
 Only the kubelet is stood in for (no kubelet runs here); the exporter's gRPC client, the protobuf decoding, the
-poller, the renderer and HTTP are the real ones.
+pipeline, the renderer and HTTP are the real ones.
 """
 
 from __future__ import annotations
@@ -258,9 +258,9 @@ def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) 
         "from tests.helpers.common import settings\n"
         "from gpuwarden.sim import install_simulator\n"
         "from gpuwarden.sim.scenario import load_scenario\n"
-        "from gpuwarden.collect.poller import Poller\n"
+        "from gpuwarden.runtime.pipeline import Pipeline\n"
         "install_simulator(load_scenario('healthy'))\n"
-        f"p = Poller(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
+        f"p = Pipeline(settings(pods={{'resources_socket': '{tmp_path}/none.sock'}}))\n"
         "p.start(); p.ready_once.wait(10); p.stop()\n"
         "print('grpc' in sys.modules, p.snapshot.pods_state)\n"
     )

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from gpuwarden.attribution.host import HostProcesses, parse_cgroup
-from gpuwarden.collect.poller import Poller
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, parse_exposition, poll_series, settings, values, wait_for
 
 GIB = 1024**3
@@ -56,7 +56,7 @@ def two_pods(tmp_path: Path, second_pod: str) -> dict[str, str]:
     return {"proc_root": str(proc), "pod_logs_root": str(logs)}
 
 
-def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[Poller, list[dict]]:
+def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[Pipeline, list[dict]]:
     return poll_series(sim, scenario, seconds, **sections)
 
 
@@ -91,7 +91,7 @@ def test_cgroup_text_of_each_driver_gives_the_pod_and_container() -> None:
 
 def test_processes_are_attributed_to_their_containers_through_cgroups(sim, tmp_path: Path) -> None:
     hosted = two_pods(tmp_path, "nb-alice")
-    poller, series = poll(sim, SHARED, 6, processes=hosted)
+    pipeline, series = poll(sim, SHARED, 6, processes=hosted)
     last = series[-1]
     assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="trainer-0") == [20 * GIB]
     assert values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0", pod="nb-alice") == [10 * GIB]
@@ -107,7 +107,7 @@ def test_processes_are_attributed_to_their_containers_through_cgroups(sim, tmp_p
     assert rate("nb-alice") == pytest.approx(0.2, abs=0.01)
     # the memory the GPU reports is the processes' sum: the holders account for all of it
     assert values(last, "gpuwarden_memory_used_bytes", gpu="0") == [30 * GIB]
-    views = poller.snapshot.processes[poller.snapshot.gpus[0].uuid]
+    views = pipeline.snapshot.processes[pipeline.snapshot.gpus[0].uuid]
     assert [(v.pid, v.name, v.container, v.attributed_by) for v in views] == [
         (4101, "python3", "worker", "cgroup"),
         (4102, "jupyter", "notebook", "cgroup"),
@@ -120,18 +120,18 @@ def test_without_host_proc_an_exclusive_gpu_charges_its_allocated_container(sim,
     clock = ManualClock()
     fake = sim(SHARED, clock=clock)
     kubelet.pods = [("ml", "trainer-0", [("worker", [("nvidia.com/gpu", [fake.uuid(1)])])])]
-    poller = Poller(
+    pipeline = Pipeline(
         settings(pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1}), wall_clock=clock
     )
     try:
-        poller.pods.refresh()  # type: ignore[union-attr]
-        poller.poll_once()
-        views = poller.snapshot.processes[fake.uuid(1)]
+        pipeline.pods.refresh()  # type: ignore[union-attr]
+        pipeline.poll_once()
+        views = pipeline.snapshot.processes[fake.uuid(1)]
         assert [(v.pod, v.container, v.attributed_by) for v in views] == [("trainer-0", "worker", "allocation")]
         # GPU 0 is allocated to nobody here: its two processes stay unattributed
-        assert {v.attributed_by for v in poller.snapshot.processes[fake.uuid(0)]} == {""}
+        assert {v.attributed_by for v in pipeline.snapshot.processes[fake.uuid(0)]} == {""}
     finally:
-        poller.stop(0.5)
+        pipeline.stop(0.5)
 
 
 def test_two_hundred_short_lived_processes_keep_the_series_count_flat(sim, tmp_path: Path) -> None:
@@ -161,18 +161,18 @@ def test_two_hundred_short_lived_processes_keep_the_series_count_flat(sim, tmp_p
     )
     clock = ManualClock()
     sim(scenario, clock=clock)
-    poller = Poller(settings(processes={"proc_root": str(proc), "pod_logs_root": str(logs)}), wall_clock=clock)
+    pipeline = Pipeline(settings(processes={"proc_root": str(proc), "pod_logs_root": str(logs)}), wall_clock=clock)
     counts = []
     try:
         for step in range(400):  # 200 s at 0.5 s: each short-lived process is seen once, then gone
-            poller.poll_once()
+            pipeline.poll_once()
             if step % 20 == 0:
-                text = Renderer(lambda n: True).render(poller.snapshot).decode()
+                text = Renderer(lambda n: True).render(pipeline.snapshot).decode()
                 counts.append(sum(1 for line in text.splitlines() if line and not line.startswith("#")))
             clock.advance(0.5)
-        pids_seen = poller.snapshot.processes
+        pids_seen = pipeline.snapshot.processes
     finally:
-        poller.stop(0.5)
+        pipeline.stop(0.5)
     assert max(counts[1:]) - min(counts[1:]) <= 3, counts  # the eval container's series exist or not; never per PID
     assert len(pids_seen) == 1
 
@@ -202,8 +202,8 @@ def test_an_exit_from_a_full_gpu_is_diagnosed_with_the_holders(sim, tmp_path: Pa
         ],
     }
     hosted = two_pods(tmp_path, "nb-bob")
-    poller, _ = poll(sim, scenario, 10, processes=hosted)
-    snap = poller.snapshot
+    pipeline, _ = poll(sim, scenario, 10, processes=hosted)
+    snap = pipeline.snapshot
     assert [(e.pid, e.pod) for e in snap.process_exits] == [(4102, "nb-bob")]
     findings = [f for f in diagnose(snap) if f.check == "process_exit"]
     assert len(findings) == 1
@@ -213,10 +213,10 @@ def test_an_exit_from_a_full_gpu_is_diagnosed_with_the_holders(sim, tmp_path: Pa
 
 def test_a_gpu_whose_driver_lacks_process_utilization_keeps_its_memory_readings(sim) -> None:
     scenario = dict(SHARED, driver={"missing_symbols": ["nvmlDeviceGetProcessesUtilizationInfo"]})
-    poller, series = poll(sim, scenario, 4)
+    pipeline, series = poll(sim, scenario, 4)
     assert values(series[-1], "gpuwarden_container_gpu_memory_used_bytes", gpu="0") == [30 * GIB]
     assert values(series[-1], "gpuwarden_container_sm_active_seconds_total", gpu="0") == [0.0]
-    views = poller.snapshot.processes[poller.snapshot.gpus[0].uuid]
+    views = pipeline.snapshot.processes[pipeline.snapshot.gpus[0].uuid]
     assert all(v.sm_ratio is None for v in views)
 
 
@@ -238,8 +238,8 @@ def test_a_pid_reused_by_another_process_is_looked_up_afresh(tmp_path: Path) -> 
 
 def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) -> None:
     hosted = two_pods(tmp_path, "nb-bob")
-    poller, _ = poll(sim, FULL_GPU, 3, processes=hosted)
-    (finding,) = [f for f in diagnose(poller.snapshot) if f.check == "memory_pressure"]
+    pipeline, _ = poll(sim, FULL_GPU, 3, processes=hosted)
+    (finding,) = [f for f in diagnose(pipeline.snapshot) if f.check == "memory_pressure"]
     assert finding.severity == "critical"
     assert "held by ml/trainer-0/worker pid 4101 60.0 GiB" in finding.observed
     assert "research/nb-bob/notebook pid 4102 19.0 GiB" in finding.observed
@@ -289,12 +289,12 @@ def test_a_driver_that_cannot_list_processes_loses_only_the_process_series(sim) 
         faults=[{"kind": "not_supported", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "gpu": 0}],
         driver={"missing_symbols": ["nvmlDeviceGetComputeRunningProcesses_v2"]},
     )
-    poller, series = poll(sim, scenario, 3)
+    pipeline, series = poll(sim, scenario, 3)
     last = series[-1]
     assert not values(last, "gpuwarden_processes", gpu="0") and values(last, "gpuwarden_processes", gpu="1") == [1]
     assert not values(last, "gpuwarden_container_gpu_memory_used_bytes", gpu="0")
     assert values(last, "gpuwarden_memory_used_bytes", gpu="0")  # the GPU's other readings stay
-    assert poller.snapshot.gpus[0].uuid not in poller.snapshot.processes
+    assert pipeline.snapshot.gpus[0].uuid not in pipeline.snapshot.processes
 
 
 def test_the_diagnosis_endpoint_names_the_holders_of_a_full_gpu(live_server, tmp_path: Path) -> None:
@@ -341,11 +341,11 @@ def test_processes_of_slurm_jobs_get_per_job_series_and_memory_findings(sim, tmp
     )
     (proc / "4101" / "status").write_text("Name:\tpython3\nUid:\t0\t0\t0\t0\n")
     (proc / "4102" / "status").write_text("Name:\tpython3\nUid:\t64999\t64999\t64999\t64999\n")  # no passwd entry
-    poller, series = poll(sim, FULL_GPU, 6, processes={"proc_root": str(proc)})
+    pipeline, series = poll(sim, FULL_GPU, 6, processes={"proc_root": str(proc)})
     last = series[-1]
     assert values(last, "gpuwarden_slurm_job_gpu_memory_used_bytes", gpu="0", job="4242", user="root") == [60 * GIB]
     assert values(last, "gpuwarden_slurm_job_gpu_memory_used_bytes", gpu="0", job="4243", user="64999") == [19 * GIB]
-    (finding,) = [f for f in diagnose(poller.snapshot) if f.check == "memory_pressure"]
+    (finding,) = [f for f in diagnose(pipeline.snapshot) if f.check == "memory_pressure"]
     assert "held by Slurm job 4242 (root, pid 4101) 60.0 GiB" in finding.observed, finding.observed
     assert finding.holders[0]["slurm_job"] == "4242"
     # no job series where processes are not in a Slurm job (a Kubernetes node)
@@ -367,15 +367,15 @@ def test_per_job_sm_seconds_follow_the_jobs_share(sim, tmp_path: Path) -> None:
     assert rate("9") == pytest.approx(0.6, abs=0.01) and rate("10") == pytest.approx(0.2, abs=0.01)
 
 
-def poll_until_blocked(poller: Poller, entered) -> object:  # noqa: ANN001 - a threading.Event
+def poll_until_blocked(pipeline: Pipeline, entered) -> object:  # noqa: ANN001 - a threading.Event
     """A poll in a thread of its own, once its host lookup is blocked: then the publication and NVML locks must be
     free (a lookup under them stalled publication and the XID watcher). Returns the poll's thread."""
     import threading
 
-    first = threading.Thread(target=poller.poll_once, daemon=True)
+    first = threading.Thread(target=pipeline.poll_once, daemon=True)
     first.start()
     assert entered.wait(30), "the lookup never started"
-    for lock in (poller.nvml.lock, poller._publish_lock):
+    for lock in (pipeline.poller.nvml.lock, pipeline.poller._publish_lock):
         assert lock.acquire(timeout=10), "a lock is held while the lookup is blocked"
         lock.release()
     return first
@@ -402,21 +402,21 @@ def test_a_slow_user_lookup_never_holds_publication_or_nvml(sim, tmp_path: Path,
     monkeypatch.setattr(pwd, "getpwuid", slow_directory)
     clock = ManualClock()
     sim(FULL_GPU, clock=clock)
-    poller = Poller(settings(processes={"proc_root": str(proc)}), wall_clock=clock)
+    pipeline = Pipeline(settings(processes={"proc_root": str(proc)}), wall_clock=clock)
     try:
-        first = poll_until_blocked(poller, entered)
+        first = poll_until_blocked(pipeline, entered)
         clock.advance(1.0)
-        snapshot = poller._publish()  # a publication while the lookup is still blocked
+        snapshot = pipeline.poller._publish()  # a publication while the lookup is still blocked
         series = parse_exposition(Renderer(lambda n: True).render(snapshot).decode())
         assert not values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes")  # not under a UID that would change
         assert values(series, "gpuwarden_gpu_up") == [1.0]
     finally:
         release.set()
     first.join(30)
-    assert poller.host.lookups.wait_idle(30)
-    series = parse_exposition(Renderer(lambda n: True).render(poller._publish()).decode())
+    assert pipeline.host.lookups.wait_idle(30)
+    series = parse_exposition(Renderer(lambda n: True).render(pipeline.poller._publish()).decode())
     assert values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes", job="4242", user="root") == [60 * GIB]
-    poller.stop()
+    pipeline.stop()
 
 
 def test_a_slow_pod_log_listing_never_holds_publication(sim, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
@@ -435,11 +435,11 @@ def test_a_slow_pod_log_listing_never_holds_publication(sim, tmp_path: Path, mon
     monkeypatch.setattr(HostProcesses, "_scan", slow_scan)
     clock = ManualClock()
     sim(SHARED, clock=clock)
-    poller = Poller(settings(processes=hosted), wall_clock=clock)
+    pipeline = Pipeline(settings(processes=hosted), wall_clock=clock)
     try:
-        first = poll_until_blocked(poller, entered)
+        first = poll_until_blocked(pipeline, entered)
     finally:
         release.set()
     first.join(30)
-    assert poller.host.lookups.wait_idle(30)
-    poller.stop()
+    assert pipeline.host.lookups.wait_idle(30)
+    pipeline.stop()

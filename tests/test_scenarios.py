@@ -17,17 +17,17 @@ SCENARIOS = sorted(shipped_scenarios())
 PROMTOOL = shutil.which("promtool")
 
 
-def run_scenario(sim, make_poller, name: str, seconds: float = 12.0):
+def run_scenario(sim, make_pipeline, name: str, seconds: float = 12.0):
     """Poll a scenario over `seconds` of simulated time; return the text and OpenMetrics expositions."""
     clock = ManualClock()
     sim(name, clock=clock)
-    poller = make_poller()
-    poller.poll_once()
+    pipeline = make_pipeline()
+    pipeline.poll_once()
     for _ in range(int(seconds)):
         clock.advance(1.0)
-        poller.poll_once()
+        pipeline.poll_once()
     renderer = Renderer(lambda n: True)
-    return poller, renderer.render(poller.snapshot).decode(), renderer.render(poller.snapshot, openmetrics=True)
+    return pipeline, renderer.render(pipeline.snapshot).decode(), renderer.render(pipeline.snapshot, openmetrics=True)
 
 
 def test_all_required_scenarios_ship():
@@ -51,8 +51,8 @@ def test_all_required_scenarios_ship():
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (the README test command installs it)")
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_promtool_accepts_every_scenario(sim, make_poller, name):
-    _, text, openmetrics = run_scenario(sim, make_poller, name)
+def test_promtool_accepts_every_scenario(sim, make_pipeline, name):
+    _, text, openmetrics = run_scenario(sim, make_pipeline, name)
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
     assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
     assert result.stdout.decode().strip() == "" and result.stderr.decode().strip() == ""
@@ -61,22 +61,22 @@ def test_promtool_accepts_every_scenario(sim, make_poller, name):
     assert {f.name for f in families} >= {"gpuwarden_nvml_up", "gpuwarden_build_info"}
 
 
-def _series(sim, make_poller, name, seconds=12.0):
-    poller, text, _ = run_scenario(sim, make_poller, name, seconds)
-    return poller, parse_exposition(text)
+def _series(sim, make_pipeline, name, seconds=12.0):
+    pipeline, text, _ = run_scenario(sim, make_pipeline, name, seconds)
+    return pipeline, parse_exposition(text)
 
 
-def busy_ratio(sim, make_poller, name, gpu="0"):
+def busy_ratio(sim, make_pipeline, name, gpu="0"):
     clock = ManualClock()
     sim(name, clock=clock)
-    poller = make_poller()
+    pipeline = make_pipeline()
     clock.advance(1)
-    poller.poll_once()
-    first = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+    pipeline.poll_once()
+    first = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
     for _ in range(30):
         clock.advance(0.7)
-        poller.poll_once()
-    last = parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode())
+        pipeline.poll_once()
+    last = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
     busy = (
         values(last, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
         - values(first, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
@@ -88,8 +88,8 @@ def busy_ratio(sim, make_poller, name, gpu="0"):
     return busy / sampled
 
 
-def test_healthy_matches_the_real_h100_idle_readings(sim, make_poller):
-    _, s = _series(sim, make_poller, "healthy")
+def test_healthy_matches_the_real_h100_idle_readings(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "healthy")
     assert len(values(s, "gpuwarden_gpu_up")) == 8 and set(values(s, "gpuwarden_gpu_up")) == {1}
     assert set(values(s, "gpuwarden_performance_state")) == {0}
     assert set(values(s, "gpuwarden_clock_event_active", reason="gpu_idle")) == {1}
@@ -113,13 +113,13 @@ def test_healthy_matches_the_real_h100_idle_readings(sim, make_poller):
     assert values(s, "gpuwarden_fan_speed_ratio") == []  # NotSupported on SXM, as measured
 
 
-def test_training_is_busy(sim, make_poller):
-    assert busy_ratio(sim, make_poller, "training") > 0.85
+def test_training_is_busy(sim, make_pipeline):
+    assert busy_ratio(sim, make_pipeline, "training") > 0.85
 
 
-def test_data_starvation_is_idle_while_memory_is_full(sim, make_poller):
-    assert busy_ratio(sim, make_poller, "data-starvation") == pytest.approx(0.30, abs=0.03)
-    _, s = _series(sim, make_poller, "data-starvation")
+def test_data_starvation_is_idle_while_memory_is_full(sim, make_pipeline):
+    assert busy_ratio(sim, make_pipeline, "data-starvation") == pytest.approx(0.30, abs=0.03)
+    _, s = _series(sim, make_pipeline, "data-starvation")
     used, total = (
         values(s, "gpuwarden_memory_used_bytes", gpu="0")[0],
         values(s, "gpuwarden_memory_total_bytes", gpu="0")[0],
@@ -128,8 +128,8 @@ def test_data_starvation_is_idle_while_memory_is_full(sim, make_poller):
     assert set(values(s, "gpuwarden_processes")) == {1}
 
 
-def test_thermal_throttling(sim, make_poller):
-    _, s = _series(sim, make_poller, "thermal-throttling")
+def test_thermal_throttling(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "thermal-throttling")
     assert values(s, "gpuwarden_temperature_celsius", gpu="2")[0] >= 90
     assert values(s, "gpuwarden_clock_event_active", gpu="2", reason="hw_thermal_slowdown") == [1]
     assert values(s, "gpuwarden_clock_event_active", gpu="0", reason="hw_thermal_slowdown") == [0]
@@ -138,24 +138,24 @@ def test_thermal_throttling(sim, make_poller):
     assert values(s, "gpuwarden_throttle_seconds_total", gpu="0", reason="hw_thermal_slowdown") == [0]
 
 
-def test_power_capping(sim, make_poller):
-    _, s = _series(sim, make_poller, "power-capping")
+def test_power_capping(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "power-capping")
     assert set(values(s, "gpuwarden_power_limit_watts")) == {400}
     assert set(values(s, "gpuwarden_power_default_limit_watts")) == {700}
     assert min(values(s, "gpuwarden_power_usage_watts")) >= 390
     assert set(values(s, "gpuwarden_clock_event_active", reason="sw_power_cap")) == {1}
 
 
-def test_memory_nearly_full(sim, make_poller):
-    _, s = _series(sim, make_poller, "memory-nearly-full")
+def test_memory_nearly_full(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "memory-nearly-full")
     used = values(s, "gpuwarden_memory_used_bytes", gpu="3")[0]
     total = values(s, "gpuwarden_memory_total_bytes", gpu="3")[0]
     assert used / total > 0.98
     assert values(s, "gpuwarden_memory_used_bytes", gpu="0")[0] / total < 0.9
 
 
-def test_ecc_uncorrectable(sim, make_poller):
-    _, s = _series(sim, make_poller, "ecc-uncorrectable")
+def test_ecc_uncorrectable(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "ecc-uncorrectable")
     assert values(s, "gpuwarden_ecc_errors_total", gpu="1", type="uncorrected") == [2]
     assert values(s, "gpuwarden_ecc_errors_total", gpu="1", type="corrected")[0] >= 3
     assert values(s, "gpuwarden_ecc_errors_total", gpu="0", type="uncorrected") == [0]
@@ -165,16 +165,16 @@ def test_ecc_uncorrectable(sim, make_poller):
     assert values(s, "gpuwarden_recovery_action", gpu="0") == [0]
 
 
-def test_row_remap_pending_and_failed(sim, make_poller):
-    _, s = _series(sim, make_poller, "row-remap", seconds=2)
+def test_row_remap_pending_and_failed(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "row-remap", seconds=2)
     assert values(s, "gpuwarden_remapped_rows_pending", gpu="2") == [1]
     assert values(s, "gpuwarden_remapped_rows_failed", gpu="2") == [0]
     assert values(s, "gpuwarden_remapped_rows_failed", gpu="5") == [1]
     assert values(s, "gpuwarden_remapped_rows", gpu="5", cause="correctable") == [9]
 
 
-def test_nvlink_down(sim, make_poller):
-    poller, s = _series(sim, make_poller, "nvlink-down")
+def test_nvlink_down(sim, make_pipeline):
+    pipeline, s = _series(sim, make_pipeline, "nvlink-down")
     assert values(s, "gpuwarden_nvlink_up", gpu="4", link="7") == [0]
     assert sum(values(s, "gpuwarden_nvlink_up", gpu="4")) == 17
     assert values(s, "gpuwarden_nvlink_errors_total", gpu="4", link="3", type="crc_flit")[0] >= 12 * 10
@@ -184,8 +184,8 @@ def test_nvlink_down(sim, make_poller):
     assert values(s, "gpuwarden_topology_info", gpu="4", peer_gpu="0", level="NV17") == [1]
 
 
-def test_gpu_lost(sim, make_poller):
-    _, s = _series(sim, make_poller, "gpu-lost")
+def test_gpu_lost(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "gpu-lost")
     assert values(s, "gpuwarden_gpu_up", gpu="6") == [0]
     assert values(s, "gpuwarden_temperature_celsius", gpu="6") == []
     assert len(values(s, "gpuwarden_gpu_info", gpu="6")) == 1  # identity stays for the alert text
@@ -193,35 +193,35 @@ def test_gpu_lost(sim, make_poller):
     assert values(s, "gpuwarden_gpus") == [7]
 
 
-def test_gpu_lost_xid_79_reaches_the_event_thread(sim, make_poller):
+def test_gpu_lost_xid_79_reaches_the_event_thread(sim, make_pipeline):
     clock = ManualClock(0.0)
     sim("gpu-lost", clock=clock)
-    poller = make_poller(poll={"fast_interval": 0.2})
-    poller.start()
+    pipeline = make_pipeline(poll={"fast_interval": 0.2})
+    pipeline.start()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and len(poller._watcher.registered) < 8:
+    while time.monotonic() < deadline and len(pipeline.poller._watcher.registered) < 8:
         time.sleep(0.02)
     clock.advance(7.6)  # XID 79 fires at 7.5 s, the GPU falls off the bus at 8 s
-    while time.monotonic() < deadline and not poller.snapshot.xid:
+    while time.monotonic() < deadline and not pipeline.snapshot.xid:
         time.sleep(0.05)
-    assert [xid for (_, xid) in poller.snapshot.xid] == [79]
+    assert [xid for (_, xid) in pipeline.snapshot.xid] == [79]
 
 
-def test_persistence_off(sim, make_poller):
-    _, s = _series(sim, make_poller, "persistence-off", seconds=1)
+def test_persistence_off(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "persistence-off", seconds=1)
     assert set(values(s, "gpuwarden_persistence_mode_enabled")) == {0}
 
 
-def test_driver_not_loaded(sim, make_poller):
-    poller, s = _series(sim, make_poller, "driver-not-loaded", seconds=1)
+def test_driver_not_loaded(sim, make_pipeline):
+    pipeline, s = _series(sim, make_pipeline, "driver-not-loaded", seconds=1)
     assert values(s, "gpuwarden_nvml_up") == [0]
     assert values(s, "gpuwarden_nvml_error_info", error="driver_not_loaded") == [1]
     assert values(s, "gpuwarden_gpu_up") == []
-    assert poller.fatal is None
+    assert pipeline.fatal is None
 
 
-def test_legacy_pcie(sim, make_poller):
-    _, s = _series(sim, make_poller, "legacy-pcie")
+def test_legacy_pcie(sim, make_pipeline):
+    _, s = _series(sim, make_pipeline, "legacy-pcie")
     assert len(values(s, "gpuwarden_gpu_up")) == 2
     assert values(s, "gpuwarden_retired_pages", gpu="1", cause="single_bit") == [2]
     assert values(s, "gpuwarden_retired_pages", gpu="1", cause="double_bit") == [1]

@@ -1,4 +1,4 @@
-"""Every endpoint through the real HTTP server on a loopback port, with the poller running over the simulator."""
+"""Every endpoint through the real HTTP server on a loopback port, with the pipeline running over the simulator."""
 
 from __future__ import annotations
 

@@ -50,16 +50,16 @@ def test_one_gpu_hung_for_15_s_never_stalls_the_others(live_server):
         time.sleep(0.1)
 
 
-def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_poller, caplog):
+def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_pipeline, caplog):
     from tests.helpers.common import LiveServer
 
     caplog.set_level(logging.INFO)
     deadline_s, interval_s = 1.0, 0.5
     hang = {"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetUUID", "at": 0, "until": 30}
     sim({"node": {"count": 8}, "faults": [hang]})
-    poller = make_poller(poll={"fast_interval": interval_s, "slow_interval": 5, "call_deadline": deadline_s})
+    pipeline = make_pipeline(poll={"fast_interval": interval_s, "slow_interval": 5, "call_deadline": deadline_s})
     started = time.monotonic()
-    with LiveServer(poller) as server:
+    with LiveServer(pipeline) as server:
         while server.get("/readyz").status_code != 200:
             assert time.monotonic() - started < 10, "never ready"
             time.sleep(0.02)
@@ -73,45 +73,47 @@ def test_a_gpu_whose_discovery_hangs_is_skipped_and_the_others_served(sim, make_
     assert skipped == ["gpu 2 skipped at discovery: nvmlDeviceGetUUID did not answer within 1.0 s"]
 
 
-def test_nvml_init_begun_before_the_poller_is_adopted_once(sim, make_poller):
+def test_nvml_init_begun_before_the_poller_is_adopted_once(sim, make_pipeline):
     """The CLI starts NVML's init on the pool before importing the rest; the lifecycle waits for that answer
     instead of initialising a second time (NVML counts inits: a second would need a second shutdown)."""
-    from gpuwarden.collect.poller import Poller
     from gpuwarden.config.settings import load_settings
     from gpuwarden.nvml.session import start_init
+    from gpuwarden.runtime.pipeline import Pipeline
     from gpuwarden.workers import WorkerPool
 
     fake = sim("healthy")
     pool = WorkerPool()
     started = start_init(pool)
-    poller = Poller(load_settings(None, environ={}, flags={"poll.fast_interval": 0.2}), pool=pool, started_init=started)
+    pipeline = Pipeline(
+        load_settings(None, environ={}, flags={"poll.fast_interval": 0.2}), pool=pool, started_init=started
+    )
     try:
-        poller.start()
-        assert poller.ready_once.wait(10)
-        assert poller.snapshot.nvml_up and any(gpu.up for gpu in poller.snapshot.gpus)
+        pipeline.start()
+        assert pipeline.ready_once.wait(10)
+        assert pipeline.snapshot.nvml_up and any(gpu.up for gpu in pipeline.snapshot.gpus)
         assert fake.calls["nvmlInitWithFlags"] == 1
     finally:
-        poller.stop(timeout=0.5)
+        pipeline.stop(timeout=0.5)
 
 
 def test_an_early_nvml_init_that_hangs_is_a_counted_timeout_and_retried(sim):
-    from gpuwarden.collect.poller import Poller
     from gpuwarden.config.settings import load_settings
     from gpuwarden.nvml.session import start_init
+    from gpuwarden.runtime.pipeline import Pipeline
     from gpuwarden.workers import WorkerPool
 
     sim({"faults": [{"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": 2.5}]})
     pool = WorkerPool()
     started = start_init(pool)
     flags = {"poll.fast_interval": 0.2, "poll.call_deadline": 1.0}
-    poller = Poller(load_settings(None, environ={}, flags=flags), pool=pool, started_init=started)
+    pipeline = Pipeline(load_settings(None, environ={}, flags=flags), pool=pool, started_init=started)
     try:
-        poller.start()
-        wait_for(lambda: poller.snapshot.nvml_error == "init_timeout", timeout=5)
-        assert poller.ledger.timeouts().get("nvmlInitWithFlags") == 1
-        wait_for(lambda: poller.snapshot.nvml_up, timeout=15)  # the hang ends; the backoff's retry succeeds
+        pipeline.start()
+        wait_for(lambda: pipeline.snapshot.nvml_error == "init_timeout", timeout=5)
+        assert pipeline.poller.ledger.timeouts().get("nvmlInitWithFlags") == 1
+        wait_for(lambda: pipeline.snapshot.nvml_up, timeout=15)  # the hang ends; the backoff's retry succeeds
     finally:
-        poller.stop(timeout=0.5)
+        pipeline.stop(timeout=0.5)
 
 
 def _first_scrape(

@@ -6,21 +6,21 @@ import time
 
 import pytest
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.exposition.render import Renderer
+from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim.models import H100_SXM_80GB
 from tests.helpers.common import ManualClock, parse_exposition, values
 
 
-def exposition(poller: Poller) -> dict:
-    return parse_exposition(Renderer(lambda name: True).render(poller.snapshot).decode())
+def exposition(pipeline: Pipeline) -> dict:
+    return parse_exposition(Renderer(lambda name: True).render(pipeline.snapshot).decode())
 
 
-def test_static_tier_reads_identity_and_limits(sim, make_poller):
+def test_static_tier_reads_identity_and_limits(sim, make_pipeline):
     fake = sim("healthy")
-    poller = make_poller()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     info = [lbls for (name, lbls) in series if name == "gpuwarden_gpu_info"]
     assert len(info) == 8
     first = dict(next(lbls for lbls in info if ("gpu", "0") in lbls))
@@ -36,15 +36,15 @@ def test_static_tier_reads_identity_and_limits(sim, make_poller):
     assert values(series, "gpuwarden_pcie_link_generation", gpu="0", kind="max") == [5]
     # static reads happen once, not per poll
     calls = fake.calls["nvmlDeviceGetVbiosVersion"]
-    poller.poll_once()
+    pipeline.poll_once()
     assert fake.calls["nvmlDeviceGetVbiosVersion"] == calls
 
 
-def test_fast_tier_memory_v2_matches_nvidia_smi_semantics(sim, make_poller):
+def test_fast_tier_memory_v2_matches_nvidia_smi_semantics(sim, make_pipeline):
     sim("healthy")
-    poller = make_poller()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     # As measured on H100: v2 used = 0 while 480 MiB are reserved; used + reserved + free = total.
     used = values(series, "gpuwarden_memory_used_bytes", gpu="0")[0]
     reserved = values(series, "gpuwarden_memory_reserved_bytes", gpu="0")[0]
@@ -54,17 +54,17 @@ def test_fast_tier_memory_v2_matches_nvidia_smi_semantics(sim, make_poller):
     assert used + reserved + free == total == 85_520_809_984
 
 
-def test_memory_falls_back_to_v1_on_old_driver(sim, make_poller):
+def test_memory_falls_back_to_v1_on_old_driver(sim, make_pipeline):
     sim({"driver": {"missing_symbols": ["nvmlDeviceGetMemoryInfo_v2"]}, "node": {"count": 1}})
-    poller = make_poller()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_memory_used_bytes", gpu="0") == [503_316_480]  # v1 counts the reserve
     assert values(series, "gpuwarden_memory_reserved_bytes") == []
-    assert poller.snapshot.gpus[0].info.memory_used_includes_reserved is True
+    assert pipeline.snapshot.gpus[0].info.memory_used_includes_reserved is True
 
 
-def test_fallbacks_for_renamed_symbols(sim, make_poller):
+def test_fallbacks_for_renamed_symbols(sim, make_pipeline):
     fake = sim(
         {
             "node": {"count": 1},
@@ -78,10 +78,10 @@ def test_fallbacks_for_renamed_symbols(sim, make_poller):
             "values": {"processes": 2, "clock_event_reasons": 0x40},
         }
     )
-    poller = make_poller()
-    poller.poll_once()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_temperature_celsius", gpu="0") == [38]
     assert values(series, "gpuwarden_clock_event_active", reason="hw_thermal_slowdown") == [1]
     assert values(series, "gpuwarden_processes") == [2]
@@ -90,11 +90,11 @@ def test_fallbacks_for_renamed_symbols(sim, make_poller):
     assert fake.calls["nvmlDeviceGetTemperature"] == 2
 
 
-def test_fast_tier_clock_events_pstate_power(sim, make_poller):
+def test_fast_tier_clock_events_pstate_power(sim, make_pipeline):
     sim("healthy")
-    poller = make_poller()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_performance_state", gpu="0") == [0]
     assert values(series, "gpuwarden_clock_hertz", gpu="0", clock="sm") == [345e6]
     assert values(series, "gpuwarden_clock_event_active", gpu="0", reason="gpu_idle") == [1]
@@ -104,16 +104,16 @@ def test_fast_tier_clock_events_pstate_power(sim, make_poller):
     assert values(series, "gpuwarden_persistence_mode_enabled", gpu="0") == [1]
 
 
-def test_unknown_clock_event_bits_are_reported_as_other(sim, make_poller):
+def test_unknown_clock_event_bits_are_reported_as_other(sim, make_pipeline):
     sim({"node": {"count": 1}, "values": {"clock_event_reasons": 0x401}})
-    poller = make_poller()
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_clock_event_active", reason="other") == [1]
     assert values(series, "gpuwarden_clock_event_active", reason="gpu_idle") == [1]
 
 
-def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_poller):
+def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_pipeline):
     clock = ManualClock()
     sim(
         {
@@ -122,14 +122,14 @@ def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_poller):
         },
         clock=clock,
     )
-    poller = make_poller()
-    poller.poll_once()
+    pipeline = make_pipeline()
+    pipeline.poll_once()
     clock.advance(1)  # PCIe bytes come from GPM on this GPU: they need a first window
-    poller.poll_once()
-    first = exposition(poller)
+    pipeline.poll_once()
+    first = exposition(pipeline)
     clock.advance(10)
-    poller.poll_once()
-    second = exposition(poller)
+    pipeline.poll_once()
+    second = exposition(pipeline)
     energy = [values(s, "gpuwarden_energy_joules_total", gpu="0")[0] for s in (first, second)]
     assert energy[1] - energy[0] == pytest.approx(5000, rel=0.02)  # 500 W × 10 s
     throttle = [
@@ -144,11 +144,11 @@ def test_slow_tier_energy_throttle_pcie_nvlink(sim, make_poller):
     assert len(values(second, "gpuwarden_nvlink_errors_total", gpu="0")) == 18 * 3
 
 
-def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_poller):
+def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_pipeline):
     fake = sim("nvlink-down")
-    poller = make_poller()
+    pipeline = make_pipeline()
     for _ in range(3):
-        poller.poll_once()
+        pipeline.poll_once()
     forbidden = {
         "nvmlDeviceGetPcieThroughput",
         "nvmlDeviceGetNvLinkErrorCounter",
@@ -161,7 +161,7 @@ def test_slow_reads_are_batched_and_blocking_calls_are_never_made(sim, make_poll
     assert fake.calls["nvmlDeviceGetFieldValues"] <= 8 * (3 * 5 + 2)
 
 
-def test_utilization_counters_match_the_duty_cycle(sim, make_poller):
+def test_utilization_counters_match_the_duty_cycle(sim, make_pipeline):
     """A 30%-duty 1 s square wave: one read per poll aliases, the busy counters do not."""
     clock = ManualClock()
     sim(
@@ -171,16 +171,16 @@ def test_utilization_counters_match_the_duty_cycle(sim, make_poller):
         },
         clock=clock,
     )
-    poller = make_poller()
+    pipeline = make_pipeline()
     clock.advance(0.9)  # the newest sample window is then (0.6, 0.8] of a period: idle
-    poller.poll_once()
-    start = exposition(poller)
+    pipeline.poll_once()
+    start = exposition(pipeline)
     single_reads = []
     for _ in range(20):
         clock.advance(1.0)  # polls land at the same phase of every period
-        poller.poll_once()
-        single_reads.append(values(exposition(poller), "gpuwarden_utilization_ratio")[0])
-    end = exposition(poller)
+        pipeline.poll_once()
+        single_reads.append(values(exposition(pipeline), "gpuwarden_utilization_ratio")[0])
+    end = exposition(pipeline)
     busy = values(end, "gpuwarden_busy_seconds_total")[0] - values(start, "gpuwarden_busy_seconds_total")[0]
     sampled = (
         values(end, "gpuwarden_utilization_sampled_seconds_total")[0]
@@ -192,20 +192,20 @@ def test_utilization_counters_match_the_duty_cycle(sim, make_poller):
     assert values(end, "gpuwarden_utilization_source_info", source="samples") == [1]
 
 
-def test_utilization_gap_longer_than_the_buffer_counts_one_period(sim, make_poller):
+def test_utilization_gap_longer_than_the_buffer_counts_one_period(sim, make_pipeline):
     clock = ManualClock()
     sim({"node": {"count": 1}, "values": {"utilization": 50}}, clock=clock)
-    poller = make_poller()
+    pipeline = make_pipeline()
     clock.advance(1)
-    poller.poll_once()
-    before = values(exposition(poller), "gpuwarden_utilization_sampled_seconds_total")[0]
+    pipeline.poll_once()
+    before = values(exposition(pipeline), "gpuwarden_utilization_sampled_seconds_total")[0]
     clock.advance(60)  # exporter stalled longer than the driver's ~14 s buffer
-    poller.poll_once()
-    after = values(exposition(poller), "gpuwarden_utilization_sampled_seconds_total")[0]
+    pipeline.poll_once()
+    after = values(exposition(pipeline), "gpuwarden_utilization_sampled_seconds_total")[0]
     assert after - before == pytest.approx(71 * 0.2, abs=0.01)  # only what the buffer still held
 
 
-def test_utilization_falls_back_to_single_reads_and_says_so(sim, make_poller):
+def test_utilization_falls_back_to_single_reads_and_says_so(sim, make_pipeline):
     clock = ManualClock()
     sim(
         {
@@ -215,44 +215,44 @@ def test_utilization_falls_back_to_single_reads_and_says_so(sim, make_poller):
         },
         clock=clock,
     )
-    poller = make_poller()
+    pipeline = make_pipeline()
     clock.advance(1)
-    poller.poll_once()
+    pipeline.poll_once()
     clock.advance(1)
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline.poll_once()
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_utilization_source_info", source="single_read") == [1]
     assert values(series, "gpuwarden_utilization_ratio") == [0.6]
     assert values(series, "gpuwarden_busy_seconds_total")[0] > 0
 
 
-def test_include_exclude_skip_readers_and_series(sim, make_poller):
+def test_include_exclude_skip_readers_and_series(sim, make_pipeline):
     fake = sim({"node": {"count": 1}})
-    poller = make_poller(metrics={"exclude": ["gpuwarden_nvlink_*", "gpuwarden_energy_joules_total"]})
-    poller.poll_once()
+    pipeline = make_pipeline(metrics={"exclude": ["gpuwarden_nvlink_*", "gpuwarden_energy_joules_total"]})
+    pipeline.poll_once()
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
     renderer = Renderer(lambda n: not n.startswith("gpuwarden_nvlink_"))
-    text = renderer.render(poller.snapshot).decode()
+    text = renderer.render(pipeline.snapshot).decode()
     assert "gpuwarden_nvlink_up" not in text and "gpuwarden_temperature_celsius" in text
 
 
-def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, make_poller):
+def test_sample_buffer_is_drained_every_samples_interval_not_every_poll(sim, make_pipeline):
     fake = sim({"node": {"count": 1}, "values": {"utilization": 40}})
-    poller = make_poller(poll={"samples_interval": 5})
+    pipeline = make_pipeline(poll={"samples_interval": 5})
     time.sleep(0.5)
-    poller.poll_once()
+    pipeline.poll_once()
     after_first = fake.calls["nvmlDeviceGetSamples"]  # pynvml probes the size, then fills: 2 C calls a type
     for _ in range(3):
-        poller.poll_once()
+        pipeline.poll_once()
     # one drain per sample type in the first 5 s, while the point value is read on every poll
     assert after_first == 4 and fake.calls["nvmlDeviceGetSamples"] == after_first
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 4
-    series = exposition(poller)
+    series = exposition(pipeline)
     assert values(series, "gpuwarden_utilization_ratio") == [0.4]
     assert values(series, "gpuwarden_utilization_sampled_seconds_total")[0] > 0
 
 
-def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_poller):
+def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_pipeline):
     clock = ManualClock()
     fake = sim(
         {
@@ -261,13 +261,13 @@ def test_nvlink_error_counters_run_on_their_own_slower_interval(sim, make_poller
         },
         clock=clock,
     )
-    poller = make_poller(poll={"nvlink_errors_interval": 60})
-    poller.poll_once()
-    first = values(exposition(poller), "gpuwarden_nvlink_errors_total", link="2", type="replay")
+    pipeline = make_pipeline(poll={"nvlink_errors_interval": 60})
+    pipeline.poll_once()
+    first = values(exposition(pipeline), "gpuwarden_nvlink_errors_total", link="2", type="replay")
     batches = fake.calls["nvmlDeviceGetFieldValues"]
     clock.advance(5)
-    poller.poll_once()
-    series = exposition(poller)
+    pipeline.poll_once()
+    series = exposition(pipeline)
     # counters are served from the last read (not dropped, not re-read); link state is read every slow poll
     assert values(series, "gpuwarden_nvlink_errors_total", link="2", type="replay") == first
     assert len(values(series, "gpuwarden_nvlink_up")) == 18

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import yaml
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import Settings, load_settings
 from gpuwarden.exposition.render import Renderer
+from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim.scenario import Scenario
 from gpuwarden.web.front import create_front
 from gpuwarden.web.readiness import readiness_under
@@ -96,16 +96,16 @@ class ServedApp:
 
 
 class LiveServer:
-    """gpuwarden's app on its real HTTP server on a loopback port, with its poller running."""
+    """gpuwarden's app on its real HTTP server on a loopback port, with its pipeline running."""
 
-    def __init__(self, poller: Poller) -> None:
-        self.poller = poller
-        self.renderer = Renderer(poller.settings.metrics.selection())
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.poller = pipeline
+        self.renderer = Renderer(pipeline.settings.metrics.selection())
         app = create_front(
-            lambda: poller.snapshot,
-            readiness_under(lambda: poller.settings),
+            lambda: pipeline.snapshot,
+            readiness_under(lambda: pipeline.settings),
             self.renderer,
-            poller.settings.web.telemetry_path,
+            pipeline.settings.web.telemetry_path,
         )
         self.served = ServedApp(app)
         self.port, self.url = self.served.port, self.served.url
@@ -162,31 +162,31 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
         time.sleep(step)
 
 
-def polled(sim, make_poller, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario
-    """A poller (from the make_poller fixture) after `polls` polls of `scenario`, one a second of a manual clock;
+def polled(sim, make_pipeline, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario
+    """A pipeline (from the make_pipeline fixture) after `polls` polls of `scenario`, one a second of a manual clock;
     and the fake library under it (close it to end the scenario before the test does)."""
     clock = ManualClock()
     fake = sim(scenario, clock=clock)
-    poller = make_poller(**sections)
+    pipeline = make_pipeline(**sections)
     for _ in range(polls):
-        poller.poll_once()
+        pipeline.poll_once()
         clock.advance(1.0)
-    return poller, fake
+    return pipeline, fake
 
 
 def poll_series(sim, scenario, seconds: int, **sections):  # noqa: ANN001, ANN201 - the sim fixture, a scenario
-    """Run a poller over the simulator for `seconds` of a manual clock, one poll a second; the poller (stopped) and
+    """Run a pipeline over the simulator for `seconds` of a manual clock, one poll a second; the pipeline (stopped) and
     each second's exposition (every series: the tests check content, not the collector groups)."""
     clock = ManualClock()
     sim(scenario, clock=clock)
-    poller = Poller(settings(**sections), wall_clock=clock)
+    pipeline = Pipeline(settings(**sections), wall_clock=clock)
     series = []
     for _ in range(seconds):
-        poller.poll_once()
-        series.append(parse_exposition(Renderer(lambda n: True).render(poller.snapshot).decode()))
+        pipeline.poll_once()
+        series.append(parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode()))
         clock.advance(1.0)
-    poller.stop(0.5)
-    return poller, series
+    pipeline.stop(0.5)
+    return pipeline, series
 
 
 def tls_web_config(tmp: Path, *names: str) -> tuple[Path, Any]:

@@ -1,5 +1,5 @@
 """Who holds each GPU: the fast tier's processes attributed to containers, per-container usage accumulated, and
-exits from near-full GPUs remembered (the out-of-memory pattern). An assembly step: it reads the draft, never NVML.
+exits from near-full GPUs remembered (the out-of-memory pattern). A pipeline step: it reads the draft, never NVML.
 
 Attribution, best first: the process's cgroup names its pod (host /proc and the pod log directory, see
 exporter/gpuwarden/attribution/host.py) and the pod has one container holding the GPU, or one log directory; else the
@@ -15,14 +15,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuwarden.attribution import activity
 from gpuwarden.attribution.host import HostProcesses
+from gpuwarden.model.draft import Draft
 from gpuwarden.model.families import MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
 from gpuwarden.model.snapshot import (
     Allocation,
     ContainerUsage,
     GpuSnapshot,
-    HostEvidence,
     JobUsage,
     ProcessExit,
     ProcessView,
@@ -65,9 +64,8 @@ class ProcessesStep:
         self._gpus: dict[str, _GpuState] = {}
         self._exits: deque[ProcessExit] = deque(maxlen=MAX_EXITS)
         self._last_seen: dict[str, tuple[ProcessView, ...]] = {}  # per GPU, while it is up or lost
-        self._activity: dict[str, tuple[int, activity.ActivityTally]] = {}  # waiting GPU → (its main PID, tally)
 
-    def __call__(self, draft) -> None:  # noqa: ANN001 - assembly.Draft (imported the other way round)
+    def __call__(self, draft: Draft) -> None:
         now = draft.taken_at
         live_pids: set[int] = set()
         for gpu in draft.gpus:
@@ -98,36 +96,6 @@ class ProcessesStep:
             self._exits.popleft()
         draft.process_exits = tuple(self._exits)
         draft.pid_series = self._pid_series()
-        draft.host_evidence = self._host_evidence(draft)
-
-    def _host_evidence(self, draft) -> dict[str, HostEvidence]:  # noqa: ANN001 - assembly.Draft
-        """For GPUs whose bottleneck class is `waiting`: what their largest holder's threads do (see activity)."""
-        root = self._host.proc_root
-        waiting = {
-            uuid
-            for uuid, verdicts in draft.health.items()
-            if any(v.check == "bottleneck" and v.detail == "waiting" for v in verdicts) and draft.processes.get(uuid)
-        }
-        self._activity = {uuid: entry for uuid, entry in self._activity.items() if uuid in waiting}
-        if root is None:
-            return {}
-        found: dict[str, HostEvidence] = {}
-        looked: dict[int, activity.ThreadSample | None] = {}  # one look per process, however many GPUs it holds
-        for uuid in waiting:
-            pid = draft.processes[uuid][0].pid  # the largest holder of the GPU's memory: the job's main process
-            known_pid, tally = self._activity.get(uuid, (pid, activity.ActivityTally()))
-            if known_pid != pid:
-                tally = activity.ActivityTally()
-            if draft.taken_at - tally.sampled_at >= activity.SAMPLE_EVERY_S:
-                tally.sampled_at = draft.taken_at
-                if pid not in looked:
-                    looked[pid] = activity.sample(root, pid)
-                if looked[pid] is not None:
-                    tally.add(looked[pid])
-            self._activity[uuid] = (pid, tally)
-            if tally.samples:
-                found[uuid] = tally.evidence(pid)
-        return found
 
     def _attribute(
         self, gpu: GpuSnapshot, total: float | None, allocations: tuple[Allocation, ...]

@@ -1,6 +1,6 @@
 """`gpuwarden validate`: compare what gpuwarden reads with what nvidia-smi shows, on a real GPU host.
 
-It polls NVML once through the production poller, then takes `nvidia-smi -q -x` and `nvidia-smi topo -m` at once,
+It polls NVML once through the production pipeline, then takes `nvidia-smi -q -x` and `nvidia-smi topo -m` at once,
 and prints a table: metric, exporter value, nvidia-smi value, tolerance, match. Exit code 1 on any mismatch,
 2 when nvidia-smi or NVML cannot be used. Values that move between the two reads (temperature, power, clocks under
 load) get a tolerance; identities, limits and counters must be equal.
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpuwarden.collect.poller import Poller
 from gpuwarden.config.settings import load_settings
 from gpuwarden.model.snapshot import GpuSnapshot, Snapshot
+from gpuwarden.runtime.pipeline import Pipeline
 
 MIB = 1 << 20
 
@@ -372,10 +372,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     settings = load_settings(None, environ={}, flags={"nvml.xid_events": False, "poll.call_deadline": 10})
-    poller = Poller(settings)
-    poller.poll_once()
+    pipeline = Pipeline(settings)
+    pipeline.poll_once()
     time.sleep(1.2)  # a second fast poll sees fresh utilization samples
-    snapshot = poller.poll_once()
+    snapshot = pipeline.poll_once()
     if not snapshot.nvml_up:
         print(f"gpuwarden validate: NVML is down ({snapshot.nvml_error})", file=sys.stderr)
         return 2
@@ -384,7 +384,7 @@ def main(argv: list[str]) -> int:
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"gpuwarden validate: nvidia-smi failed ({exc})", file=sys.stderr)
         return 2
-    poller.stop()
+    pipeline.stop()
     names = sorted({g.info.name or "?" for g in snapshot.gpus})
     header = (
         f"# gpuwarden vs nvidia-smi: {len(snapshot.gpus)}× {', '.join(names)}, driver "

@@ -1,37 +1,21 @@
-"""Snapshot assembly: the GPUs' readings merged into an immutable Snapshot, then enriched by an ordered list of
-steps (topology matrix, health verdicts, pod allocations; later profiling or processes), each a small object that
-reads the draft and fills in its own part. No step calls NVML.
+"""Snapshot assembly: the GPUs' readings merged into a draft (model/draft.py), the topology matrix added, then the
+enrichment steps the composition root hands in (health verdicts, pod allocations, processes, host evidence: see
+gpuwarden/runtime/pipeline.py), in order, and the draft frozen into a Snapshot. collect/ knows none of those steps;
+no step calls NVML.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
-from gpuwarden.attribution import podresources
 from gpuwarden.collect import topology
 from gpuwarden.collect.topology import PairFacts
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.model.draft import Draft, EnrichmentStep
 from gpuwarden.model.families import GPU_INFO, NVLINK_UP
-from gpuwarden.model.snapshot import (
-    Allocation,
-    ContainerUsage,
-    GpuInfo,
-    GpuSnapshot,
-    HostEvidence,
-    JobUsage,
-    PeerLink,
-    ProcessExit,
-    ProcessView,
-    Sample,
-    Snapshot,
-    Tier,
-    TierReading,
-    Verdict,
-)
+from gpuwarden.model.snapshot import GpuInfo, GpuSnapshot, PeerLink, Sample, Snapshot, Tier, TierReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,42 +29,6 @@ class GpuView:
     lost_reason: str | None
     hardware_error: str | None
     readings: dict[Tier, TierReading]
-
-
-@dataclass
-class Draft:
-    """A snapshot being assembled: the steps fill in their fields, then it is frozen into a Snapshot."""
-
-    taken_at: float
-    nvml_up: bool
-    nvml_error: str | None
-    driver: dict[str, str]
-    gpus: tuple[GpuSnapshot, ...]
-    xid: dict[tuple[str, int], tuple[int, float]]
-    collect_errors: dict[tuple[str, str], int]
-    collect_timeouts: dict[str, int]
-    reinit_total: int
-    tier_duration: dict[str, float]
-    tier_finished: dict[str, float]
-    topology: dict[str, tuple[PeerLink, ...]] = field(default_factory=dict)
-    health: dict[str, tuple[Verdict, ...]] = field(default_factory=dict)
-    pods_state: str = "disabled"
-    pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
-    pods_unmatched: int = 0
-    mig_pods: dict[str, tuple[Allocation, ...]] = field(default_factory=dict)
-    processes: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
-    containers: dict[str, tuple[ContainerUsage, ...]] = field(default_factory=dict)
-    slurm_jobs: dict[str, tuple[JobUsage, ...]] = field(default_factory=dict)
-    process_exits: tuple[ProcessExit, ...] = ()
-    lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
-    host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
-    pid_series: int = 0
-    # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
-    gpus_skipped: dict[int, str] = field(default_factory=dict)
-
-
-class EnrichmentStep(Protocol):
-    def __call__(self, draft: Draft) -> None: ...
 
 
 def gpu_snapshot(view: GpuView) -> GpuSnapshot:
@@ -136,40 +84,11 @@ class TopologyStep:
         draft.topology = self._matrix
 
 
-class HealthStep:
-    """Health verdicts from the exporter's own history (only while NVML is up)."""
-
-    def __init__(self, evaluator: Callable[[], HealthEvaluator]) -> None:
-        self._evaluator = evaluator
-
-    def __call__(self, draft: Draft) -> None:
-        if draft.nvml_up:
-            draft.health = self._evaluator().evaluate(draft.gpus, draft.xid, draft.taken_at)
-
-
-class PodsStep:
-    """Which containers hold each GPU, from the kubelet's last answer (never fetched here)."""
-
-    def __init__(self, attribution: Callable[[], podresources.PodAttribution | None]) -> None:
-        self._attribution = attribution
-
-    def __call__(self, draft: Draft) -> None:
-        attribution = self._attribution()
-        view = attribution.view if attribution is not None else podresources.DISABLED
-        draft.pods_state = view.state
-        gpus = [(g.index, g.uuid, g.info.mig_uuids or ()) for g in draft.gpus if g.up]
-        aliases = podresources.dra_aliases(
-            (g.uuid, g.info.minor_number, g.info.mig_placements or ()) for g in draft.gpus if g.up
-        )
-        draft.pods, draft.pods_unmatched = podresources.assign(view, gpus, aliases)
-        draft.mig_pods = podresources.assign_mig(view, gpus, aliases)
-
-
 class SnapshotAssembler:
     """Builds each snapshot from the GPUs' views and the node's state, through the steps in order."""
 
     def __init__(self, steps: Iterable[EnrichmentStep]) -> None:
-        self.steps = list(steps)
+        self.steps: tuple[EnrichmentStep, ...] = tuple(steps)  # swapped whole on reload, read once per snapshot
         self._ids = itertools.count(1)
 
     def assemble(self, views: Iterable[GpuView], **node: Any) -> Snapshot:
@@ -177,5 +96,4 @@ class SnapshotAssembler:
         draft = Draft(gpus=gpus, **node)
         for step in self.steps:
             step(draft)
-        fields = {spec.name: getattr(draft, spec.name) for spec in dataclasses.fields(draft)}
-        return Snapshot(id=next(self._ids), **fields)
+        return draft.freeze(next(self._ids))

@@ -6,7 +6,8 @@ The parts it drives call one way and do not call back:
   cycle past the publish wait (its last values are served, marked stale);
 - `lifecycle.NvmlLifecycle` owns NVML's state and the GPUs': init, discovery and re-discovery under deadlines,
   and what each outcome means (reading kept, lost, re-init, exit);
-- `assembly.SnapshotAssembler` merges readings into an immutable snapshot and runs the enrichment steps.
+- `assembly.SnapshotAssembler` merges readings into an immutable snapshot and runs the enrichment steps it is
+  handed (collect/ builds none of them: the composition root does, gpuwarden/runtime/pipeline.py).
 """
 
 from __future__ import annotations
@@ -15,21 +16,16 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.attribution import podresources
-from gpuwarden.attribution.host import HostProcesses
-from gpuwarden.attribution.processes import ProcessesStep
-from gpuwarden.collect.assembly import GpuView, HealthStep, PodsStep, SnapshotAssembler, TopologyStep
+from gpuwarden.collect.assembly import GpuView, SnapshotAssembler, TopologyStep
 from gpuwarden.collect.lifecycle import NvmlLifecycle
-from gpuwarden.collect.readers import Reader, all_readers
+from gpuwarden.collect.readers import Reader
 from gpuwarden.collect.tiers import TierRunner
 from gpuwarden.collect.xid_events import XidCounts, XidWatcher
-from gpuwarden.config.settings import Settings
-from gpuwarden.health.checks import HealthEvaluator
-from gpuwarden.health.thresholds import load_thresholds
-from gpuwarden.model.families import family_filter
+from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.snapshot import EMPTY, Snapshot, Tier
 from gpuwarden.nvml import gpm_sampler
 from gpuwarden.nvml.device import ErrorLedger, GpuDevice
@@ -42,80 +38,60 @@ PUBLISH_WAIT_SHARE = 0.5
 PUBLISH_WAIT_MIN_S = 0.25
 
 
-def select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
-    """A reader with no wanted family is never run: query only what is exported (docs/nvml.md, Cost classes)."""
-    wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
-    readers: dict[Tier, list[Reader]] = {tier: [] for tier in Tier}
-    for reader in all_readers():
-        if reader.name == "gpm" and not settings.nvml.gpm:
-            continue
-        if not reader.families or any(wanted(family.name) for family in reader.families):
-            readers[reader.tier].append(reader)
-    return readers
+@dataclass(frozen=True)
+class PollPlan:
+    """What the loops need of the settings, as plain values: collect/ knows nothing of config/ (the composition
+    root, gpuwarden/runtime/pipeline.py, builds a plan from the settings and hands a new one in on reload).
+
+    The interval names are PollSettings' own: a reader's `every=` names one of them (tests/test_tiers.py)."""
+
+    readers: Mapping[Tier, Sequence[Reader]]
+    fast_interval: float = 1.0
+    slow_interval: float = 15.0
+    samples_interval: float = 5.0
+    nvlink_errors_interval: float = 60.0
+    call_deadline: float = 5.0
+    on_missing: str = "stay_up"  # stay_up | exit: when NVML cannot be loaded at start
+    xid_events: bool = True
 
 
 class Poller:
     def __init__(
         self,
-        settings: Settings,
+        plan: PollPlan,
+        steps: Sequence[EnrichmentStep] = (),
         wall_clock: Callable[[], float] = time.time,
         pool: WorkerPool | None = None,
         started_init: concurrent.futures.Future[Any] | None = None,
     ) -> None:
-        """`pool` and `started_init`: a worker pool on which lifecycle.start_init already began NVML's init."""
-        self.settings = settings
+        """`steps`: the enrichment steps after the topology matrix, in order; `pool` and `started_init`: a worker
+        pool on which lifecycle.start_init already began NVML's init."""
+        self.plan = plan
         self._wall = wall_clock
-        self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
-        self.readers = select_readers(settings)
-        gpm_sampler.reset()
-        self._configure_gpm(settings)
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
         self.pool = pool or WorkerPool()
         self.runner = TierRunner(
-            self.pool, lambda: self.readers, lambda name: getattr(self.settings.poll, name), wall_clock
+            self.pool, lambda: self.plan.readers, lambda name: getattr(self.plan, name), wall_clock
         )
         self.nvml = NvmlLifecycle(
             self.pool,
             self.runner,
             self.ledger,
-            deadline=lambda: self.settings.poll.call_deadline,
-            on_missing=lambda: self.settings.nvml.on_missing,
+            deadline=lambda: self.plan.call_deadline,
+            on_missing=lambda: self.plan.on_missing,
             started_init=started_init,
         )
-        self.pods = self._pod_attribution(settings)
-        self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
-        self.assembler = SnapshotAssembler(
-            [
-                TopologyStep(lambda: self.nvml.pairs),
-                HealthStep(lambda: self.health),
-                PodsStep(lambda: self.pods),
-                ProcessesStep(
-                    self.host,
-                    lambda: self.settings.processes.max_pid_series if self.settings.processes.per_pid_series else 0,
-                ),
-            ]
-        )
+        self._topology = TopologyStep(lambda: self.nvml.pairs)
+        self.assembler = SnapshotAssembler((self._topology, *steps))
         self.tier_duration: dict[str, float] = {}
         self.tier_finished: dict[str, float] = {}
         self._snapshot = EMPTY
         self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._watcher = XidWatcher(self._event_devices, self.xid) if settings.nvml.xid_events else None
+        self._watcher = XidWatcher(self._event_devices, self.xid) if plan.xid_events else None
         self.ready_once = threading.Event()  # set after the first fast cycle was published
-
-    def _pod_attribution(self, settings: Settings) -> podresources.PodAttribution | None:
-        pods = settings.pods
-        if not pods.attribution:
-            return None
-        return podresources.PodAttribution(
-            pods.resources_socket,
-            pods.refresh_interval,
-            pods.resource_names,
-            wall_clock=self._wall,
-            dra_drivers=pods.dra_drivers,
-        )
 
     # -- public ----------------------------------------------------------------------------------------
 
@@ -128,24 +104,21 @@ class Poller:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
-    @staticmethod
-    def _configure_gpm(settings: Settings) -> None:
-        nvml = settings.nvml
-        gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
-
-    def reconfigure(self, settings: Settings) -> None:
-        """Apply a reloaded configuration: intervals, deadlines, metric selection and thresholds take effect at
-        the next cycle. Each attribute is swapped whole, so a cycle sees the old or the new value, never a mix."""
-        self._configure_gpm(settings)
-        self.readers = select_readers(settings)
-        self.health.thresholds = load_thresholds(settings.health.thresholds_file)
-        if settings.pods != self.settings.pods:
-            old, self.pods = self.pods, self._pod_attribution(settings)
-            if old is not None:
-                old.stop()
-            if self.pods is not None and self._threads:
-                self.pods.start()
-        self.settings = settings
+    def reconfigure(self, plan: PollPlan, rebuild_steps: Callable[[], Sequence[EnrichmentStep]]) -> None:
+        """A reload: the new plan and steps take effect at the next cycle. `rebuild_steps` runs between two
+        publications (steps that take over their predecessors' state find it settled); the plan and the steps are
+        each swapped whole, so a cycle sees the old or the new ones, never a mix."""
+        with self._publish_lock:
+            self.assembler.steps = (self._topology, *rebuild_steps())
+        self.plan = plan
+        if plan.xid_events != (self._watcher is not None):
+            if self._watcher is not None:
+                self._watcher.stop()
+                self._watcher = None
+            else:
+                self._watcher = XidWatcher(self._event_devices, self.xid)
+                if self._threads:
+                    self._watcher.start()
 
     def start(self) -> None:
         for name, loop in (("gpuwarden-fast", self._fast_loop), ("gpuwarden-slow", self._slow_loop)):
@@ -154,16 +127,12 @@ class Poller:
             self._threads.append(thread)
         if self._watcher is not None:
             self._watcher.start()
-        if self.pods is not None:
-            self.pods.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the loops; shut NVML down only if no call is wedged (docs/nvml.md, Hangs)."""
         self._stop.set()
         if self._watcher is not None:
             self._watcher.stop()
-        if self.pods is not None:
-            self.pods.stop()
         for thread in self._threads:
             thread.join(timeout)
         gpm_sampler.reset()  # the GPM child process ends with the poller
@@ -172,24 +141,21 @@ class Poller:
 
     def poll_once(self) -> Snapshot:
         """One fast cycle (initialising if needed) and one slow cycle, each waiting out the call deadline, then
-        a publication: synchronous, for tests and tools (the host lookups it started, user names and pod logs, are
-        waited for after it, up to the call deadline, so the next poll sees them)."""
-        deadline = self.settings.poll.call_deadline
+        a publication: synchronous, for tests and tools."""
+        deadline = self.plan.call_deadline
         self._fast_cycle(deadline)
         self._tier_cycle(Tier.SLOW, deadline)
-        snapshot = self._publish()
-        self.host.lookups.wait_idle(deadline)
-        return snapshot
+        return self._publish()
 
     # -- loops -----------------------------------------------------------------------------------------
 
     def _publish_wait(self, interval: float) -> float:
-        return min(self.settings.poll.call_deadline, max(interval * PUBLISH_WAIT_SHARE, PUBLISH_WAIT_MIN_S))
+        return min(self.plan.call_deadline, max(interval * PUBLISH_WAIT_SHARE, PUBLISH_WAIT_MIN_S))
 
     def _fast_loop(self) -> None:
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            interval = self.settings.poll.fast_interval  # read each cycle: a reload may change it
+            interval = self.plan.fast_interval  # read each cycle: a reload may change it
             try:
                 self._fast_cycle(self._publish_wait(interval))
                 self._publish()
@@ -205,10 +171,10 @@ class Poller:
             self._stop.wait(max(next_tick - time.monotonic(), 0))
 
     def _slow_loop(self) -> None:
-        self.ready_once.wait(self.settings.poll.call_deadline * 2)
+        self.ready_once.wait(self.plan.call_deadline * 2)
         next_tick = time.monotonic()
         while not self._stop.is_set():
-            interval = self.settings.poll.slow_interval
+            interval = self.plan.slow_interval
             try:
                 if self.nvml.nvml_up:
                     self._tier_cycle(Tier.SLOW, self._publish_wait(interval))
@@ -228,7 +194,7 @@ class Poller:
         if not self.nvml.nvml_up:
             return
         started = time.monotonic()
-        outcomes = self.runner.run(tier, self.nvml.up_devices(), wait, self.settings.poll.call_deadline)
+        outcomes = self.runner.run(tier, self.nvml.up_devices(), wait, self.plan.call_deadline)
         self.nvml.apply(tier, outcomes)
         self.tier_duration[tier.value] = time.monotonic() - started
         self.tier_finished[tier.value] = self._wall()

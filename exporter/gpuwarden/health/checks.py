@@ -100,19 +100,21 @@ def _history_values(values: dict[tuple[str, tuple[str, ...]], float]) -> dict[tu
 
 
 class _History:
-    """Readings of one GPU's counters, one point per `spacing` seconds, kept for the longest window.
+    """Readings of one GPU's counters, one point per `spacing`-long slot, kept for the longest window.
 
     Bounded: (longest window / spacing) points of a few dozen counters, whatever the poll rate.
     """
 
     def __init__(self, spacing: float, keep: float) -> None:
-        self.spacing, self.keep = spacing, keep
+        self.spacing, self.keep = spacing, keep  # resized on reload (HealthEvaluator.carry_over), never shortened early
         self.points: deque[tuple[float, dict[tuple[str, tuple[str, ...]], float]]] = deque()
         self.latest: dict[tuple[str, tuple[str, ...]], float] = {}
 
     def add(self, now: float, values: dict[tuple[str, tuple[str, ...]], float]) -> None:
+        """Keep the first reading of each `spacing`-long slot of the clock: the slots are fixed in time, so a history
+        resized by a reload keeps the points a fresh start with the new settings would have kept."""
         self.latest = _history_values(values)
-        if not self.points or now - self.points[-1][0] >= self.spacing:
+        if not self.points or now // self.spacing > self.points[-1][0] // self.spacing:
             self.points.append((now, self.latest))
             while self.points[0][0] < now - self.keep:
                 self.points.popleft()
@@ -507,7 +509,9 @@ class HealthEvaluator:
         self._since: dict[tuple[str, str], float] = {}
         self.links_seen_up: dict[str, set[str]] = {}
 
-    def _new_history(self) -> _History:
+    def history_shape(self) -> tuple[float, float]:
+        """(spacing, keep) of each GPU's history: one point per spacing, kept for the longest window the checks
+        read, so every window can be judged once it has been watched."""
         limits = self.thresholds
         windows = (
             limits.utilization_for_s,
@@ -520,7 +524,23 @@ class HealthEvaluator:
             900,
         )
         spacing = min(max(min(windows) / 10, 0.5), 15.0)
-        return _History(spacing, max(windows) + 2 * spacing)
+        return spacing, max(windows) + 2 * spacing
+
+    def _new_history(self) -> _History:
+        return _History(*self.history_shape())
+
+    def carry_over(self, previous: HealthEvaluator) -> None:
+        """Take over what `previous` watched (a reload built this evaluator from new thresholds): each GPU's history,
+        resized for this evaluator's windows, and the conditions pending or held. A window longer than the old
+        history is judged once the history has grown that long, exactly as after a fresh start with these
+        settings; the points already kept count towards it."""
+        spacing, keep = self.history_shape()
+        for history in previous._history.values():
+            history.spacing, history.keep = spacing, keep
+        self._history = previous._history
+        self._began = previous._began
+        self._since = previous._since
+        self.links_seen_up = previous.links_seen_up
 
     def held_for(self, uuid: str, key: str, now: float) -> float:
         """Seconds the condition under `key` has held continuously (0 when it does not hold)."""

@@ -1,0 +1,53 @@
+"""The host-evidence stage, after health: for a GPU whose bottleneck class is `waiting`, what the threads of its
+largest holder do on the host (attribution/activity.py). It reads the verdicts the health step wrote and the
+processes the processes step wrote, both typed fields of the draft, so neither of those stages knows this one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuwarden.attribution import activity
+from gpuwarden.model.draft import Draft
+from gpuwarden.model.snapshot import HostEvidence
+
+
+def waiting_gpus(draft: Draft) -> set[str]:
+    """GPUs the health step classed `waiting` that hold at least one process."""
+    return {
+        uuid
+        for uuid, verdicts in draft.health.items()
+        if any(v.check == "bottleneck" and v.detail == "waiting" for v in verdicts) and draft.processes.get(uuid)
+    }
+
+
+class HostEvidenceStep:
+    """Fills draft.host_evidence; samples each waiting GPU's main process at most every activity.SAMPLE_EVERY_S."""
+
+    def __init__(self, proc_root: Path | None) -> None:
+        self._proc_root = proc_root  # None: the host's /proc is not mounted, nothing to look at
+        self._activity: dict[str, tuple[int, activity.ActivityTally]] = {}  # waiting GPU → (its main PID, tally)
+
+    def __call__(self, draft: Draft) -> None:
+        waiting = waiting_gpus(draft)
+        self._activity = {uuid: entry for uuid, entry in self._activity.items() if uuid in waiting}
+        if self._proc_root is None:
+            draft.host_evidence = {}
+            return
+        found: dict[str, HostEvidence] = {}
+        looked: dict[int, activity.ThreadSample | None] = {}  # one look per process, however many GPUs it holds
+        for uuid in waiting:
+            pid = draft.processes[uuid][0].pid  # the largest holder of the GPU's memory: the job's main process
+            known_pid, tally = self._activity.get(uuid, (pid, activity.ActivityTally()))
+            if known_pid != pid:
+                tally = activity.ActivityTally()
+            if draft.taken_at - tally.sampled_at >= activity.SAMPLE_EVERY_S:
+                tally.sampled_at = draft.taken_at
+                if pid not in looked:
+                    looked[pid] = activity.sample(self._proc_root, pid)
+                if looked[pid] is not None:
+                    tally.add(looked[pid])
+            self._activity[uuid] = (pid, tally)
+            if tally.samples:
+                found[uuid] = tally.evidence(pid)
+        draft.host_evidence = found

@@ -1,0 +1,179 @@
+"""The composition root of the collection pipeline: the one place that turns settings into stage objects.
+
+It builds, from one Settings: the readers (only those whose families are exported), the poll plan, the GPM
+sampler's mode, and the enrichment stages after the readings, in order:
+
+    collect (readings, topology) → health → pods → processes → host evidence
+
+and hands them to collect/'s Poller, which knows none of them. It owns reload: every stage whose shape depends on a
+setting is rebuilt from the new settings (the health evaluator from the new thresholds, its history resized for the
+new windows; pod attribution when its settings change; host lookups when the host paths change), between two
+publications, so no reload leaves a stage sized for the old settings.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuwarden.attribution import podresources
+from gpuwarden.attribution.evidence import HostEvidenceStep
+from gpuwarden.attribution.host import HostProcesses
+from gpuwarden.attribution.pods import PodsStep
+from gpuwarden.attribution.processes import ProcessesStep
+from gpuwarden.collect.poller import Poller, PollPlan
+from gpuwarden.collect.readers import Reader, all_readers
+from gpuwarden.config.settings import Settings
+from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.step import HealthStep
+from gpuwarden.health.thresholds import load_thresholds
+from gpuwarden.model.draft import EnrichmentStep
+from gpuwarden.model.families import family_filter
+from gpuwarden.model.snapshot import Snapshot, Tier
+from gpuwarden.nvml import gpm_sampler
+from gpuwarden.workers import WorkerPool
+
+
+def select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
+    """A reader with no wanted family is never run: query only what is exported (docs/nvml.md, Cost classes)."""
+    wanted = family_filter(settings.metrics.include, settings.metrics.exclude)
+    readers: dict[Tier, list[Reader]] = {tier: [] for tier in Tier}
+    for reader in all_readers():
+        if reader.name == "gpm" and not settings.nvml.gpm:
+            continue
+        if not reader.families or any(wanted(family.name) for family in reader.families):
+            readers[reader.tier].append(reader)
+    return readers
+
+
+def poll_plan(settings: Settings) -> PollPlan:
+    """What collect/ needs of the settings, as plain values."""
+    poll = settings.poll
+    return PollPlan(
+        readers=select_readers(settings),
+        fast_interval=poll.fast_interval,
+        slow_interval=poll.slow_interval,
+        samples_interval=poll.samples_interval,
+        nvlink_errors_interval=poll.nvlink_errors_interval,
+        call_deadline=poll.call_deadline,
+        on_missing=settings.nvml.on_missing,
+        xid_events=settings.nvml.xid_events,
+    )
+
+
+def configure_gpm(settings: Settings) -> None:
+    nvml = settings.nvml
+    gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
+
+
+def pod_attribution(settings: Settings, wall_clock: Callable[[], float]) -> podresources.PodAttribution | None:
+    pods = settings.pods
+    if not pods.attribution:
+        return None
+    return podresources.PodAttribution(
+        pods.resources_socket,
+        pods.refresh_interval,
+        pods.resource_names,
+        wall_clock=wall_clock,
+        dra_drivers=pods.dra_drivers,
+    )
+
+
+class Pipeline:
+    """NVML → readings → snapshot, with every stage built here from the settings in force."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        wall_clock: Callable[[], float] = time.time,
+        pool: WorkerPool | None = None,
+        started_init: concurrent.futures.Future[Any] | None = None,
+    ) -> None:
+        """`pool` and `started_init`: a worker pool on which nvml.session.start_init already began NVML's init."""
+        self.settings = settings
+        self._wall = wall_clock
+        gpm_sampler.reset()
+        configure_gpm(settings)
+        self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
+        self.pods = pod_attribution(settings, wall_clock)
+        self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
+        self.processes = ProcessesStep(self.host, self._pid_series)
+        self.evidence = HostEvidenceStep(self.host.proc_root)
+        self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
+        self._running = False
+
+    def _steps(self) -> tuple[EnrichmentStep, ...]:
+        """The enrichment stages in order: host evidence reads the verdicts, processes the pods."""
+        return (HealthStep(self.health), PodsStep(self.pods), self.processes, self.evidence)
+
+    def _pid_series(self) -> int:
+        """Per-PID series per GPU (0: off), read per snapshot from the settings in force."""
+        processes = self.settings.processes
+        return processes.max_pid_series if processes.per_pid_series else 0
+
+    # -- what the rest of the process reads -------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.poller.snapshot
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the process must exit (the driver changed under it, or no library and `on_missing: exit`)."""
+        return self.poller.fatal
+
+    @property
+    def ready_once(self) -> Any:
+        """Set once the first fast cycle was published (a threading.Event)."""
+        return self.poller.ready_once
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.poller.start()
+        if self.pods is not None:
+            self.pods.start()
+        self._running = True
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self.pods is not None:
+            self.pods.stop()
+        self.poller.stop(timeout)
+        self._running = False
+
+    def poll_once(self) -> Snapshot:
+        """One synchronous fast and slow cycle and a publication (tests and tools); the host lookups it started
+        (user names, pod logs) are waited for after it, up to the call deadline, so the next poll sees them."""
+        snapshot = self.poller.poll_once()
+        self.host.lookups.wait_idle(self.settings.poll.call_deadline)
+        return snapshot
+
+    def reload(self, new: Settings) -> None:
+        """Apply reloaded settings (already validated): the stages that depend on them are rebuilt between two
+        publications; intervals, deadlines, metric selection and thresholds take effect at the next cycle."""
+        old = self.settings
+        thresholds = load_thresholds(new.health.thresholds_file)
+        configure_gpm(new)
+        replaced_pods = self.pods if new.pods != old.pods else None
+
+        def rebuild() -> tuple[EnrichmentStep, ...]:
+            evaluator = HealthEvaluator(thresholds)
+            evaluator.carry_over(self.health)  # history resized for the new windows, pending conditions kept
+            self.health = evaluator
+            if new.pods != old.pods:
+                self.pods = pod_attribution(new, self._wall)
+            host_paths = (new.processes.proc_root, new.processes.pod_logs_root)
+            if host_paths != (old.processes.proc_root, old.processes.pod_logs_root):
+                self.host = HostProcesses(*host_paths)
+                self.processes = ProcessesStep(self.host, self._pid_series)
+                self.evidence = HostEvidenceStep(self.host.proc_root)
+            self.settings = new
+            return self._steps()
+
+        self.poller.reconfigure(poll_plan(new), rebuild)
+        if replaced_pods is not None:
+            replaced_pods.stop()
+            if self.pods is not None and self._running:
+                self.pods.start()
