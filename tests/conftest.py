@@ -18,7 +18,7 @@ from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim import install_simulator
 from gpuwarden.sim.fakelib import FakeNvmlLibrary
 from gpuwarden.sim.scenario import Scenario, load_scenario
-from tests.helpers.common import LiveServer, scenario_from, settings
+from tests.helpers.common import LiveServer, scenario_from, settings, wait_for_slow_cycles
 from tests.helpers.kubelet import FakeKubelet
 
 pytest_plugins = ["tests.helpers.require_all"]
@@ -112,7 +112,7 @@ def scenario_exporter(make_pipeline, tmp_path_factory):  # noqa: ANN001, ANN201 
             sections["health"] = {"thresholds_file": str(path)}
         server = LiveServer(make_pipeline(**sections))
         started.append(server.__enter__())
-        time.sleep(2.2)  # two slow cycles: health verdicts from the faults' readings
+        wait_for_slow_cycles(server.pipeline, 2)  # health verdicts from the faults' slow-tier readings
         return server
 
     yield start

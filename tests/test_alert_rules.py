@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from alert_rules import generate
 from gpuwarden.health import rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ def loaded() -> list[dict]:
 
 
 def test_committed_rules_match_the_thresholds():
-    assert RULES.read_text() == rules.to_yaml(rules.build()), "run `python -m gpuwarden.health.rules`"
+    assert RULES.read_text() == generate.alert_rules_yaml(rules.build()), "run `python alert_rules/generate.py`"
 
 
 @needs_promtool
@@ -87,7 +88,9 @@ def test_memory_and_utilization_never_page():
 def test_rules_follow_overridden_thresholds():
     from gpuwarden.health.thresholds import Thresholds
 
-    text = rules.to_yaml(rules.build(Thresholds(temperature_warning_celsius=80, temperature_warning_for_s=600)))
+    text = generate.alert_rules_yaml(
+        rules.build(Thresholds(temperature_warning_celsius=80, temperature_warning_for_s=600))
+    )
     rule = next(
         r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r["alert"] == "GpuwardenTemperatureHigh"
     )

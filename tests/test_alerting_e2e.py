@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from alert_rules import generate
 from gpuwarden.health import rules
 from tests.helpers.stack import ALERTMANAGER, PROMETHEUS, late_nvlink_down
 from tests.helpers.stack import stack as running_stack
@@ -137,7 +138,7 @@ def stack(tmp_path_factory):
             route.update(group_wait="1s", group_interval="2s")
         am_port = parts.alertmanager(am)
         # the shipped rules, with `for:` shortened
-        parts.start_prometheus(rules.to_yaml(stack_rules(), for_scale=FOR_SCALE), am_port)
+        parts.start_prometheus(generate.alert_rules_yaml(stack_rules(), for_scale=FOR_SCALE), am_port)
         yield {"receiver": receiver, "ports": parts.exporters, "prometheus": parts.prometheus}
     receiver.server.shutdown()
 

@@ -294,3 +294,23 @@ def test_the_fleet_service_ignores_its_own_service_link_variables_with_one_line(
         proc.wait(timeout=10)
     lines = [line for line in proc.stderr.read().splitlines() if "service-link" in line]
     assert len(lines) == 1 and "GPUWARDEN_FLEET_SERVICE_HOST" in lines[0], lines
+
+
+def test_a_settings_field_of_several_types_is_refused_where_it_is_declared():
+    """`int | str` from an environment string would be a guess: the model is refused, not the input; one type or
+    None is fine."""
+    import dataclasses
+
+    from gpuwarden.config.typed import build
+
+    @dataclasses.dataclass(frozen=True)
+    class Ambiguous:
+        size: int | str = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class Optional:
+        size: int | None = None
+
+    with pytest.raises(TypeError, match="Ambiguous.size: a setting is one type or None"):
+        build(Ambiguous, {})
+    assert build(Optional, {"size": "3"}).size == 3 and build(Optional, {}).size is None

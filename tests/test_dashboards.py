@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from alert_rules import generate
 from gpuwarden.health import rules
 from gpuwarden.model.families import FAMILIES
 from tests.helpers.common import write_yaml
@@ -154,7 +155,7 @@ def prometheus(tmp_path_factory):
                 else []
             )
             parts.exporter(scenario, "--health.thresholds-file", str(thresholds), *flags)
-        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240), node_labels=True)
+        parts.start_prometheus(generate.alert_rules_yaml(rules.build(), for_scale=1 / 240), node_labels=True)
         thermal = parts.instance_of("thermal-throttling")
         uuids = [g["uuid"] for g in httpx.get(f"http://{thermal}/api/v1/gpus", timeout=5).json()["gpus"]]
         kubelet.pods = [

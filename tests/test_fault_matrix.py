@@ -62,7 +62,7 @@ def test_hung_call_repeatedly(live_server):
     wait_for(lambda: values(scrape(server), "gpuwarden_collect_timeouts_total", call="nvmlDeviceGetPowerUsage"))
     wait_for(lambda: values(scrape(server), "gpuwarden_gpu_stale", gpu="1") == [0])
     time.sleep(3)  # two more hangs: abandoned threads stay at one per GPU and tier
-    fast_workers = server.poller.pool.workers("fast-")
+    fast_workers = server.pipeline.poller.pool.workers("fast-")
     assert len(fast_workers) == 2 and all(w.thread.is_alive() for w in fast_workers)
 
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from alert_rules import generate
 from gpuwarden.fleet.settings import FleetSettings, parse
 from gpuwarden.health import rules
 from tests.helpers.browser import CHROMIUM_FLAGS, chromium
@@ -71,7 +72,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 parts.exporter(scenario, *flags)
         parts.dead_targets.append(f"127.0.0.1:{free_port()}")
         # the shipped rules, `for:` shortened, so that cordon candidates can say which alerts fire
-        parts.start_prometheus(rules.to_yaml(rules.build(), for_scale=1 / 240))
+        parts.start_prometheus(generate.alert_rules_yaml(rules.build(), for_scale=1 / 240))
         starving = parts.instance_of("data-starvation")
         uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
         # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
@@ -460,7 +461,7 @@ def test_recording_rules_give_the_raw_answers(world: dict[str, Any], tmp_path: P
     config.pop("rule_files", None)
     config.pop("alerting", None)
     # every second and over 10 s: this Prometheus has a minute of history, and rate() over 5 m of it divides by 300 s
-    (tmp_path / "recording.yaml").write_text(recording.to_yaml(interval_s=1, rate_window="10s"))
+    (tmp_path / "recording.yaml").write_text(generate.recording_rules_yaml(interval_s=1, rate_window="10s"))
     config["rule_files"] = [str(tmp_path / "recording.yaml")]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
@@ -516,7 +517,7 @@ def test_the_recording_rules_file_is_generated_and_promtool_accepts_it() -> None
     from gpuwarden.fleet import recording
 
     shipped = ROOT / "alert_rules" / "gpuwarden.recording.yaml"
-    assert shipped.read_text() == recording.to_yaml(), "run `python -m gpuwarden.fleet.recording`"
+    assert shipped.read_text() == generate.recording_rules_yaml(), "run `python alert_rules/generate.py`"
     result = subprocess.run(["promtool", "check", "rules", str(shipped)], capture_output=True, text=True)
     assert result.returncode == 0 and f"SUCCESS: {len(recording.rules())} rules found" in result.stdout, (
         result.stdout + result.stderr

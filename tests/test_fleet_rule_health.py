@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from alert_rules import generate
 from gpuwarden.fleet import recording
 from tests.helpers.common import free_port, wait_for
 from tests.helpers.fleet import FleetServer, fleet_settings
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 def broken_health_rules(tmp: Path) -> Path:
     """The shipped recording rules, every second, with each health record's expression failing at evaluation."""
-    document = yaml.safe_load(recording.to_yaml(interval_s=1, rate_window="10s"))
+    document = yaml.safe_load(generate.recording_rules_yaml(interval_s=1, rate_window="10s"))
     for group in document["groups"]:
         for rule in group["rules"]:
             if rule.get("record") == recording.HEALTH:

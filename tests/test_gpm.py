@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gpuwarden.health.checks import bottleneck_class
+from gpuwarden.health.checks import WindowActivity, bottleneck_class
 from gpuwarden.health.diagnosis import diagnose
 from gpuwarden.health.thresholds import DEFAULT
 from tests.helpers.common import poll_series, values, write_yaml
@@ -119,7 +119,8 @@ def test_a_gpu_reset_reseeds_the_window(sim):
     ],
 )
 def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy, expected):
-    assert bottleneck_class(DEFAULT, running, sm, tensor, dram, nvlink, pcie, fp32, busy) == expected
+    activity = WindowActivity(running, sm, tensor, fp32, dram, nvlink, pcie, busy)
+    assert bottleneck_class(DEFAULT, activity) == expected
 
 
 @pytest.mark.parametrize("scenario", ["training", "thermal-throttling", "nvlink-down", "shared-gpu"])

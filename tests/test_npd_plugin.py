@@ -20,7 +20,7 @@ from gpuwarden.sim import install_simulator
 from gpuwarden.sim.scenario import load_scenario, shipped_scenarios
 from gpuwarden.web.front import create_front
 from gpuwarden.web.readiness import readiness_under
-from tests.helpers.common import ServedApp, free_port
+from tests.helpers.common import ServedApp, free_port, wait_for_slow_cycles
 from tests.helpers.npd import check_npd_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,7 +246,7 @@ def test_basic_auth_from_the_web_config(make_pipeline, tmp_path: Path) -> None: 
     served.start()
     try:
         pipeline.ready_once.wait(10)
-        time.sleep(2.2)
+        wait_for_slow_cycles(pipeline, 2)
         web_config = tmp_path / "web.yml"
         web_config.write_text(f"basic_auth_users:\n  npd: '{hashed}'\n")
         password = tmp_path / "password"

@@ -80,11 +80,11 @@ def test_mig_instances_are_read_and_their_pods_charged_to_the_parent(
         pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1},
         metrics={"enable_groups": ["static_detail"]},  # gpuwarden_mig_mode_enabled
     )
-    gpus = {g.index: g for g in server.poller.snapshot.gpus}  # type: ignore[attr-defined]
-    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore
-    mig = server.poller.snapshot.gpus[1].info.mig_uuids  # type: ignore[attr-defined]
+    gpus = {g.index: g for g in server.pipeline.snapshot.gpus}  # type: ignore[attr-defined]
+    wait_for(lambda: len(server.pipeline.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore
+    mig = server.pipeline.snapshot.gpus[1].info.mig_uuids  # type: ignore[attr-defined]
     assert all(u.startswith("MIG-") for u in mig) and len(set(mig)) == 3
-    assert server.poller.snapshot.gpus[0].info.mig_uuids is None  # type: ignore[attr-defined]
+    assert server.pipeline.snapshot.gpus[0].info.mig_uuids is None  # type: ignore[attr-defined]
     kubelet.pods = [("infer", f"svc-{i}", [("main", [("nvidia.com/mig-2g.20gb", [u])])]) for i, u in enumerate(mig)]
 
     def allocations() -> list[float]:
@@ -130,8 +130,8 @@ def test_dra_allocations_of_whole_gpus_and_mig_slices_attribute_as_the_device_pl
         "processes": [{"gpu": 0, "pid": 4101, "name": "train", "memory_gib": {"constant": 30}}],
     }
     server = live_server(scenario, pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
-    wait_for(lambda: len(server.poller.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore[attr-defined]
-    snap = server.poller.snapshot  # type: ignore[attr-defined]
+    wait_for(lambda: len(server.pipeline.snapshot.gpus[1].info.mig_uuids or ()) == 3)  # type: ignore[attr-defined]
+    snap = server.pipeline.snapshot  # type: ignore[attr-defined]
     gpus = {g.index: g for g in snap.gpus}
     assert [gpus[i].info.minor_number for i in range(3)] == [0, 1, 2]
     mig = gpus[1].info.mig_uuids
@@ -178,7 +178,7 @@ def test_over_http_pods_come_and_go_and_the_socket_disappears(
 ) -> None:
     caplog.set_level(logging.INFO, logger="gpuwarden.attribution.podresources")
     server = live_server("healthy", pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
-    gpus = server.poller.snapshot.gpus  # type: ignore[attr-defined]
+    gpus = server.pipeline.snapshot.gpus  # type: ignore[attr-defined]
     first, second = gpus[0].uuid, gpus[1].uuid
     kubelet.pods = [("train", "job-a", [("worker", [(GPU, [first])])])]
 

@@ -43,7 +43,7 @@ def test_concurrent_scrapers_of_one_snapshot_cost_one_render(live_server):
     server = live_server("healthy", poll={"fast_interval": 5.0, "slow_interval": 10.0, "call_deadline": 1.0})
     time.sleep(0.3)
     before = server.renderer.renders
-    snapshot_id = server.poller.snapshot.id
+    snapshot_id = server.pipeline.snapshot.id
     bodies: list[bytes] = []
 
     def scrape() -> None:
@@ -55,7 +55,7 @@ def test_concurrent_scrapers_of_one_snapshot_cost_one_render(live_server):
     for thread in threads:
         thread.join()
     assert len(bodies) == 16 and len(set(bodies)) == 1
-    if server.poller.snapshot.id == snapshot_id:
+    if server.pipeline.snapshot.id == snapshot_id:
         assert server.renderer.renders - before == 1
 
 

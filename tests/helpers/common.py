@@ -99,7 +99,7 @@ class LiveServer:
     """gpuwarden's app on its real HTTP server on a loopback port, with its pipeline running."""
 
     def __init__(self, pipeline: Pipeline) -> None:
-        self.poller = pipeline
+        self.pipeline = pipeline
         self.renderer = Renderer(pipeline.settings.metrics.selection())
         app = create_front(
             lambda: pipeline.snapshot,
@@ -111,14 +111,14 @@ class LiveServer:
         self.port, self.url = self.served.port, self.served.url
 
     def __enter__(self) -> LiveServer:
-        self.poller.start()
+        self.pipeline.start()
         self.served.start()
-        self.poller.ready_once.wait(10)
+        self.pipeline.ready_once.wait(10)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.served.stop()
-        self.poller.stop(timeout=0.5)
+        self.pipeline.stop(timeout=0.5)
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.url + path, timeout=10, **kwargs)
@@ -160,6 +160,21 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0, step: float
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(step)
+
+
+def wait_for_slow_cycles(pipeline: Pipeline, cycles: int) -> None:
+    """Wait until `cycles` slow-tier cycles have been published (each publishes a new `tier_finished["slow"]`), or
+    a snapshot says NVML is down (no slow cycle runs then)."""
+    seen: set[float] = set()
+
+    def enough() -> bool:
+        snapshot = pipeline.snapshot
+        finished = snapshot.tier_finished.get("slow")
+        if finished is not None:
+            seen.add(finished)
+        return len(seen) >= cycles or (snapshot.id > 0 and not snapshot.nvml_up)
+
+    wait_for(enough, timeout=15, step=0.02)
 
 
 def polled(sim, make_pipeline, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from gpuwarden.fleet import recording
+from alert_rules import generate
 from tests.helpers.common import free_port
 from tests.helpers.stack import wait_ready
 from tests.helpers.synthetic_fleet import Fleet
@@ -121,7 +121,7 @@ class Prometheus:
         """The shipped recording rules over [start, end] with promtool's rule backfill, then a restart on the raw
         and the recorded blocks together."""
         rules, out = self.work / "recording.yaml", self.work / "rules-blocks"
-        rules.write_text(recording.to_yaml())
+        rules.write_text(generate.recording_rules_yaml())
         subprocess.run(
             ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={start}", f"--end={end}",
              f"--url={self.url}", f"--output-dir={out}", "--quiet", str(rules)],
@@ -223,7 +223,7 @@ class VictoriaMetrics(Prometheus):
         by the group's interval: it wrote a point every 5 minutes and the hours read from them were a fifth of the
         truth; 0s makes it step by the rules' interval (60 s), as live evaluation does."""
         rules = self.work / "recording.yaml"
-        rules.write_text(recording.to_yaml())
+        rules.write_text(generate.recording_rules_yaml())
 
         def rfc3339(t: int) -> str:
             return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -3,9 +3,11 @@
 Why not pydantic here: the exporter's settings and health thresholds are read by every node's serving process at
 start, and pydantic with these models cost 9.6 MiB of resident memory and ~200 ms of start-up (docs/benchmarks.md,
 Footprint) for ~90 scalar fields with bounds. This module knows exactly the types those fields use — bool, int,
-float, str, Path, Literal choices, optional values, tuples of str or int and nested sections — and says what is
-wrong in the words the rest of the configuration uses ("Input should be ..."). Models with richer shapes (simulator
-scenarios, web config, the fleet service's settings, the JSON API) stay on pydantic, loaded only where used.
+float, str, Path, Literal choices, one type or None (`X | None`), tuples, mappings and nested sections — and says
+what is wrong in the words the rest of the configuration uses ("Input should be ..."). The exporter's settings, the
+health thresholds and the web-config file are built here; models with richer shapes (simulator scenarios, the
+fleet service's settings, the JSON API) stay on pydantic, loaded only where used. A union of several types is
+refused when a field declares it: which member a string from the environment means would be a guess.
 """
 
 from __future__ import annotations
@@ -59,10 +61,16 @@ def setting(
 
 
 def hints(cls: type) -> dict[str, Any]:
-    """The resolved field types of a settings class (cached: resolving them is the slow part)."""
+    """The resolved field types of a settings class (cached: resolving them is the slow part); TypeError for a
+    union of several types (a bug in the model, not bad input: `int | str` from an environment string is a guess)."""
     cached = cls.__dict__.get("__resolved_hints__")
     if cached is None:
         cached = typing.get_type_hints(cls)
+        for name, annotation in cached.items():
+            if typing.get_origin(annotation) in (types.UnionType, typing.Union):
+                members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+                if len(members) != 1:
+                    raise TypeError(f"{cls.__name__}.{name}: a setting is one type or None, not {annotation!r}")
         cls.__resolved_hints__ = cached  # type: ignore[attr-defined]
     return cached
 
@@ -139,7 +147,7 @@ def convert(annotation: Any, raw: Any, loc: tuple[str, ...]) -> Any:
     """`raw` as the type `annotation` names, accepting the strings environment variables and flags give."""
     origin = typing.get_origin(annotation)
     if origin is types.UnionType or origin is typing.Union:
-        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        options = [arg for arg in typing.get_args(annotation) if arg is not type(None)]  # one: fields() checked
         if raw is None:
             return None
         return convert(options[0], raw, loc)

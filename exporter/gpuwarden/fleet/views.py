@@ -19,7 +19,7 @@ from gpuwarden.fleet import recording
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
-from gpuwarden.health.rules import RUNBOOK_BASE, anchor, build
+from gpuwarden.health.rules import RUNBOOK_BASE, Rule, anchor, build
 
 CORDON_ACTIONS = recording.CORDON_ACTIONS
 # Rules whose expression scans a long range of many series (NVLink: every GPU's active links over 1 d, to tell a
@@ -245,13 +245,43 @@ class HealthView(FleetQueries):
     # -- cordon candidates ----------------------------------------------------------------------------------------
 
     async def cordon_candidates(self) -> dict[str, Any]:
-        rules = [
+        """Nodes to drain: the critical rules that name an action, evaluated now (not waiting for `for:`), each
+        finding beside whether its alert fires, and the commands to run after review."""
+        rules = self._cordon_rules()
+        recorded = await self._recorded(recording.CORDON)
+        exprs, findings = await self._cordon_expressions(rules, recorded)
+        names = "|".join(r.alert for r in rules)
+        *asked, firing = await self.many(
+            *exprs.values(), f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
+        )
+        answered = dict(zip(exprs, asked, strict=True))
+        answers = [answered[r.alert] if r.alert in answered else findings[r.alert] for r in rules]
+        nodes = self._findings_by_node(rules, answers, _fired(firing))
+        return {
+            "candidates": _drain_entries(nodes),
+            "rules": [r.alert for r in rules],
+            "source": _source(recorded, "findings of every rule but NVLink's (up to one evaluation interval old)"),
+            "note": "instant evaluation of the alert expressions, without their `for:` durations; "
+            "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
+            "needs the rules loaded there). Review before draining. The commands are printed, never run.",
+        }
+
+    def _cordon_rules(self, selector: str | None = None) -> list[Rule]:
+        """The critical alert rules whose action is cordon, rma or reset_gpu, over `selector` (default: the fleet's)."""
+        return [
             r
-            for g in build(selector=self.selector)
+            for g in build(selector=selector or self.selector)
             for r in g.rules
             if r.action in CORDON_ACTIONS and r.severity == "critical"
         ]
-        recorded = await self._recorded(recording.CORDON)
+
+    async def _cordon_expressions(
+        self, rules: list[Rule], recorded: Recorded
+    ) -> tuple[dict[str, str], dict[str, list[Series]]]:
+        """What to ask now per alert, and the findings the recording rules already hold for the others.
+
+        Recorded: every rule but the unrecorded ones is answered by its record. Otherwise a rule with a cheap
+        narrowing query is evaluated only on the instances that query finds (none: an empty answer, no scan)."""
         narrowable = [r.alert for r in rules if r.alert in NARROWING]
         first = await self.many(
             *(NARROWING[alert].format(sel=self.selector) for alert in narrowable),
@@ -277,39 +307,19 @@ class HealthView(FleetQueries):
             else:
                 regex = "|".join(re.escape(i) for i in instances)
                 narrow = f"{self.selector},instance=~{promql_string(regex)}"
-                exprs[rule.alert] = next(
-                    r.expr for g in build(selector=narrow) for r in g.rules if r.alert == rule.alert
-                )
-        names = "|".join(r.alert for r in rules)
-        *asked, firing = await self.many(
-            *exprs.values(), f'ALERTS{{{self.selector},alertstate="firing",alertname=~"{names}"}}'
-        )
-        answered = dict(zip(exprs, asked, strict=True))
-        answers = [answered[r.alert] if r.alert in answered else findings[r.alert] for r in rules]
-        # the alert's own state where this Prometheus evaluates the rules: firing = past its `for:` duration
-        fired = {
-            (
-                r.labels.get("alertname"),
-                r.labels.get("instance"),
-                r.labels.get("uuid"),
-                r.labels.get("link"),
-                r.labels.get("xid"),
-            )
-            for r in firing
-        }
+                exprs[rule.alert] = next(r.expr for r in self._cordon_rules(narrow) if r.alert == rule.alert)
+        return exprs, findings
+
+    def _findings_by_node(
+        self, rules: list[Rule], answers: list[list[Series]], fired: set[tuple[str | None, ...]]
+    ) -> dict[str, dict[str, Any]]:
+        """Each answered row as a finding of its node, with whether its alert fires."""
         nodes: dict[str, dict[str, Any]] = {}
         for rule, rows in zip(rules, answers, strict=True):
             for row in rows:
                 node = self.node(row)
                 entry = nodes.setdefault(node, {"node": node, "findings": []})
                 labels = {k: v for k, v in row.labels.items() if k in ("gpu", "uuid", "xid", "link", "type")}
-                key = (
-                    rule.alert,
-                    row.labels.get("instance"),
-                    row.labels.get("uuid"),
-                    row.labels.get("link"),
-                    row.labels.get("xid"),
-                )
                 entry["findings"].append(
                     {
                         "alert": rule.alert,
@@ -318,29 +328,37 @@ class HealthView(FleetQueries):
                         "labels": labels,
                         "value": row.value,
                         "query": rule.expr,
-                        "alert_firing": key in fired,
+                        "alert_firing": _alert_key(rule.alert, row) in fired,
                         "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}",
                     }
                 )
-        out = []
-        for node, entry in nodes.items():
-            entry["findings"].sort(key=lambda f: (ACTION_ORDER.get(f["action"], 9), f["alert"]))
-            name = shlex.quote(_node_name(node))
-            entry["commands"] = [
-                f"kubectl cordon {name}",
-                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
-            ]
-            entry["gpus"] = sorted({f["labels"].get("gpu", "") for f in entry["findings"]} - {""})
-            out.append(entry)
-        out.sort(key=lambda e: (min(ACTION_ORDER.get(f["action"], 9) for f in e["findings"]), e["node"]))
-        return {
-            "candidates": out,
-            "rules": [r.alert for r in rules],
-            "source": _source(recorded, "findings of every rule but NVLink's (up to one evaluation interval old)"),
-            "note": "instant evaluation of the alert expressions, without their `for:` durations; "
-            "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
-            "needs the rules loaded there). Review before draining. The commands are printed, never run.",
-        }
+        return nodes
+
+
+def _alert_key(alert: str | None, row: Series) -> tuple[str | None, ...]:
+    """What tells one firing alert from another of the same rule: its instance, GPU, link and XID."""
+    return (alert, *(row.labels.get(k) for k in ("instance", "uuid", "link", "xid")))
+
+
+def _fired(firing: list[Series]) -> set[tuple[str | None, ...]]:
+    """The alerts' own state where this Prometheus evaluates the rules: firing = past its `for:` duration."""
+    return {_alert_key(row.labels.get("alertname"), row) for row in firing}
+
+
+def _drain_entries(nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per node, worst action first: its findings, its GPUs and the commands to run after review."""
+    out = []
+    for node, entry in nodes.items():
+        entry["findings"].sort(key=lambda f: (ACTION_ORDER.get(f["action"], 9), f["alert"]))
+        name = shlex.quote(_node_name(node))
+        entry["commands"] = [
+            f"kubectl cordon {name}",
+            f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m",
+        ]
+        entry["gpus"] = sorted({f["labels"].get("gpu", "") for f in entry["findings"]} - {""})
+        out.append(entry)
+    out.sort(key=lambda e: (min(ACTION_ORDER.get(f["action"], 9) for f in e["findings"]), e["node"]))
+    return out
 
 
 class UtilizationView(FleetQueries):

@@ -415,23 +415,30 @@ WINDOW = (GPM_WINDOW_SECONDS_TOTAL.name, ())
 HEALTHY_CLASSES = frozenset({"idle", "tensor_bound"})
 
 
-def bottleneck_class(
-    limits: Thresholds,
-    running: bool,
-    sm: float,
-    tensor: float,
-    dram: float,
-    nvlink_bps: float,
-    pcie_rx_bps: float,
-    fp32: float = 0.0,
-    busy: float | None = None,
-) -> str:
+@dataclass(frozen=True)
+class WindowActivity:
+    """What one GPU did over the bottleneck window: the ratios are shares of the window (GPM), the rates bytes per
+    second, `busy` the driver's busy ratio (None until the window has been sampled)."""
+
+    running: bool  # a process holds the GPU
+    sm: float
+    tensor: float = 0.0
+    fp32: float = 0.0
+    dram: float = 0.0
+    nvlink_bytes_per_second: float = 0.0
+    pcie_rx_bytes_per_second: float = 0.0
+    busy: float | None = None
+
+
+def bottleneck_class(limits: Thresholds, activity: WindowActivity) -> str:
     """What a GPU's time goes to over the window: the limit that dominates, compared with the others, not one
     threshold chain. The math pipes are compared with each other (a bf16 job at 22 % tensor and 2 % FP32 is a
     tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead).
     The numbers and the jobs that set them: docs/diagnosis.md."""
-    if not running:
+    if not activity.running:
         return "idle"
+    sm, tensor, fp32, dram, busy = activity.sm, activity.tensor, activity.fp32, activity.dram, activity.busy
+    nvlink_bps, pcie_rx_bps = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
     tensor_dominates = (
         tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
     )
@@ -468,7 +475,8 @@ def check_bottleneck(c: CheckContext) -> Verdict:
     pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
     running = c.values.get((PROCESSES.name, ()), 0) > 0
     busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
-    kind = bottleneck_class(limits, running, sm, tensor, dram, nvlink, pcie_rx, fp32, busy)
+    activity = WindowActivity(running, sm, tensor, fp32, dram, nvlink, pcie_rx, busy)
+    kind = bottleneck_class(limits, activity)
     busy_text = "n/a" if busy is None else f"{busy:.0%}"
     observed = (
         f"{kind}: driver busy {busy_text}, SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "

@@ -30,10 +30,20 @@ class Family:
         return (GPU_LABELS + self.labels) if self.per_gpu else self.labels
 
 
+# Every family of the contract, in definition order: a family is registered where it is defined, so none can be
+# defined and forgotten (the README's metric reference and the tests read this).
+FAMILIES: dict[str, Family] = {}
+
+
 def _f(
     name: str, type_: Literal["gauge", "counter"], help_: str, *labels: str, per_gpu: bool = True, unit: str = ""
 ) -> Family:
-    return Family(name, type_, help_, tuple(labels), per_gpu, unit)
+    """Define a family and register it in FAMILIES; a name defined twice is a bug, found at import."""
+    if name in FAMILIES:
+        raise ValueError(f"metric family {name} is defined twice")
+    family = Family(name, type_, help_, tuple(labels), per_gpu, unit)
+    FAMILIES[name] = family
+    return family
 
 
 CLOCK_EVENT_REASONS = {
@@ -555,102 +565,6 @@ TOPOLOGY_INFO = _f(
     "level",
 )
 
-_FAMILIES = [
-    BUILD_INFO,
-    DRIVER_INFO,
-    NVML_UP,
-    NVML_ERROR_INFO,
-    GPUS,
-    GPUS_EXPECTED,
-    COLLECT_DURATION_SECONDS,
-    LAST_COLLECT_TIMESTAMP_SECONDS,
-    COLLECT_ERRORS_TOTAL,
-    COLLECT_TIMEOUTS_TOTAL,
-    NVML_REINIT_TOTAL,
-    HTTP_REJECTED_TOTAL,
-    CONFIG_RELOADS_TOTAL,
-    GPM_WINDOW_SECONDS_TOTAL,
-    GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
-    GPM_SM_ACTIVE_SECONDS_TOTAL,
-    GPM_SM_OCCUPANCY_SECONDS_TOTAL,
-    GPM_PIPE_ACTIVE_SECONDS_TOTAL,
-    GPM_DRAM_ACTIVE_SECONDS_TOTAL,
-    NVLINK_BYTES_TOTAL,
-    MIG_GPM_WINDOW_SECONDS_TOTAL,
-    MIG_GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,
-    MIG_GPM_SM_ACTIVE_SECONDS_TOTAL,
-    MIG_GPM_PIPE_ACTIVE_SECONDS_TOTAL,
-    MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL,
-    GPM_UNAVAILABLE_INFO,
-    HEALTH,
-    HEALTH_SINCE_TIMESTAMP_SECONDS,
-    HEALTH_STATUS,
-    BOTTLENECK_INFO,
-    POD_ATTRIBUTION_UP,
-    POD_ATTRIBUTION_UNMATCHED_DEVICES,
-    GPU_ALLOCATION,
-    MIG_ALLOCATION,
-    CONTAINER_GPU_MEMORY_USED_BYTES,
-    CONTAINER_SM_ACTIVE_SECONDS_TOTAL,
-    CONTAINER_PROCESSES,
-    SLURM_JOB_GPU_MEMORY_USED_BYTES,
-    SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL,
-    PROCESS_GPU_MEMORY_USED_BYTES,
-    GPU_INFO,
-    GPU_UP,
-    GPU_STALE,
-    GPU_HARDWARE_ERROR_INFO,
-    UTILIZATION_RATIO,
-    BUSY_SECONDS_TOTAL,
-    UTILIZATION_SAMPLED_SECONDS_TOTAL,
-    UTILIZATION_SOURCE_INFO,
-    MEMORY_BANDWIDTH_UTILIZATION_RATIO,
-    MEMORY_TOTAL_BYTES,
-    MEMORY_USED_BYTES,
-    MEMORY_FREE_BYTES,
-    MEMORY_RESERVED_BYTES,
-    TEMPERATURE_CELSIUS,
-    MEMORY_TEMPERATURE_CELSIUS,
-    TEMPERATURE_THRESHOLD_CELSIUS,
-    POWER_USAGE_WATTS,
-    POWER_LIMIT_WATTS,
-    POWER_DEFAULT_LIMIT_WATTS,
-    ENERGY_JOULES_TOTAL,
-    PERFORMANCE_STATE,
-    CLOCK_HERTZ,
-    CLOCK_MAX_HERTZ,
-    CLOCK_EVENT_ACTIVE,
-    THROTTLE_SECONDS_TOTAL,
-    ECC_ENABLED,
-    ECC_ERRORS_TOTAL,
-    ECC_LIFETIME_ERRORS_TOTAL,
-    REMAPPED_ROWS,
-    REMAPPED_ROWS_PENDING,
-    REMAPPED_ROWS_FAILED,
-    RETIRED_PAGES,
-    RETIRED_PAGES_PENDING,
-    XID_ERRORS_TOTAL,
-    XID_LAST_TIMESTAMP_SECONDS,
-    PERSISTENCE_MODE_ENABLED,
-    MIG_MODE_ENABLED,
-    PROCESSES,
-    RECOVERY_ACTION,
-    PCIE_REPLAY_ERRORS_TOTAL,
-    PCIE_BYTES_TOTAL,
-    PCIE_LINK_GENERATION,
-    PCIE_LINK_WIDTH,
-    FAN_SPEED_RATIO,
-    NVLINK_ACTIVE_LINKS,
-    NVLINK_LINKS,
-    NVLINK_GPU_ERRORS_TOTAL,
-    NVLINK_UP,
-    NVLINK_ERRORS_TOTAL,
-    NVLINK_PEER_LINKS,
-    TOPOLOGY_INFO,
-]
-
-FAMILIES: dict[str, Family] = {family.name: family for family in _FAMILIES}
-
 
 # -- collector groups: detail that is off by default, so an 8-GPU node stays within its series budget ------------
 # Everything a group holds stays in the JSON API; groups only decide what /metrics exports. A member is a whole
@@ -663,7 +577,8 @@ class Member:
 
     family: Family
     label: str | None = None  # None: the whole family
-    values: frozenset[str] = frozenset()  # the label's values this group holds ("!x": every value but x)
+    values: frozenset[str] = frozenset()  # the label's values this group holds (fnmatch globs allowed)
+    excluded: frozenset[str] = frozenset()  # or: every value of the label but these
     zero_rows: bool = False  # the rows whose value is 0 (gpuwarden_health's ok checks)
 
     def holds(self, labels: list[str], value: float) -> bool:
@@ -673,9 +588,8 @@ class Member:
             return True
         position = self.family.all_labels.index(self.label)
         current = labels[position]
-        excluded = {v[1:] for v in self.values if v.startswith("!")}
-        if excluded:
-            return current not in excluded
+        if self.excluded:
+            return current not in self.excluded
         if any(v.endswith("*") for v in self.values):
             return any(fnmatch(current, v) for v in self.values)
         return current in self.values
@@ -766,7 +680,7 @@ GROUPS: dict[str, Group] = {
                 Member(PCIE_LINK_WIDTH),
                 Member(MIG_MODE_ENABLED),
                 Member(FAN_SPEED_RATIO),
-                Member(TEMPERATURE_THRESHOLD_CELSIUS, "threshold", frozenset({"!memory_max"})),
+                Member(TEMPERATURE_THRESHOLD_CELSIUS, "threshold", excluded=frozenset({"memory_max"})),
             ),
         ),
         Group(
