@@ -36,6 +36,7 @@ def test_promtool_check_rules_is_clean():
     assert f"SUCCESS: {len(loaded())} rules found" in result.stdout
 
 
+@pytest.mark.slow  # promtool over every alert's unit tests
 @needs_promtool
 def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
     """Exactly the README's command, from the repository root: rules, labels and rendered annotations."""

@@ -54,6 +54,7 @@ def test_metric_names_follow_the_conventions():
         assert family.help.strip()
 
 
+@pytest.mark.slow  # every shipped scenario polled
 def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
     seen: set[str] = set()
     for name in sorted(shipped_scenarios()):
@@ -87,3 +88,14 @@ def test_the_fake_implements_every_symbol_the_exporter_asks_for(sim, make_pipeli
     pipeline = make_pipeline(processes={"per_pid_series": True})
     pipeline.poll_once()
     assert not fake.missing_lookups, dict(fake.missing_lookups)
+
+
+def test_a_family_registers_where_it_is_defined_and_a_name_defined_twice_fails():
+    """No hand-kept list: defining a family registers it; a second definition of a name is a bug found at import."""
+    from gpuwarden.model import families
+
+    assert families.FAMILIES[families.POWER_USAGE_WATTS.name] is families.POWER_USAGE_WATTS
+    before = dict(families.FAMILIES)
+    with pytest.raises(ValueError, match="gpuwarden_power_usage_watts is defined twice"):
+        families._f("gpuwarden_power_usage_watts", "gauge", "again")
+    assert before == families.FAMILIES

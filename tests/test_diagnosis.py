@@ -115,6 +115,7 @@ def test_diagnosis_endpoints(live_server):
     assert gpu["health"]["row_remap"]["level"] == 2
 
 
+@pytest.mark.slow  # a long fault run
 def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_seen(default_pipeline):
     """Right after a (re)start, a GPU at 92 °C in HW thermal slowdown has not yet been watched for the 2-5 minutes
     its verdicts need: the API says "pending" with the time seen, and findings say what it will be, never "ok"."""

@@ -15,6 +15,7 @@ from docs import references as docs
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # regenerates every reference, the series budget included
 def test_readme_references_match_the_code():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert docs.render(readme) == readme, "run `python docs/references.py` to regenerate the README references"
@@ -54,7 +55,9 @@ def test_ci_runs_the_readme_test_command():
     # it lints, and runs the whole suite with pytest's arguments passed through; every step stops on failure
     assert "python -m ruff check ." in script and "python -m ruff format --check ." in script
     assert "lint-imports" in script  # the layer contracts
-    assert script.rstrip().endswith('python -m pytest -q "$@"')
+    assert 'python -m pytest -q -n 4 --phase parallel "$@"' in script  # the suite on 4 workers, then
+    assert 'python -m pytest -q --phase serial "$@"' in script  # the load-sensitive tests alone
+    assert script.rstrip().endswith('exit "$status"')  # failing if either phase failed
     # in a venv of its own: Debian's Python refuses pip outside one (PEP 668)
     assert "python3 -m venv .venv" in script and 'PATH="$PWD/.venv/bin:$PATH"' in script
     assert re.search(r"^export CI_REQUIRE_ALL_TESTS=1$", ci, re.M)  # CI fails on a skipped test

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.common import free_port, parse_exposition, values, wait_for, write_yaml
 
-pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
 FAST = {"poll": {"fast_interval": 0.2, "slow_interval": 1, "call_deadline": 0.5}}
 

@@ -183,6 +183,7 @@ def test_history_stays_bounded_at_fast_polling():
     assert busy == pytest.approx(0.5)
 
 
+@pytest.mark.slow  # a long fault run
 def test_nvlink_replay_errors_warn_naming_the_link(health_run):
     series = health_run(
         {

@@ -45,7 +45,17 @@ def plugin(url: str, condition: str, state: Path, *flags: str) -> tuple[int, str
     return done.returncode, done.stdout.strip(), done.stderr.strip(), time.monotonic() - began
 
 
-@pytest.mark.parametrize("scenario", sorted(shipped_scenarios()))
+# two scenarios (a fault and NVML down) in every tier, the others with the slow tests
+QUICK_PROTOCOL_SCENARIOS = ("ecc-uncorrectable", "driver-not-loaded")
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(name, marks=() if name in QUICK_PROTOCOL_SCENARIOS else pytest.mark.slow)
+        for name in sorted(shipped_scenarios())
+    ],
+)
 def test_every_scenario_follows_the_protocol(scenario: str, scenario_exporter, tmp_path: Path) -> None:  # noqa: ANN001
     server = scenario_exporter(scenario)
     for family in FAMILIES:

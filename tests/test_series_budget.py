@@ -16,6 +16,7 @@ from gpuwarden.model.families import GROUPS, Selection
 from tests.helpers.kubelet import FakeKubelet
 
 
+@pytest.mark.slow  # every scenario on an 8-GPU node
 def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: FakeKubelet) -> None:
     from gpuwarden.sim.fake_device import DeviceSymbols
     from gpuwarden.sim.scenario import load_scenario

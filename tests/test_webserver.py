@@ -11,15 +11,19 @@ import asyncio
 import re
 import socket
 import threading
-import time
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from gpuwarden.web.limits import ConnectionGuard
 from gpuwarden.web.server import MAX_BODY_BYTES
 from tests.helpers.common import ServedApp, raw, wait_for
+
+pytestmark = pytest.mark.serial  # measured under load: runs alone, after the parallel run (.ci/test)
+
+SLOW_STARTED = threading.Event()  # set when a /slow request is in the app
 
 
 async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -31,6 +35,7 @@ async def echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if path == "/boom":
         raise RuntimeError("the app failed")
     if path == "/slow":
+        SLOW_STARTED.set()
         await asyncio.sleep(0.5)
     if path == "/chunks":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
@@ -98,11 +103,12 @@ def test_a_response_without_a_length_is_chunked_and_head_sends_no_body():
 
 
 def test_http_1_0_closes_after_the_answer():
-    with served() as live:
-        started = time.monotonic()
-        answer = raw(live.port, b"GET /old HTTP/1.0\r\n\r\n", wait=5)
+    with served() as live, socket.create_connection(("127.0.0.1", live.port), timeout=30) as sock:
+        sock.sendall(b"GET /old HTTP/1.0\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(4096):  # ends when the server closes (a read timeout raises instead)
+            answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"GET /old  0")
-    assert time.monotonic() - started < 2  # closed by the server, not by the read timeout
 
 
 def test_malformed_requests_are_refused_and_counted_upgrades_ignored_and_large_bodies_refused(caplog):
@@ -145,11 +151,9 @@ def test_a_client_that_stops_reading_is_cut_off_whole_or_streamed():
         for path, rejected in ((b"/big", 1), (b"/stream", 2)):
             sock = socket.create_connection(("127.0.0.1", live.port))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            started = time.monotonic()
             sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path)
             assert httpx.get(live.url + "/fine").text == "GET /fine  0"
-            wait_for(lambda n=rejected: guard.rejected["write_timeout"] == n, timeout=10)
-            assert time.monotonic() - started < 4
+            wait_for(lambda n=rejected: guard.rejected["write_timeout"] == n, timeout=30)
             sock.close()
         assert not live.server.server.server_state.tasks
 
@@ -160,13 +164,14 @@ def test_stop_lets_the_request_in_flight_finish_and_refuses_new_connections():
     result: dict[str, Any] = {}
 
     def slow() -> None:
-        result["answer"] = httpx.get(live.url + "/slow", timeout=5).text
+        result["answer"] = httpx.get(live.url + "/slow", timeout=30).text
 
+    SLOW_STARTED.clear()
     client = threading.Thread(target=slow)
     client.start()
-    time.sleep(0.2)
+    assert SLOW_STARTED.wait(30)  # the request is in flight
     live.stop()
-    client.join(5)
+    client.join(30)
     assert result.get("answer") == "GET /slow  0"
     try:
         httpx.get(live.url + "/after", timeout=1)

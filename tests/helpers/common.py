@@ -3,6 +3,8 @@ prometheus_client's own parser, and gpuwarden's app on its real HTTP server (no 
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import threading
 import time
@@ -62,10 +64,25 @@ def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
     return b"".join(chunks)
 
 
+PORT_BLOCK = 1500  # ports per test worker, below the kernel's ephemeral range (32768-60999 by default)
+_port_offset = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port for a server a test starts, that neither another pytest-xdist worker nor an outgoing
+    connection can take between this call and the bind: each worker hands out its own block below the ephemeral
+    range (a port from bind(0) can be given to a client socket a moment later), each port once per process."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    base = 20000 + (int(worker) % 8 if worker.isdigit() else 0) * PORT_BLOCK
+    for _ in range(PORT_BLOCK):
+        port = base + next(_port_offset) % PORT_BLOCK
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use, or still in TIME_WAIT from an earlier run
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {base}-{base + PORT_BLOCK - 1}")
 
 
 class ServedApp:
