@@ -31,6 +31,7 @@ ROUTING_KEY = "gpuwarden-test-routing-key"
 FOR_SCALE = 1 / 240
 
 pytestmark = [
+    pytest.mark.serial,  # real Prometheus and Alertmanager on their own clocks: runs alone
     pytest.mark.slow,
     pytest.mark.skipif(
         PROMETHEUS is None or ALERTMANAGER is None,

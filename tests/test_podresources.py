@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -218,11 +217,17 @@ def test_over_http_pods_come_and_go_and_the_socket_disappears(
     )
 
     # the kubelet goes away: allocations are dropped (not left stale), the gauge says so, one log line
-    calls = kubelet.calls
     kubelet.stop()
     wait_for(lambda: values(scrape(), "gpuwarden_pod_attribution_up") == [0])
     assert not values(scrape(), "gpuwarden_gpu_allocation")
-    time.sleep(2.2)  # two more refreshes while absent: still one line
+    calls = kubelet.calls  # it is gone: no call can reach it any more
+    refreshes: set[float] = set()
+
+    def two_more_refreshes() -> bool:
+        refreshes.add(server.pipeline.pods.view.refreshed_at)  # type: ignore[attr-defined]
+        return len(refreshes) >= 3
+
+    wait_for(two_more_refreshes, timeout=30)  # two more refreshes while absent: still one line
     off_lines = [r for r in caplog.records if "pod attribution off" in r.getMessage()]
     assert len(off_lines) == 1, [r.getMessage() for r in caplog.records]
     assert kubelet.calls == calls
