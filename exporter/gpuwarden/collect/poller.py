@@ -46,13 +46,13 @@ class PollPlan:
     The interval names are PollSettings' own: a reader's `every=` names one of them (tests/test_tiers.py)."""
 
     readers: Mapping[Tier, Sequence[Reader]]
-    fast_interval: float = 1.0
-    slow_interval: float = 15.0
-    samples_interval: float = 5.0
-    nvlink_errors_interval: float = 60.0
-    call_deadline: float = 5.0
-    on_missing: str = "stay_up"  # stay_up | exit: when NVML cannot be loaded at start
-    xid_events: bool = True
+    fast_interval: float
+    slow_interval: float
+    samples_interval: float
+    nvlink_errors_interval: float
+    call_deadline: float
+    on_missing: str  # stay_up | exit: when NVML cannot be loaded at start
+    xid_events: bool
 
 
 class Poller:

@@ -14,6 +14,7 @@ publications, so no reload leaves a stage sized for the old settings.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -125,8 +126,8 @@ class Pipeline:
         return self.poller.fatal
 
     @property
-    def ready_once(self) -> Any:
-        """Set once the first fast cycle was published (a threading.Event)."""
+    def ready_once(self) -> threading.Event:
+        """Set once the first fast cycle was published."""
         return self.poller.ready_once
 
     # -- running ---------------------------------------------------------------------------------------
@@ -151,18 +152,20 @@ class Pipeline:
         return snapshot
 
     def reload(self, new: Settings) -> None:
-        """Apply reloaded settings (already validated): the stages that depend on them are rebuilt between two
-        publications; intervals, deadlines, metric selection and thresholds take effect at the next cycle."""
+        """Apply reloaded settings: the stages that depend on them are rebuilt between two publications; intervals,
+        deadlines, metric selection and thresholds take effect at the next cycle. The thresholds file is read
+        first: ConfigError from it leaves everything as it was."""
         old = self.settings
         thresholds = load_thresholds(new.health.thresholds_file)
         configure_gpm(new)
-        replaced_pods = self.pods if new.pods != old.pods else None
+        pods_changed = new.pods != old.pods
+        replaced_pods = self.pods if pods_changed else None
 
         def rebuild() -> tuple[EnrichmentStep, ...]:
             evaluator = HealthEvaluator(thresholds)
             evaluator.carry_over(self.health)  # history resized for the new windows, pending conditions kept
             self.health = evaluator
-            if new.pods != old.pods:
+            if pods_changed:
                 self.pods = pod_attribution(new, self._wall)
             host_paths = (new.processes.proc_root, new.processes.pod_logs_root)
             if host_paths != (old.processes.proc_root, old.processes.pod_logs_root):

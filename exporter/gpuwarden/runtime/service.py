@@ -19,7 +19,6 @@ from gpuwarden import __version__, logs
 from gpuwarden.commandline import EXIT_FATAL, EXIT_LISTEN, EXPORTER_ENV_PREFIX, log_service_links
 from gpuwarden.config.settings import ConfigError, Settings, options
 from gpuwarden.config.typed import as_dict
-from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.web.listener import bind_listener
 
 if TYPE_CHECKING:  # imported where they are built: the HTTP stack loads while NVML initialises
@@ -40,7 +39,7 @@ def reload_settings(reread: Reread, current: Settings, pipeline: Pipeline, rende
     """
     try:
         new = reread()
-        load_thresholds(new.health.thresholds_file)  # validate before anything changes
+        pipeline.reload(new)  # reads the thresholds file before it changes anything
     except (ConfigError, SystemExit) as exc:
         log.error("reload rejected, keeping the running configuration: %s", exc)
         return current
@@ -51,7 +50,6 @@ def reload_settings(reread: Reread, current: Settings, pipeline: Pipeline, rende
         after = fresh[section].get(name) if name else fresh[section]
         if before != after:
             log.warning("reload: %s changed; it takes effect only after a restart", key)
-    pipeline.reload(new)
     renderer.refilter(new.metrics.selection())
     logs.set_level(new.log.level)
     log.info("configuration reloaded")
