@@ -6,12 +6,17 @@ from __future__ import annotations
 import string
 
 import schemathesis
+import schemathesis.transport.wsgi  # noqa: F401 - see below
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.config.settings import ConfigError, Settings, load_settings
 from gpuwarden.sim.scenario import Scenario, load_scenario
+
+# schemathesis imports its transport lazily, inside case.call(), where pytest's assertion rewriting parses it while the
+# exporter's threads run; CPython 3.11's AST constructor keeps its recursion depth in shared state (gh-106905), and
+# that parse failed once with "AST constructor recursion depth mismatch". Imported above, it is parsed at collection.
 
 scalars = st.one_of(
     st.none(),

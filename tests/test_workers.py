@@ -42,3 +42,25 @@ def test_a_worker_used_more_often_than_its_idle_time_keeps_its_thread():
     idents = {run_with_deadline(pool, "fast", threading.get_ident, 2.0)[1] for _ in range(10) if not time.sleep(0.05)}
     assert len(idents) == 1
     pool.stop()
+
+
+def test_a_gpu_forgotten_while_its_read_is_awaited_gets_no_outcome_and_no_error():
+    """The slow loop forgets a GPU it found lost while the fast loop waits on that GPU's read (seen under load: a
+    KeyError failed the fast cycle). The late answer is not used, and the runner keeps working for the others."""
+    from gpuwarden.collect.tiers import Read, TierRunner
+    from gpuwarden.model.snapshot import Tier, TierReading
+    from gpuwarden.nvml.device import ErrorLedger, GpuDevice
+
+    ledger = ErrorLedger()
+    lost, healthy = GpuDevice(0, "GPU-lost", None, ledger), GpuDevice(1, "GPU-ok", None, ledger)
+    runner = TierRunner(WorkerPool(), lambda: {Tier.FAST: [], Tier.SLOW: [], Tier.STATIC: []}, lambda _: 1.0)
+
+    def job(dev: GpuDevice) -> TierReading:
+        if dev is lost:
+            runner.forget(dev.uuid)  # what the other loop does, here at a known point
+        return TierReading((), {}, 0.0)
+
+    outcomes = runner.run(Tier.FAST, [lost, healthy], wait=30.0, deadline=60.0, job=job)
+    assert set(outcomes) == {"GPU-ok"} and isinstance(outcomes["GPU-ok"], Read)
+    again = runner.run(Tier.FAST, [lost, healthy], wait=30.0, deadline=60.0, job=lambda dev: TierReading((), {}, 0.0))
+    assert set(again) == {"GPU-lost", "GPU-ok"}

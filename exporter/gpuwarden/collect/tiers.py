@@ -160,7 +160,8 @@ class TierRunner:
                 stuck_in = next(iter(dev.in_flight.values()), f"{tier.value}_tier")
                 outcomes[dev.uuid] = Stuck(stuck_in, newly)
                 continue
-            del self._pending[key]
+            if self._pending.pop(key, None) is not pending:
+                continue  # forgotten meanwhile by the other tier's loop (the GPU was lost): its answer is not used
             outcomes[dev.uuid] = _outcome(pending.future)
         return outcomes
 
