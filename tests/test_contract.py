@@ -8,10 +8,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpuwarden.exposition.render import Renderer
 from gpuwarden.model.families import FAMILIES
 from gpuwarden.sim.scenario import shipped_scenarios
-from tests.helpers.common import parse_exposition, polled
+from tests.helpers.common import polled, series_of
 
 SOURCE = Path(__file__).resolve().parent.parent / "exporter" / "gpuwarden"
 
@@ -62,7 +61,7 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
         if name == "ecc-uncorrectable":
             pipeline.poller.xid.record(pipeline.snapshot.gpus[0].uuid, 48, 1.0)  # events need the watcher thread
             pipeline.poll_once()
-        seen |= {series[0] for series in parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())}
+        seen |= {series[0] for series in series_of(pipeline.snapshot)}
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}

@@ -7,12 +7,11 @@ import time
 
 import pytest
 
-from gpuwarden.exposition.render import Renderer
-from tests.helpers.common import ManualClock, parse_exposition, values, wait_for
+from tests.helpers.common import ManualClock, series_of, values, wait_for
 
 
-def series_of(pipeline):
-    return parse_exposition(Renderer(lambda name: True).render(pipeline.snapshot).decode())
+def scraped(pipeline):
+    return series_of(pipeline.snapshot)
 
 
 def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_pipeline):
@@ -28,7 +27,7 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_pipelin
     pipeline = make_pipeline()
     for _ in range(4):
         pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
     assert len(values(series, "gpuwarden_power_usage_watts", gpu="0")) == 1
     assert values(series, "gpuwarden_memory_temperature_celsius", gpu="0") == []
@@ -51,7 +50,7 @@ def test_no_permission_omits_the_series(sim, make_pipeline):
     )
     pipeline = make_pipeline()
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_processes") == []
     assert values(series, "gpuwarden_collect_errors_total", error="no_permission") == [1]
 
@@ -63,7 +62,7 @@ def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_pipeli
     pipeline.poll_once()
     clock.advance(6)
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [1]
     assert values(series, "gpuwarden_temperature_celsius", gpu="1") == []
@@ -76,7 +75,7 @@ def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_pipeli
     clock.advance(20)  # the GPU is back on the bus
     time.sleep(1.1)  # re-discovery backoff starts at 1 s
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
     assert len(values(series, "gpuwarden_temperature_celsius", gpu="1")) == 1
 
@@ -88,7 +87,7 @@ def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_pipeline, code
     )
     pipeline = make_pipeline()
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
 
@@ -107,7 +106,7 @@ def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_
     )
     pipeline = make_pipeline()
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]  # three in a row
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]  # one, then successes
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
@@ -123,7 +122,7 @@ def test_hardware_error_marks_the_gpu(sim, make_pipeline):
     )
     pipeline = make_pipeline()
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_hardware_error_info", error="corrupted_inforom") == [1]
     assert values(series, "gpuwarden_gpu_up") == [1]
 
@@ -135,7 +134,7 @@ def test_driver_unloaded_then_reloaded_reinitialises(sim, make_pipeline):
     pipeline.poll_once()
     clock.advance(6)
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [0]
     assert values(series, "gpuwarden_nvml_error_info", error="driver_not_loaded") == [1]
     assert values(series, "gpuwarden_gpu_up") == []  # no healthy-looking scrape missing series
@@ -143,7 +142,7 @@ def test_driver_unloaded_then_reloaded_reinitialises(sim, make_pipeline):
     clock.advance(5)
     time.sleep(1.1)  # re-init backoff
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [1]
     assert values(series, "gpuwarden_nvml_reinit_total") == [1]
     assert values(series, "gpuwarden_gpu_up") == [1, 1]
@@ -154,7 +153,7 @@ def test_library_missing_at_start_stays_up_and_reports(sim, make_pipeline):
     sim({"faults": [{"kind": "library_missing"}]})
     pipeline = make_pipeline()
     pipeline.poll_once()
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_nvml_up") == [0]
     assert values(series, "gpuwarden_nvml_error_info", error="library_not_found") == [1]
     assert pipeline.fatal is None
@@ -176,7 +175,7 @@ def test_driver_upgraded_under_us_is_fatal(sim, make_pipeline):
     clock.advance(4)
     pipeline.poll_once()
     assert pipeline.fatal == "lib_rm_version_mismatch"
-    assert series_of(pipeline)[("gpuwarden_nvml_up", frozenset())] == 0
+    assert scraped(pipeline)[("gpuwarden_nvml_up", frozenset())] == 0
 
 
 def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_pipeline):
@@ -196,7 +195,7 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
         pipeline.poll_once()
         assert time.monotonic() - started < 1.5  # a hung GPU never holds a cycle past the deadline
         fast_times.append(pipeline.snapshot.gpu("0").updated_at["fast"])
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_gpu_stale", gpu="2") == [1]
     assert values(series, "gpuwarden_gpu_stale", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="2") == [1]
@@ -208,7 +207,7 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     time.sleep(3.6)  # the hang clears
     pipeline.poll_once()
     pipeline.poll_once()
-    assert values(series_of(pipeline), "gpuwarden_gpu_stale", gpu="2") == [0]
+    assert values(scraped(pipeline), "gpuwarden_gpu_stale", gpu="2") == [0]
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
 
 
@@ -230,7 +229,7 @@ def test_xid_events_are_counted_per_gpu_and_xid(sim, make_pipeline):
     wait_for(lambda: pipeline.poller._watcher is not None and len(pipeline.poller._watcher.registered) == 2)
     clock.advance(11)
     wait_for(lambda: sum(count for count, _ in pipeline.snapshot.xid.values()) >= 3)
-    series = series_of(pipeline)
+    series = scraped(pipeline)
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="48") == [1]
     assert values(series, "gpuwarden_xid_errors_total", gpu="1", xid="79") == [2]
     assert values(series, "gpuwarden_xid_errors_total", gpu="0") == []
@@ -250,4 +249,4 @@ def test_xid_storm_is_counted_without_losing_events(sim, make_pipeline):
     uuid = fake.uuid(0)
     wait_for(lambda: pipeline.poller.xid.snapshot().get((uuid, 31), (0, 0.0))[0] >= 5000, timeout=30)
     time.sleep(0.3)
-    assert values(series_of(pipeline), "gpuwarden_xid_errors_total", xid="31") == [5000]
+    assert values(scraped(pipeline), "gpuwarden_xid_errors_total", xid="31") == [5000]

@@ -73,6 +73,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         parts.dead_targets.append(f"127.0.0.1:{free_port()}")
         # the shipped rules, `for:` shortened, so that cordon candidates can say which alerts fire
         parts.start_prometheus(generate.alert_rules_yaml(rules.build(), for_scale=1 / 240))
+        recording = _recording_prometheus(parts)  # test_recording_rules_give_the_raw_answers's, with the same history
         starving = parts.instance_of("data-starvation")
         uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
         # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
@@ -94,9 +95,33 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 break
             time.sleep(1)
         time.sleep(3)
-        with FleetServer(fleet_settings(parts.prometheus)) as fleet:
-            yield {"stack": parts, "fleet": fleet, "uuids": uuids}
-        kubelet.stop()
+        try:
+            with FleetServer(fleet_settings(parts.prometheus)) as fleet:
+                yield {"stack": parts, "fleet": fleet, "uuids": uuids, "recording": recording[0]}
+        finally:
+            recording[1].terminate()
+            recording[1].wait(10)
+            kubelet.stop()
+
+
+def _recording_prometheus(parts: Any) -> tuple[str, subprocess.Popen]:
+    """A second real Prometheus over the same exporters, started with the first (so both have the same history), with
+    the shipped recording rules evaluated every second, rates over 10 s instead of 5 m: a minute of history, and
+    rate() over 5 m of it would divide by 300 s."""
+    tmp = parts.tmp / "recording"
+    tmp.mkdir()
+    config = yaml.safe_load((parts.tmp / "prometheus.yml").read_text())
+    config.pop("rule_files", None)
+    config.pop("alerting", None)
+    (tmp / "recording.yaml").write_text(generate.recording_rules_yaml(interval_s=1, rate_window="10s"))
+    config["rule_files"] = [str(tmp / "recording.yaml")]
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    prometheus = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return f"http://127.0.0.1:{port}", prometheus
 
 
 def instance(world: dict[str, Any], scenario: str) -> str:
@@ -445,45 +470,28 @@ def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
 # -- recording rules (alert_rules/gpuwarden.recording.yaml) -------------------------------------------------------
 
 
-def test_recording_rules_give_the_raw_answers(world: dict[str, Any], tmp_path: Path) -> None:
-    """A second real Prometheus over the same exporters, with the shipped recording rules (evaluated every second
-    here instead of every minute, rates over 10 s instead of 5 m): the utilization answer from the recorded series
-    equals the raw one, which the first Prometheus (no recording rules) gives with a note saying so. Hours agree
-    within the recorded path's start-up: its first rate needs 10 s of data that the raw increase() already counts
-    (a minute of history here; a negligible share of an hour's window)."""
+def test_recording_rules_give_the_raw_answers(world: dict[str, Any]) -> None:
+    """The recording Prometheus (started with the stack: same exporters, the shipped recording rules every second,
+    rates over 10 s): the utilization answer from the recorded series equals the raw one, which the first Prometheus
+    (no recording rules) gives with a note saying so. Hours agree within the recorded path's start-up: its first rate
+    needs 10 s of data that the raw increase() already counts (a minute of history here; a negligible share of an
+    hour's window)."""
     from gpuwarden.fleet import recording
 
     raw_only = world["fleet"].get("/api/v1/fleet/utilization", window="5m").json()
     assert "source" in raw_only, raw_only
     assert raw_only["source"].startswith("raw series: the recording rules")
-    stack_ = world["stack"]
-    config = yaml.safe_load((stack_.tmp / "prometheus.yml").read_text())
-    config.pop("rule_files", None)
-    config.pop("alerting", None)
-    # every second and over 10 s: this Prometheus has a minute of history, and rate() over 5 m of it divides by 300 s
-    (tmp_path / "recording.yaml").write_text(generate.recording_rules_yaml(interval_s=1, rate_window="10s"))
-    config["rule_files"] = [str(tmp_path / "recording.yaml")]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    prometheus = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _count(url, f"{recording.GPU_STARVED}") >= 8 and _count(url, recording.NS_IDLE) >= 2,
-                 timeout=90, step=1)  # fmt: skip
-        time.sleep(40)  # evaluations enough that the recorded path's first 10 s are a small share
-        window = "5m"
-        with (
-            FleetServer(fleet_settings(url, recording_interval=1)) as recorded,
-            FleetServer(fleet_settings(url, recording_rules="off")) as raw,
-        ):
-            got = recorded.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
-            want = raw.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
-    finally:
-        prometheus.terminate()
-        prometheus.wait(10)
+    url = world["recording"]
+    # 40 evaluations at least, so that the recorded path's first 10 s are a small share
+    wait_for(lambda: _count(url, f"count_over_time({recording.GPU_STARVED}[5m]) >= 40") >= 8
+             and _count(url, recording.NS_IDLE) >= 2, timeout=90, step=1)  # fmt: skip
+    window = "5m"
+    with (
+        FleetServer(fleet_settings(url, recording_interval=1)) as recorded,
+        FleetServer(fleet_settings(url, recording_rules="off")) as raw,
+    ):
+        got = recorded.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
+        want = raw.get("/api/v1/fleet/utilization", window=window, limit=1000).json()
     assert "source" in got, got
     assert got["source"].startswith("recording rules") and want["source"].startswith("raw series")
     assert {(g["node"], g["gpu"]) for g in got["starved_gpus"]} == {(g["node"], g["gpu"]) for g in want["starved_gpus"]}

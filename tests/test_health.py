@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpuwarden.config.settings import ConfigError
-from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.runtime.pipeline import Pipeline
-from tests.helpers.common import ManualClock, parse_exposition, settings, values, write_yaml
+from tests.helpers.common import ManualClock, series_of, settings, values, write_yaml
 from tests.helpers.thresholds import SHORT
 
 
@@ -26,7 +27,7 @@ def health_run(sim, tmp_path):
             pipeline.poll_once()
             clock.advance(1)
         pipeline.poll_once()
-        return parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+        return series_of(pipeline.snapshot)
 
     yield run
     for pipeline in pipelines:
@@ -138,11 +139,11 @@ def test_critical_xid_within_the_window(sim, tmp_path):
     pipeline.poller.xid.record(uuid, 79, clock())
     pipeline.poller.xid.record(pipeline.snapshot.gpus[0].uuid, 13, clock())  # application XID: never a verdict
     pipeline.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+    series = series_of(pipeline.snapshot)
     assert health(series, "1", "xid") == 2 and health(series, "0", "xid") == 0
     clock.advance(601)
     pipeline.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+    series = series_of(pipeline.snapshot)
     assert health(series, "1", "xid") == 0
 
 
@@ -156,13 +157,23 @@ def test_bad_thresholds_file_is_one_line(tmp_path):
 
 
 def test_history_stays_bounded_at_fast_polling():
-    """An hour of 0.1 s polls keeps one point per spacing, not one per poll (found by the soak run)."""
+    """0.1 s polls keep one point per spacing, not one per poll (found by the soak run over an hour at the defaults;
+    here the windows are capped at 2 minutes and the run is 1,500 polls, more than the bound, instead of 36,000)."""
     from gpuwarden.health.checks import HealthEvaluator
     from gpuwarden.health.thresholds import DEFAULT
     from gpuwarden.model.snapshot import GpuInfo, GpuSnapshot, Sample
 
-    evaluator = HealthEvaluator(DEFAULT)
-    for step in range(36_000):
+    windows = {
+        field.name: min(getattr(DEFAULT, field.name), 120)
+        for field in dataclasses.fields(DEFAULT)
+        if field.name.endswith(("_for_s", "_window_s"))
+    }
+    thresholds = dataclasses.replace(DEFAULT, **windows)
+    evaluator = HealthEvaluator(thresholds)
+    spacing, keep = evaluator.history_shape()
+    polls = 1_500
+    assert polls > keep / spacing + 2, "one point per poll would fit the bound: the run would not catch it"
+    for step in range(polls):
         now = 1000.0 + step * 0.1
         samples = (
             Sample("gpuwarden_busy_seconds_total", (), step * 0.05),
@@ -178,7 +189,7 @@ def test_history_stays_bounded_at_fast_polling():
         ("gpuwarden_busy_seconds_total", ()),
         ("gpuwarden_utilization_sampled_seconds_total", ()),
         now,
-        DEFAULT.utilization_for_s,
+        thresholds.utilization_for_s,
     )
     assert busy == pytest.approx(0.5)
 
@@ -211,7 +222,7 @@ def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
             first_bad = clock()
         clock.advance(1)
     pipeline.poll_once()
-    series = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+    series = series_of(pipeline.snapshot)
     assert first_bad is not None
     assert values(series, "gpuwarden_health_since_timestamp_seconds", gpu="4", check="nvlink") == [first_bad]
     assert not values(series, "gpuwarden_health_since_timestamp_seconds", gpu="0")  # ok checks carry none

@@ -13,7 +13,7 @@ from gpuwarden.attribution.host import HostProcesses, parse_cgroup
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.diagnosis import diagnose
 from gpuwarden.runtime.pipeline import Pipeline
-from tests.helpers.common import ManualClock, parse_exposition, poll_series, settings, values, wait_for
+from tests.helpers.common import ManualClock, poll_series, series_of, settings, values, wait_for
 
 GIB = 1024**3
 UID_A = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
@@ -407,14 +407,14 @@ def test_a_slow_user_lookup_never_holds_publication_or_nvml(sim, tmp_path: Path,
         first = poll_until_blocked(pipeline, entered)
         clock.advance(1.0)
         snapshot = pipeline.poller._publish()  # a publication while the lookup is still blocked
-        series = parse_exposition(Renderer(lambda n: True).render(snapshot).decode())
+        series = series_of(snapshot)
         assert not values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes")  # not under a UID that would change
         assert values(series, "gpuwarden_gpu_up") == [1.0]
     finally:
         release.set()
     first.join(30)
     assert pipeline.host.lookups.wait_idle(30)
-    series = parse_exposition(Renderer(lambda n: True).render(pipeline.poller._publish()).decode())
+    series = series_of(pipeline.poller._publish())
     assert values(series, "gpuwarden_slurm_job_gpu_memory_used_bytes", job="4242", user="root") == [60 * GIB]
     pipeline.stop()
 

@@ -11,7 +11,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.sim.scenario import shipped_scenarios
-from tests.helpers.common import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, parse_exposition, series_of, values
 
 SCENARIOS = sorted(shipped_scenarios())
 PROMTOOL = shutil.which("promtool")
@@ -72,11 +72,11 @@ def busy_ratio(sim, make_pipeline, name, gpu="0"):
     pipeline = make_pipeline()
     clock.advance(1)
     pipeline.poll_once()
-    first = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+    first = series_of(pipeline.snapshot)
     for _ in range(30):
         clock.advance(0.7)
         pipeline.poll_once()
-    last = parse_exposition(Renderer(lambda n: True).render(pipeline.snapshot).decode())
+    last = series_of(pipeline.snapshot)
     busy = (
         values(last, "gpuwarden_busy_seconds_total", gpu=gpu)[0]
         - values(first, "gpuwarden_busy_seconds_total", gpu=gpu)[0]

@@ -100,7 +100,9 @@ def test_the_cap_counts_gpuwardens_drains_in_the_partition(
     assert cluster.node("gpu-1")[1].startswith("gpuwarden: ")
 
 
-CAP_ROUNDS = 100
+# Rounds of five runs at once. The suite runs 15 (each ~1.4 s); the figure in docs/deploy.md is from 100 rounds,
+# twice: GPUWARDEN_CAP_ROUNDS=100 pytest tests/test_slurm_healthcheck.py -k cap -s
+CAP_ROUNDS = int(os.environ.get("GPUWARDEN_CAP_ROUNDS", "15"))
 AT_ONCE = ("gpu-1", "gpu-2", "gpu-3", "gpu-5", "gpu-6")  # gpu-4 opts out
 
 

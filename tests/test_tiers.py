@@ -9,11 +9,11 @@ import pytest
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim.models import H100_SXM_80GB
-from tests.helpers.common import ManualClock, parse_exposition, values
+from tests.helpers.common import ManualClock, series_of, values
 
 
 def exposition(pipeline: Pipeline) -> dict:
-    return parse_exposition(Renderer(lambda name: True).render(pipeline.snapshot).decode())
+    return series_of(pipeline.snapshot)
 
 
 def test_static_tier_reads_identity_and_limits(sim, make_pipeline):

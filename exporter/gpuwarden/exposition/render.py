@@ -224,6 +224,10 @@ class Renderer:
             return None
         return self._cache.get((openmetrics, compress))
 
+    def families(self, snapshot: Snapshot) -> list[MetricFamily]:
+        """What a scrape of this snapshot exports, before formatting (render's input; the tests read series here)."""
+        return [*SnapshotCollector(snapshot, self.wanted, self.own_counters()).collect(), *_PROCESS.collect()]
+
     def render(self, snapshot: Snapshot, openmetrics: bool = False, compress: bool = False) -> bytes:
         key = (openmetrics, compress)
         with self._lock:
@@ -234,9 +238,7 @@ class Renderer:
             if cached is None:
                 plain = self._cache.get((openmetrics, False))
                 if plain is None:
-                    families = [*SnapshotCollector(snapshot, self.wanted, self.own_counters()).collect()]
-                    families += _PROCESS.collect()
-                    plain = (openmetrics_format if openmetrics else text_format)(families)
+                    plain = (openmetrics_format if openmetrics else text_format)(self.families(snapshot))
                     self._cache[(openmetrics, False)] = plain
                     self.renders += 1
                 cached = gzip.compress(plain, compresslevel=5) if compress else plain

@@ -75,11 +75,16 @@ def _base_name(family: Family) -> str:
     return family.name[:-6] if family.type == "counter" and family.name.endswith("_total") else family.name
 
 
+def sample_name(family: Family) -> str:
+    """The name its samples carry in the text format (a counter's with _total)."""
+    return _base_name(family) + "_total" if family.type == "counter" else family.name
+
+
 def text_format(families: Iterable[Family]) -> bytes:
     """The Prometheus text format 0.0.4 (prometheus_client.generate_latest's output)."""
     out: list[str] = []
     for family in families:
-        name = _base_name(family) + "_total" if family.type == "counter" else family.name
+        name = sample_name(family)
         out.append(f"# HELP {name} {_escape_help(family.help, quotes=False)}\n")
         out.append(f"# TYPE {name} {family.type}\n")
         _samples(family, name, out)
