@@ -73,7 +73,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         parts.dead_targets.append(f"127.0.0.1:{free_port()}")
         # the shipped rules, `for:` shortened, so that cordon candidates can say which alerts fire
         parts.start_prometheus(generate.alert_rules_yaml(rules.build(), for_scale=1 / 240))
-        recording = _recording_prometheus(parts)  # test_recording_rules_give_the_raw_answers's, with the same history
         starving = parts.instance_of("data-starvation")
         uuids = [g["uuid"] for g in httpx.get(f"http://{starving}/api/v1/gpus", timeout=5).json()["gpus"]]
         # team-a trains on GPUs 0-5; two notebooks of team-b time-share GPU 6; GPU 7 is held by no pod
@@ -82,19 +81,24 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             ("team-b", "nb-1", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::0"])])]),
             ("team-b", "nb-2", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6]}::1"])])]),
         ]
-        # long enough for the shortened sustained checks, the rates and the remap/link/lost events
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ready = (
-                parts.query('gpuwarden_health{check="utilization"} > 0')
-                and parts.query("gpuwarden_gpu_allocation")
-                and parts.query("gpuwarden_nvlink_up == 0")
-                and parts.query("gpuwarden_gpu_up == 0")
-            )
-            if ready:
-                break
+        # the shortened sustained checks judged, the pods attributed, the link and the GPU lost
+        started = time.monotonic()
+        steady = (
+            'gpuwarden_health{check="utilization"} > 0',
+            "gpuwarden_gpu_allocation",
+            'gpuwarden_health{check="nvlink"} > 0',
+            "gpuwarden_gpu_up == 0",
+        )
+        missing = list(steady)
+        while missing and time.monotonic() - started < 120:
+            missing = [expr for expr in steady if not parts.query(expr)]
             time.sleep(1)
-        time.sleep(3)
+        assert not missing, f"the fleet stack never showed {missing}"
+        print(f"fleet stack steady after {time.monotonic() - started:.0f} s")
+        # test_recording_rules_give_the_raw_answers's, started once every node is in its steady state (the recorded
+        # path averages what it recorded: a start-up in its window is not what the raw path sees), so that it has
+        # recorded while the other tests ran
+        recording = _recording_prometheus(parts)
         try:
             with FleetServer(fleet_settings(parts.prometheus)) as fleet:
                 yield {"stack": parts, "fleet": fleet, "uuids": uuids, "recording": recording[0]}
@@ -105,9 +109,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _recording_prometheus(parts: Any) -> tuple[str, subprocess.Popen]:
-    """A second real Prometheus over the same exporters, started with the first (so both have the same history), with
-    the shipped recording rules evaluated every second, rates over 10 s instead of 5 m: a minute of history, and
-    rate() over 5 m of it would divide by 300 s."""
+    """A second real Prometheus over the same exporters, with the shipped recording rules evaluated every second, rates
+    over 10 s instead of 5 m: it has a minute of history, and rate() over 5 m of it would divide by 300 s."""
     tmp = parts.tmp / "recording"
     tmp.mkdir()
     config = yaml.safe_load((parts.tmp / "prometheus.yml").read_text())
@@ -471,11 +474,11 @@ def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
 
 
 def test_recording_rules_give_the_raw_answers(world: dict[str, Any]) -> None:
-    """The recording Prometheus (started with the stack: same exporters, the shipped recording rules every second,
-    rates over 10 s): the utilization answer from the recorded series equals the raw one, which the first Prometheus
-    (no recording rules) gives with a note saying so. Hours agree within the recorded path's start-up: its first rate
-    needs 10 s of data that the raw increase() already counts (a minute of history here; a negligible share of an
-    hour's window)."""
+    """The recording Prometheus (started once the stack was steady: same exporters, the shipped recording rules every
+    second, rates over 10 s): the utilization answer from the recorded series equals the raw one, which the first
+    Prometheus (no recording rules) gives with a note saying so. Hours agree within the recorded path's start-up: its
+    first rate needs 10 s of data that the raw increase() already counts (a minute of history here; a negligible share
+    of an hour's window)."""
     from gpuwarden.fleet import recording
 
     raw_only = world["fleet"].get("/api/v1/fleet/utilization", window="5m").json()

@@ -10,7 +10,7 @@ import pytest
 from gpuwarden.health.checks import WindowActivity, bottleneck_class
 from gpuwarden.health.diagnosis import diagnose
 from gpuwarden.health.thresholds import DEFAULT
-from tests.helpers.common import poll_series, values, write_yaml
+from tests.helpers.common import poll_series, sweep, values, write_yaml
 
 
 def run(sim, scenario, seconds: int = 12, tmp_path=None, **sections):
@@ -123,7 +123,9 @@ def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy,
     assert bottleneck_class(DEFAULT, activity) == expected
 
 
-@pytest.mark.parametrize("scenario", ["training", "thermal-throttling", "nvlink-down", "shared-gpu"])
+@pytest.mark.parametrize(
+    "scenario", sweep(["training", "thermal-throttling", "nvlink-down", "shared-gpu"], lambda name: name == "training")
+)
 def test_training_like_scenarios_are_never_told_to_use_bf16(sim, tmp_path, scenario):
     """Their default activity is the measured bf16 job's: tensor_bound, and no advice that contradicts it."""
     pipeline, _ = run(sim, scenario, seconds=10, tmp_path=tmp_path)
@@ -137,15 +139,18 @@ def test_training_like_scenarios_are_never_told_to_use_bf16(sim, tmp_path, scena
 
 @pytest.mark.parametrize(
     ("scenario", "expected"),
-    [
-        ("training", "tensor_bound"),
-        ("data-starvation", "waiting"),
-        ("healthy", "idle"),
-        ("memory-bound", "memory_bound"),
-        ("fp32-training", "compute_without_tensor"),
-        ("communication-bound", "communication_bound"),
-        ("host-transfer-bound", "host_transfer_bound"),
-    ],
+    sweep(
+        [
+            ("training", "tensor_bound"),
+            ("data-starvation", "waiting"),
+            ("healthy", "idle"),
+            ("memory-bound", "memory_bound"),
+            ("fp32-training", "compute_without_tensor"),
+            ("communication-bound", "communication_bound"),
+            ("host-transfer-bound", "host_transfer_bound"),
+        ],
+        lambda case: case[0] in ("training", "data-starvation", "communication-bound"),
+    ),
 )
 def test_scenarios_get_their_class_in_metrics_and_diagnosis(sim, tmp_path, scenario, expected):
     pipeline, series = run(sim, scenario, seconds=10, tmp_path=tmp_path)

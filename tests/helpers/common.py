@@ -8,11 +8,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from gpuwarden.config.settings import Settings, load_settings
@@ -139,6 +140,16 @@ class LiveServer:
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.get(self.url + path, timeout=10, **kwargs)
+
+
+def sweep(cases: Iterable[Any], quick: Callable[[Any], bool]) -> list[Any]:
+    """Parameters of a test that sweeps scenarios or faults: the `quick` ones run in every tier, the others are
+    marked slow (the whole suite, CI's, runs them all; the developer tier one of each kind of case)."""
+    return [case if quick(case) else pytest.param(*_values(case), marks=pytest.mark.slow) for case in cases]
+
+
+def _values(case: Any) -> tuple[Any, ...]:
+    return case if isinstance(case, tuple) else (case,)
 
 
 def write_yaml(path: Path, data: Any) -> Path:
