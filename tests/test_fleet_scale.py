@@ -95,6 +95,7 @@ class _Counting(BaseHTTPRequestHandler):
     lock = threading.Lock()
     now = 0
     most = 0
+    served = 0
     status = 200
     body = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
 
@@ -102,6 +103,7 @@ class _Counting(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         with self.lock:
             type(self).now += 1
+            type(self).served += 1
             type(self).most = max(type(self).most, type(self).now)
         time.sleep(0.05)
         with self.lock:
@@ -117,7 +119,7 @@ class _Counting(BaseHTTPRequestHandler):
 
 
 def counting_upstream(**attrs: Any) -> tuple[ThreadingHTTPServer, type[_Counting]]:
-    handler = type("Counting", (_Counting,), {"now": 0, "most": 0, **attrs})
+    handler = type("Counting", (_Counting,), {"now": 0, "most": 0, "served": 0, **attrs})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, handler
@@ -175,3 +177,26 @@ def test_the_cache_is_bounded_in_bytes_keeping_the_newest() -> None:
         assert client.cache_bytes <= 1024 * 1024
     assert "query 39" in client._cache and "query 0" not in client._cache
     asyncio.run(client.close())
+
+
+def test_an_answer_is_reused_for_the_caches_ttl_and_asked_again_after_it() -> None:
+    """The cache's ages are read on an injected clock: the TTL is tested without waiting for it."""
+    server, handler = counting_upstream()
+    now = [1000.0]
+    client = PrometheusClient(f"http://127.0.0.1:{server.server_port}", cache_ttl=15, clock=lambda: now[0])
+
+    async def ask_three_times() -> list[int]:
+        served = []
+        try:
+            for step in (0.0, 14.9, 0.2):  # at the start, within the TTL, past it
+                now[0] += step
+                await client.query("up", at=1.0)
+                served.append(handler.served)
+        finally:
+            await client.close()
+        return served
+
+    try:
+        assert asyncio.run(ask_three_times()) == [1, 1, 2]
+    finally:
+        server.shutdown()

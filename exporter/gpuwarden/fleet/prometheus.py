@@ -15,6 +15,7 @@ import math
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +91,10 @@ class PrometheusClient:
         max_answer_series: int = 50_000,
         max_concurrent: int = 4,
         cache_max_bytes: int = 64 * 1024 * 1024,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._clock = clock  # what the cache's ages are read on (tests move it by hand)
         self.max_concurrent = max_concurrent
         self.cache_max_bytes = cache_max_bytes
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
@@ -142,7 +145,7 @@ class PrometheusClient:
     async def query(self, expr: str, at: float | None = None) -> list[Series]:
         """Instant vector (or scalar) at `at` (default: now); cached and shared between concurrent callers."""
         key = f"{at}|{expr}"
-        now = time.monotonic()
+        now = self._clock()
         cached = self._cache.get(key)
         if cached and now - cached[0] < self.cache_ttl:
             self.metrics.cache_hits.inc()
@@ -186,9 +189,9 @@ class PrometheusClient:
             self._cache_bytes -= previous[2]
         if size > self.cache_max_bytes:
             return  # an answer larger than the whole cache is served, not kept
-        self._cache[key] = (time.monotonic(), result, size)
+        self._cache[key] = (self._clock(), result, size)
         self._cache_bytes += size
-        expired = time.monotonic() - self.cache_ttl
+        expired = self._clock() - self.cache_ttl
         for old in [k for k, entry in self._cache.items() if entry[0] < expired]:
             self._cache_bytes -= self._cache.pop(old)[2]
         while self._cache_bytes > self.cache_max_bytes:
@@ -205,7 +208,7 @@ class PrometheusClient:
         recording it evaluates, else its last error. None where the backend lists no recording rule at all (rules
         evaluated elsewhere, or VictoriaMetrics without a vmalert to ask): then nothing is known of their health.
         Cached for the answer cache's TTL; a failure to ask is None too (the answers still come, from the canary)."""
-        now = time.monotonic()
+        now = self._clock()
         if self._rule_health is not None and now - self._rule_health[0] < self.cache_ttl:
             return self._rule_health[1]
         try:
