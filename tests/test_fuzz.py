@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import string
 
+import pytest
 import schemathesis
 import schemathesis.transport.wsgi  # noqa: F401 - see below
 import yaml
@@ -177,6 +178,7 @@ def test_scenario_faults_validate_or_fail_with_one_line(tmp_path_factory, faults
         one_line(str(exc))
 
 
+@pytest.mark.slow  # 25 generated requests for each operation: the whole suite's
 def test_api_never_500s_and_matches_its_schema(live_server):
     """schemathesis drives every operation of the running service's OpenAPI schema with generated requests."""
     server = live_server("gpu-lost")
