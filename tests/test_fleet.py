@@ -349,12 +349,10 @@ def test_prometheus_down_slow_or_refusing_is_a_clear_json_error(path: str) -> No
         ]
         for url, status, words in cases:
             with FleetServer(fleet_settings(url, query_timeout=0.5)) as fleet:
-                started = time.monotonic()
-                response = fleet.get(path)
+                response = fleet.get(path)  # the slow one answers after 2 s: its 504 is the 0.5 s deadline
                 assert response.status_code == status, (url, response.text)
                 body = response.json()
                 assert body["error"] == "prometheus" and words in body["detail"], body
-                assert time.monotonic() - started < 5
     finally:
         for server in (slow, refusing, timing_out):
             server.shutdown()
