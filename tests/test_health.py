@@ -9,7 +9,7 @@ import pytest
 from gpuwarden.config.settings import ConfigError
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.runtime.pipeline import Pipeline
-from tests.helpers.common import ManualClock, series_of, settings, values, write_yaml
+from tests.helpers.common import NVLINK_ERRORS_EVERY_POLL, ManualClock, series_of, settings, values, write_yaml
 from tests.helpers.thresholds import SHORT
 
 
@@ -22,7 +22,9 @@ def health_run(sim, tmp_path):
         clock = ManualClock()
         sim(scenario, clock=clock)
         path = write_yaml(tmp_path / "thresholds.yaml", {**SHORT, **overrides})
-        pipeline = Pipeline(settings(health={"thresholds_file": str(path)}), wall_clock=clock)
+        pipeline = Pipeline(
+            settings(health={"thresholds_file": str(path)}, poll=NVLINK_ERRORS_EVERY_POLL), wall_clock=clock
+        )
         pipelines.append(pipeline)
         for _ in range(seconds // step):
             pipeline.poll_once()

@@ -11,17 +11,17 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpuwarden.exposition.render import Renderer
 from gpuwarden.sim.scenario import shipped_scenarios
-from tests.helpers.common import ManualClock, parse_exposition, series_of, sweep, values
+from tests.helpers.common import NVLINK_ERRORS_EVERY_POLL, ManualClock, series_of, sweep, values
 
 SCENARIOS = sorted(shipped_scenarios())
 PROMTOOL = shutil.which("promtool")
 
 
-def run_scenario(sim, make_pipeline, name: str, seconds: float = 12.0):
+def run_scenario(sim, make_pipeline, name: str, seconds: float = 12.0, **sections):
     """Poll a scenario over `seconds` of simulated time; return the text and OpenMetrics expositions."""
     clock = ManualClock()
     sim(name, clock=clock)
-    pipeline = make_pipeline()
+    pipeline = make_pipeline(**sections)
     pipeline.poll_once()
     for _ in range(int(seconds)):
         clock.advance(1.0)
@@ -62,9 +62,9 @@ def test_promtool_accepts_every_scenario(sim, make_pipeline, name):
     assert {f.name for f in families} >= {"gpuwarden_nvml_up", "gpuwarden_build_info"}
 
 
-def _series(sim, make_pipeline, name, seconds=12.0):
-    pipeline, text, _ = run_scenario(sim, make_pipeline, name, seconds)
-    return pipeline, parse_exposition(text)
+def _series(sim, make_pipeline, name, seconds=12.0, **sections):
+    pipeline, _, _ = run_scenario(sim, make_pipeline, name, seconds, **sections)
+    return pipeline, series_of(pipeline.snapshot)
 
 
 def busy_ratio(sim, make_pipeline, name, gpu="0"):
@@ -175,7 +175,7 @@ def test_row_remap_pending_and_failed(sim, make_pipeline):
 
 
 def test_nvlink_down(sim, make_pipeline):
-    pipeline, s = _series(sim, make_pipeline, "nvlink-down")
+    pipeline, s = _series(sim, make_pipeline, "nvlink-down", poll=NVLINK_ERRORS_EVERY_POLL)
     assert values(s, "gpuwarden_nvlink_up", gpu="4", link="7") == [0]
     assert sum(values(s, "gpuwarden_nvlink_up", gpu="4")) == 17
     assert values(s, "gpuwarden_nvlink_errors_total", gpu="4", link="3", type="crc_flit")[0] >= 12 * 10

@@ -45,10 +45,15 @@ def scenario_from(data: dict[str, Any]) -> Scenario:
 def settings(**sections: dict[str, Any]) -> Settings:
     flags = {f"{section}.{key}": value for section, values in sections.items() for key, value in values.items()}
     flags.setdefault("nvml.backend", "sim")
-    # Tests move the fake's clock by hand between polls: drain the sample buffer on every poll.
+    # Tests move the fake's clock by hand between polls: drain the sample buffer on every poll. NVLink's per-link
+    # error counters keep their default interval (read at the first slow cycle, then every 60 s of the real clock):
+    # they were most of a slow cycle's cost, and only the tests that watch them grow need them every poll
+    # (NVLINK_ERRORS_EVERY_POLL).
     flags.setdefault("poll.samples_interval", 0)
-    flags.setdefault("poll.nvlink_errors_interval", 0)
     return load_settings(None, environ={}, flags=flags)
+
+
+NVLINK_ERRORS_EVERY_POLL = {"nvlink_errors_interval": 0}  # settings(poll=...) for the tests that watch them grow
 
 
 def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
