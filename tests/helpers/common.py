@@ -77,9 +77,11 @@ _port_offset = itertools.count()
 def free_port() -> int:
     """A loopback port for a server a test starts, that neither another pytest-xdist worker nor an outgoing
     connection can take between this call and the bind: each worker hands out its own block below the ephemeral
-    range (a port from bind(0) can be given to a client socket a moment later), each port once per process."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    base = 20000 + (int(worker) % 8 if worker.isdigit() else 0) * PORT_BLOCK
+    range (a port from bind(0) can be given to a client socket a moment later), each port once per process. A
+    session without workers (the serial phase, a developer's single run) takes the last block, so that it does not
+    share worker 0's with a 4-worker run beside it (seen: another session's server answered a test's /healthz)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    base = 20000 + (int(worker) % 7 if worker.isdigit() else 7) * PORT_BLOCK
     for _ in range(PORT_BLOCK):
         port = base + next(_port_offset) % PORT_BLOCK
         with socket.socket() as sock:
