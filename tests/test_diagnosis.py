@@ -54,7 +54,7 @@ def default_pipeline(sim):
 
 def advance(pipeline: Pipeline, clock: ManualClock, seconds: int, step: int = 1) -> None:
     """Poll every `step` s of the manual clock for `seconds` (5 s still puts a point in every slot of the health
-    history, 6 s at the default thresholds: the long runs poll at 5)."""
+    history, 15 s at the default thresholds: the long runs poll at 5)."""
     for _ in range(seconds // step):
         pipeline.poll_once()
         clock.advance(step)

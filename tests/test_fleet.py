@@ -89,12 +89,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             'gpuwarden_health{check="nvlink"} > 0',
             "gpuwarden_gpu_up == 0",
         )
-        missing = list(steady)
-        while missing and time.monotonic() - started < 120:
-            missing = [expr for expr in steady if not parts.query(expr)]
+        while missing := [expr for expr in steady if not parts.query(expr)]:
+            assert time.monotonic() - started < 120, f"the fleet stack never showed {missing}"
             time.sleep(1)
-        assert not missing, f"the fleet stack never showed {missing}"
-        print(f"fleet stack steady after {time.monotonic() - started:.0f} s")
         # test_recording_rules_give_the_raw_answers's, started once every node is in its steady state (the recorded
         # path averages what it recorded: a start-up in its window is not what the raw path sees), so that it has
         # recorded while the other tests ran

@@ -17,14 +17,13 @@ from tests.helpers.thresholds import SHORT
 def health_run(sim, tmp_path):
     pipelines: list[Pipeline] = []
 
-    def run(scenario, seconds: int = 15, step: int = 1, **overrides):
-        """Poll every `step` s of a manual clock for `seconds`; the exposition after one more poll."""
+    def run(scenario, seconds: int = 15, step: int = 1, poll: dict | None = None, **overrides):
+        """Poll every `step` s of a manual clock for `seconds` (`poll`: poll settings, `overrides`: thresholds); the
+        exposition after one more poll."""
         clock = ManualClock()
         sim(scenario, clock=clock)
         path = write_yaml(tmp_path / "thresholds.yaml", {**SHORT, **overrides})
-        pipeline = Pipeline(
-            settings(health={"thresholds_file": str(path)}, poll=NVLINK_ERRORS_EVERY_POLL), wall_clock=clock
-        )
+        pipeline = Pipeline(settings(health={"thresholds_file": str(path)}, poll=poll or {}), wall_clock=clock)
         pipelines.append(pipeline)
         for _ in range(seconds // step):
             pipeline.poll_once()
@@ -207,6 +206,7 @@ def test_nvlink_replay_errors_warn_naming_the_link(health_run):
             ],
         },
         seconds=930,
+        poll=NVLINK_ERRORS_EVERY_POLL,  # the counters must grow between polls
         step=5,  # the replay rate is judged over 15 minutes of the history: a point every 5 s is plenty
     )
     assert health(series, "1", "nvlink") == 1 and health(series, "0", "nvlink") == 0

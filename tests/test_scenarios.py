@@ -18,7 +18,7 @@ PROMTOOL = shutil.which("promtool")
 
 
 def run_scenario(sim, make_pipeline, name: str, seconds: float = 12.0, **sections):
-    """Poll a scenario over `seconds` of simulated time; return the text and OpenMetrics expositions."""
+    """A pipeline that polled a scenario over `seconds` of simulated time."""
     clock = ManualClock()
     sim(name, clock=clock)
     pipeline = make_pipeline(**sections)
@@ -26,8 +26,7 @@ def run_scenario(sim, make_pipeline, name: str, seconds: float = 12.0, **section
     for _ in range(int(seconds)):
         clock.advance(1.0)
         pipeline.poll_once()
-    renderer = Renderer(lambda n: True)
-    return pipeline, renderer.render(pipeline.snapshot).decode(), renderer.render(pipeline.snapshot, openmetrics=True)
+    return pipeline
 
 
 def test_all_required_scenarios_ship():
@@ -53,7 +52,9 @@ def test_all_required_scenarios_ship():
 # every shipped scenario in the whole suite; in the developer tier the two with the most label shapes
 @pytest.mark.parametrize("name", sweep(SCENARIOS, lambda name: name in ("training", "mig-inference")))
 def test_promtool_accepts_every_scenario(sim, make_pipeline, name):
-    _, text, openmetrics = run_scenario(sim, make_pipeline, name)
+    snapshot = run_scenario(sim, make_pipeline, name).snapshot
+    renderer = Renderer(lambda n: True)
+    text, openmetrics = renderer.render(snapshot).decode(), renderer.render(snapshot, openmetrics=True)
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
     assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
     assert result.stdout.decode().strip() == "" and result.stderr.decode().strip() == ""
@@ -63,7 +64,7 @@ def test_promtool_accepts_every_scenario(sim, make_pipeline, name):
 
 
 def _series(sim, make_pipeline, name, seconds=12.0, **sections):
-    pipeline, _, _ = run_scenario(sim, make_pipeline, name, seconds, **sections)
+    pipeline = run_scenario(sim, make_pipeline, name, seconds, **sections)
     return pipeline, series_of(pipeline.snapshot)
 
 

@@ -193,7 +193,7 @@ def series_of(snapshot: Any, wanted: Callable[[str], bool] = lambda name: True) 
     return series
 
 
-def values(series: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
+def values(series: dict[Series, float], name: str, **labels: str) -> list[float]:
     """Values of every series named `name` whose labels include `labels`."""
     wanted = set(labels.items())
     return [value for (n, lbls), value in series.items() if n == name and wanted <= lbls]

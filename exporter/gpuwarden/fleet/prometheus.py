@@ -189,9 +189,10 @@ class PrometheusClient:
             self._cache_bytes -= previous[2]
         if size > self.cache_max_bytes:
             return  # an answer larger than the whole cache is served, not kept
-        self._cache[key] = (self._clock(), result, size)
+        now = self._clock()
+        self._cache[key] = (now, result, size)
         self._cache_bytes += size
-        expired = self._clock() - self.cache_ttl
+        expired = now - self.cache_ttl
         for old in [k for k, entry in self._cache.items() if entry[0] < expired]:
             self._cache_bytes -= self._cache.pop(old)[2]
         while self._cache_bytes > self.cache_max_bytes:
