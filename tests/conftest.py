@@ -29,7 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--phase",
         choices=("all", "parallel", "serial"),
         default="all",
-        help="parallel: every test not marked serial (for -n 4); serial: only those, alone (.ci/test runs both)",
+        help="parallel: the tests not marked serial (-n 4); serial: those (-n 2 --dist loadfile); .ci/test runs both",
     )
 
 

@@ -31,7 +31,7 @@ ROUTING_KEY = "gpuwarden-test-routing-key"
 FOR_SCALE = 1 / 240
 
 pytestmark = [
-    pytest.mark.serial,  # real Prometheus and Alertmanager on their own clocks: runs alone
+    pytest.mark.serial,  # real Prometheus and Alertmanager on their own clocks: the serial phase
     pytest.mark.slow,
     pytest.mark.skipif(
         PROMETHEUS is None or ALERTMANAGER is None,

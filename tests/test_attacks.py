@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.common import raw, rss_mib, tls_web_config
 from tests.helpers.stack import running_cli
 
-pytestmark = pytest.mark.serial  # measured under load: runs alone, after the parallel run (.ci/test)
+pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 
 RSS_BOUND_MIB = 64
 

@@ -26,7 +26,7 @@ from gpuwarden.sim.fakecommon import SimulatedMemoryCorruption
 from tests.helpers.common import parse_exposition, values, wait_for, write_yaml
 from tests.helpers.stack import running_cli
 
-pytestmark = pytest.mark.serial  # measured under load: runs alone, after the parallel run (.ci/test)
+pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 
 CRASH_FROM, CRASH_UNTIL, BACKOFF = 2.0, 9.0, 4.0
 

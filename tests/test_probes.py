@@ -22,7 +22,7 @@ from gpuwarden.web.probes import LOOP_STALL_S, ProbeApp
 from tests.helpers.common import ServedApp, free_port, tls_web_config, wait_for
 from tests.helpers.stack import running_cli
 
-pytestmark = pytest.mark.serial  # measured under load: runs alone, after the parallel run (.ci/test)
+pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 
 LOAD = r"""
 import asyncio, ssl, sys, time

@@ -21,7 +21,7 @@ from gpuwarden.web.limits import ConnectionGuard
 from gpuwarden.web.server import MAX_BODY_BYTES
 from tests.helpers.common import ServedApp, raw, wait_for
 
-pytestmark = pytest.mark.serial  # measured under load: runs alone, after the parallel run (.ci/test)
+pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 
 SLOW_STARTED = threading.Event()  # set when a /slow request is in the app
 

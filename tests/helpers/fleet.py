@@ -8,7 +8,7 @@ import httpx
 
 from gpuwarden.fleet.app import create_app
 from gpuwarden.fleet.settings import FleetSettings
-from tests.helpers.common import ServedApp, free_port
+from tests.helpers.common import ServedApp, free_port, plain_client
 from tests.helpers.stack import wait_ready
 
 
@@ -17,6 +17,7 @@ class FleetServer:
         self.port = int(settings.listen_address.rpartition(":")[2])
         self.url = f"http://127.0.0.1:{self.port}"
         self.served = ServedApp(create_app(settings), port=self.port)
+        self.client = plain_client(timeout=30)
 
     def __enter__(self) -> FleetServer:
         self.served.start()
@@ -24,10 +25,11 @@ class FleetServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.client.close()
         self.served.stop()
 
     def get(self, path: str, **params: Any) -> httpx.Response:
-        return httpx.get(self.url + path, params=params, timeout=30)
+        return self.client.get(self.url + path, params=params)
 
 
 def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:

@@ -21,6 +21,21 @@ from gpuwarden.sim.fakecommon import (
     _val,
 )
 
+# Fields read from one value of the GPU: field id → (value type, value) of (the fake library, GPU index). A table built
+# once: each of the field reads a fast cycle makes used to build it afresh.
+_SIMPLE_FIELDS: dict[int, Callable[[Any, int], tuple[int, float]]] = {
+    82: lambda fake, i: (_UINT, fake._value(i, "memory_temperature")),
+    83: lambda fake, i: (_ULL, fake._energy_mj[i]),
+    91: lambda fake, i: (_UINT, fake.model.nvlinks),
+    94: lambda fake, i: (_UINT, fake._events("pcie_replay", i)),
+    147: lambda fake, i: (_UINT, sum(fake._link_up(i, k) for k in range(fake.model.nvlinks))),
+    185: lambda fake, i: (_UINT, fake._value(i, "power_watts") * 1000),
+    186: lambda fake, i: (_UINT, fake._value(i, "power_watts") * 1000),
+    197: lambda fake, i: (_ULL, fake._pcie_bytes[i][0]),
+    198: lambda fake, i: (_ULL, fake._pcie_bytes[i][1]),
+    230: lambda fake, i: (_UINT, fake._value(i, "recovery_action")),
+}
+
 
 class HealthSymbols:
     """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
@@ -81,20 +96,9 @@ class HealthSymbols:
             f.field == field_id for f in self._active("not_supported", index)
         ):
             return pynvml.NVML_ERROR_NOT_SUPPORTED, _UINT, 0
-        simple: dict[int, Callable[[], tuple[int, float]]] = {
-            82: lambda: (_UINT, self._value(index, "memory_temperature")),
-            83: lambda: (_ULL, self._energy_mj[index]),
-            91: lambda: (_UINT, links),
-            94: lambda: (_UINT, self._events("pcie_replay", index)),
-            147: lambda: (_UINT, sum(self._link_up(index, k) for k in range(links))),
-            185: lambda: (_UINT, self._value(index, "power_watts") * 1000),
-            186: lambda: (_UINT, self._value(index, "power_watts") * 1000),
-            197: lambda: (_ULL, self._pcie_bytes[index][0]),
-            198: lambda: (_ULL, self._pcie_bytes[index][1]),
-            230: lambda: (_UINT, self._value(index, "recovery_action")),
-        }
-        if field_id in simple:
-            value_type, value = simple[field_id]()
+        simple = _SIMPLE_FIELDS.get(field_id)
+        if simple is not None:
+            value_type, value = simple(self, index)
             return OK, value_type, value
         if field_id in _THROTTLE_FIELD_BITS:
             return OK, _ULL, self._throttle_ns[index][field_id]

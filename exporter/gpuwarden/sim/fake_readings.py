@@ -116,6 +116,8 @@ class ReadingSymbols:
         )
 
     def _window_mean(self, index: int, key: str, end: float) -> float:
+        if self.scenario.steady(index, key):
+            return min(max(self.scenario.value(index, key, end), 0.0), 100.0)
         points = [self.scenario.value(index, key, end - SAMPLE_PERIOD_S * (k + 0.5) / 8) for k in range(8)]
         return min(max(sum(points) / len(points), 0.0), 100.0)
 

@@ -63,6 +63,9 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
         self._closing = threading.Event()
         self.calls: Counter[str] = Counter()  # every symbol looked up and called, for tests
         self._missing = set(scenario.driver.missing_symbols)
+        self._faults_by_kind: dict[str, tuple[Fault, ...]] = {}
+        for fault in scenario.faults:
+            self._faults_by_kind[fault.kind] = (*self._faults_by_kind.get(fault.kind, ()), fault)
         self._integrated_to = 0.0
         self._energy_mj = [2_770_288.0 + 1000.0 * i for i in range(self.count)]
         self._throttle_ns = [dict.fromkeys(_THROTTLE_FIELD_BITS, 0.0) for _ in range(self.count)]
@@ -112,10 +115,11 @@ class FakeNvmlLibrary(DeviceSymbols, ReadingSymbols, HealthSymbols, EventSymbols
     # -- fault plumbing --------------------------------------------------------------------------------
 
     def _active(self, kind: str, gpu: int | None = None) -> list[Fault]:
+        faults = self._faults_by_kind.get(kind)
+        if not faults:  # most calls, in most scenarios: no clock read
+            return []
         t = self.now()
-        return [
-            f for f in self.scenario.faults if f.kind == kind and (gpu is None or f.applies_to(gpu)) and f.active(t)
-        ]
+        return [f for f in faults if (gpu is None or f.applies_to(gpu)) and f.active(t)]
 
     def _global_error(self, initialising: bool = False) -> int | None:
         if self._active("library_missing"):

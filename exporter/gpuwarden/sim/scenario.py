@@ -6,6 +6,7 @@ Time `t` is seconds since the simulator started. See docs/simulator.md for the f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from importlib import resources
@@ -149,6 +150,11 @@ class Trajectory(_Strict):
         if sum(x is not None for x in (self.constant, self.ramp, self.square)) != 1:
             raise ValueError("give exactly one of constant, ramp, square (or a bare number)")
         return self
+
+    @property
+    def steady(self) -> bool:
+        """The same value at every instant."""
+        return self.constant is not None and not self.noise
 
     def at(self, t: float, seed: str) -> float:
         if self.constant is not None:
@@ -357,16 +363,41 @@ class Scenario(_Strict):
                 )
         return self
 
+    def _resolved(self, gpu: int, key: str) -> tuple[Trajectory | None, str]:
+        """The trajectory that sets `key` on `gpu` (its own, else every GPU's, else None) and its noise seed; looked
+        up once: the simulator asks millions of times per test run, and the scenario is frozen."""
+        found = self.lookups.get((gpu, key))
+        if found is None:
+            trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)
+            found = self.lookups[(gpu, key)] = (trajectory, f"{self.name}:{gpu}:{key}")
+        return found
+
     def explicit(self, gpu: int, key: str, t: float) -> float | None:
         """The scenario's own value for `key`, or None when it sets none (the caller derives one)."""
-        trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)
-        return None if trajectory is None else trajectory.at(t, f"{self.name}:{gpu}:{key}")
+        trajectory, seed = self._resolved(gpu, key)
+        return None if trajectory is None else trajectory.at(t, seed)
 
     def value(self, gpu: int, key: str, t: float) -> float:
-        trajectory = self.gpus.get(gpu, {}).get(key) or self.values.get(key)
+        trajectory, seed = self._resolved(gpu, key)
         if trajectory is None:
             return MODELS[self.node.model].idle[key]
-        return trajectory.at(t, f"{self.name}:{gpu}:{key}")
+        return trajectory.at(t, seed)
+
+    def sets(self, gpu: int, key: str) -> bool:
+        """Whether the scenario sets `key` on `gpu` (else the caller derives or defaults it)."""
+        return self._resolved(gpu, key)[0] is not None
+
+    def steady(self, gpu: int, key: str) -> bool:
+        """Whether `key` on `gpu` is the same at every instant (a noiseless constant, or the model's idle value):
+        a window's mean of it is then its value, with no need to sample the window."""
+        trajectory, _ = self._resolved(gpu, key)
+        return trajectory is None or trajectory.steady
+
+    @functools.cached_property
+    def lookups(self) -> dict[tuple[int, str], tuple[Trajectory | None, str]]:
+        """(GPU, key) → what `_resolved` found. A cached property, not a pydantic private attribute: those are read
+        through `BaseModel.__getattr__`, which cost more than the lookup saved. Not a field: not dumped or compared."""
+        return {}
 
 
 SCENARIO_PACKAGE = "gpuwarden.sim.scenarios"
