@@ -212,6 +212,40 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
 
 
+def test_a_read_late_inside_its_deadline_keeps_its_values_and_is_not_stale(sim, make_pipeline):
+    """Late is not stale: a read that outlasts the cycle's wait (a loaded node) but not the call deadline serves the
+    GPU's last values unmarked; `gpuwarden_gpu_stale` (README: "overran the call deadline") waits for the deadline.
+    Marking it at once turned npd-plugin's verdicts into "unknown: readings stale" under a CPU load."""
+    clock = ManualClock(0.0)
+    fake = sim(
+        {
+            "node": {"count": 2},
+            "faults": [{"kind": "hang", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "at": 1, "until": 5}],
+        },
+        clock=clock,
+    )
+    pipeline = make_pipeline(poll={"call_deadline": 60.0, "fast_interval": 1.0})
+    pipeline.start()  # the loops: a cycle waits half its interval (0.5 s), poll_once the whole deadline
+    try:
+        assert pipeline.ready_once.wait(30)
+        late = pipeline.poller.nvml.gpus[pipeline.snapshot.gpu("1").uuid].device
+        clock.advance(2.0)  # inside the hang: GPU 1's next read does not answer within the cycle's wait
+        wait_for(lambda: "nvmlDeviceGetPowerUsage" in late.in_flight.values())
+        for _ in range(2):  # two publications while the read is late
+            published = pipeline.snapshot.taken_at
+            wait_for(lambda published=published: pipeline.snapshot.taken_at > published)
+        assert "nvmlDeviceGetPowerUsage" in late.in_flight.values()
+        series = series_of(pipeline.snapshot)
+        assert values(series, "gpuwarden_gpu_stale", gpu="1") == [0]
+        assert len(values(series, "gpuwarden_temperature_celsius", gpu="1")) == 1  # its last values are served
+        assert values(series, "gpuwarden_gpu_stale", gpu="0") == [0]
+        clock.advance(10.0)  # the hang ends; the late answer is used
+        wait_for(lambda: not late.in_flight)
+    finally:
+        pipeline.stop(0.5)
+        fake.close()
+
+
 def test_xid_events_are_counted_per_gpu_and_xid(sim, make_pipeline):
     clock = ManualClock(0.0)
     sim(

@@ -105,7 +105,7 @@ class Prometheus:
             )
             if loaded is not None and loaded <= self.blocks_before:
                 return round(time.monotonic() - began, 1)
-            time.sleep(5)
+            time.sleep(1)
         raise RuntimeError("Prometheus did not merge the added block")
 
     def start(self) -> None:
@@ -128,6 +128,7 @@ class Prometheus:
             check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         self.stop(keep=True)
+        self.blocks_before = sum(1 for b in (self.work / "tsdb").iterdir() if b.is_dir() and len(b.name) == 26)
         for block in out.iterdir():
             if block.is_dir():
                 shutil.move(str(block), self.work / "tsdb" / block.name)

@@ -221,7 +221,7 @@ class NvmlLifecycle:
                 state.stuck.discard(tier)
                 state.readings[tier] = outcome.reading
             elif isinstance(outcome, Waiting):
-                state.stuck.add(tier)
+                pass  # late, inside its call deadline: the last values stand; stale only once it is Stuck (README)
             elif isinstance(outcome, Stuck):
                 self._stuck(state, tier, outcome)
             elif isinstance(outcome, Lost):

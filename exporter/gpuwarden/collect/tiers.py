@@ -1,9 +1,9 @@
 """One tier's reads for every GPU, concurrently, each on its GPU's own worker: an outcome per GPU, no side effects.
 
 The runner never waits on a stuck GPU past the cycle's wait: a GPU that has not answered is `Waiting` (its last
-values are served, marked stale) until its call deadline passes, then `Stuck` (abandoned: counted once, logged
-once). Its worker accepts nothing new until the hung call returns; the answer it then gives is used. What an
-outcome means for the GPU or the library (lost, re-init, exit) is the poller's decision, not the runner's.
+values are served as they were) until its call deadline passes, then `Stuck` (abandoned, marked stale: counted
+once, logged once). Its worker accepts nothing new until the hung call returns; the answer it then gives is used.
+What an outcome means for the GPU or the library (lost, re-init, exit) is the poller's decision, not the runner's.
 """
 
 from __future__ import annotations
