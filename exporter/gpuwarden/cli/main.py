@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         hint="; see gpuwarden --help",
         prog="gpuwarden",
         description="NVIDIA GPU exporter for Prometheus. Subcommands: `gpuwarden check-config FILE` validates a "
-        "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden validate` "
+        "config file; `gpuwarden scenarios` lists the simulator's scenarios; `gpuwarden rules --thresholds FILE` "
+        "writes the alert rules for a thresholds file; `gpuwarden validate` "
         "compares its readings with nvidia-smi on a GPU host; `gpuwarden fleet --prometheus-url URL` "
         "serves the fleet view from Prometheus; `gpuwarden npd-plugin` and `gpuwarden slurm-healthcheck` tell "
         "node-problem-detector and Slurm what the exporter found.",
@@ -71,6 +72,12 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_config(args: list[str]) -> int:
+    if args in (["--help"], ["-h"]):
+        print(
+            "usage: gpuwarden check-config FILE\n\nValidate a config file (and its scenario on the simulator) without "
+            "starting: prints 'FILE: ok', or one line naming the field and the fix and exits 2."
+        )
+        return 0
     if len(args) != 1:
         print("gpuwarden: usage: gpuwarden check-config FILE", file=sys.stderr)
         return EXIT_CONFIG
@@ -113,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(argv[1:])
     if argv[:1] == ["scenarios"]:
         return list_scenarios()
+    if argv[:1] == ["rules"]:
+        from gpuwarden.cli.rules import main as rules
+
+        return rules(argv[1:])
     if argv[:1] == ["validate"]:
         from gpuwarden.cli.validate import main as validate
 

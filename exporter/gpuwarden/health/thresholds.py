@@ -134,11 +134,12 @@ class Thresholds:
 DEFAULT = Thresholds()
 
 
-def load_thresholds(path: Path | None) -> Thresholds:
-    """Defaults, overridden by a YAML mapping of the fields above; ConfigError (one line) on a bad file."""
+def load_thresholds(path: Path | None, flag: str = "health.thresholds_file") -> Thresholds:
+    """Defaults, overridden by a YAML mapping of the fields above; ConfigError (one line, naming `flag`) on a bad
+    file."""
     if path is None:
         return DEFAULT
     try:
-        return build(Thresholds, read_yaml(path, "thresholds file", "health.thresholds_file"))
+        return build(Thresholds, read_yaml(path, "thresholds file", flag))
     except SettingError as exc:
         raise ConfigError(exc.line(f"thresholds file {path}")) from None
