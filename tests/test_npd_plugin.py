@@ -175,7 +175,10 @@ def test_only_the_unhealthy_direction_is_debounced_and_unknown_keeps_the_count(t
         return plugin(served.url, "hardware", state, "--debounce", "3")[0]
 
     try:
-        assert run() == 0 and run() == 0  # seen once, twice: not yet
+        code, out, _, _ = plugin(served.url, "hardware", state, "--debounce", "3")
+        # seen once: exit 0 (NPD's condition False), and a message that does not read as a reported fault
+        assert code == 0 and out == "no fault yet: seen 1 of 3 runs: GPU3 ecc: 2 uncorrected", out
+        assert run() == 0  # seen twice: not yet
         now["status"] = 503
         assert run() == 2  # no answer: Unknown, and the count stays
         now["status"] = 200

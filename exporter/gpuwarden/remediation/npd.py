@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpuwarden.commandline import ConfigError, OneLineParser
 from gpuwarden.remediation.flags import add_endpoint_flags, endpoint, family_names
-from gpuwarden.remediation.verdicts import LEVELS, Outcome, outcome
+from gpuwarden.remediation.verdicts import LEVELS, Outcome, _fit, outcome
 
 EXIT_OK, EXIT_PROBLEM, EXIT_UNKNOWN = 0, 1, 2
 DEFAULT_STATE_DIR = Path("/run/gpuwarden/npd")
@@ -49,8 +49,9 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) -> tuple[bool, str, str]:
-    """(report the fault now?, a note for stderr, the message to print). Unknown leaves the count as it was.
+def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) -> tuple[bool, str, str, int]:
+    """(report the fault now?, a note for stderr, the fault's message, runs in a row it was seen). Unknown leaves the
+    count as it was.
 
     The count is kept per fault (GPU and check): a different fault starts it again, never counting as a repeat of
     the last one. While one fault lasts, its first message is printed again, so that NPD's message-based condition
@@ -63,7 +64,7 @@ def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) 
     except (OSError, ValueError):
         stored = {}
     if result.state == "unknown":
-        return False, "", result.message
+        return False, "", result.message, 0
     same = result.state == "problem" and stored.get("fault") == result.fault
     seen = (_count(stored.get("seen")) + 1 if same else 1) if result.state == "problem" else 0
     message = result.message
@@ -74,8 +75,8 @@ def _confirmed(state_dir: Path, condition: str, result: Outcome, debounce: int) 
         path.write_text(json.dumps({"seen": seen, "fault": result.fault, "message": message}))
     except OSError as error:
         # without a place to count, a fault is reported at once: better early than never
-        return result.state == "problem", f"debounce off: {path}: {error.strerror}", message
-    return result.state == "problem" and seen >= debounce, "", message
+        return result.state == "problem", f"debounce off: {path}: {error.strerror}", message, seen
+    return result.state == "problem" and seen >= debounce, "", message, seen
 
 
 def _count(value: object) -> int:
@@ -95,9 +96,12 @@ def main(argv: list[str]) -> int:
         print("gpuwarden npd-plugin: bad flags (see stderr)")
         return EXIT_UNKNOWN
     result = outcome(target, args.condition, LEVELS[args.level], args.max_output_length)
-    report, note, message = _confirmed(args.state_dir, args.condition, result, args.debounce)
+    report, note, message, seen = _confirmed(args.state_dir, args.condition, result, args.debounce)
     if note:
         print(note, file=sys.stderr)
+    if result.state == "problem" and not report:
+        # exit 0 is NPD's "condition False": its message must not read as a fault that was reported
+        message = _fit(f"no fault yet: seen {seen} of {args.debounce} runs: {message}", args.max_output_length)
     print(message)
     if result.state == "unknown":
         return EXIT_UNKNOWN
