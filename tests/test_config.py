@@ -186,6 +186,8 @@ def test_library_missing_exits_when_configured(tmp_path):
     )
     assert result.returncode == 3
     assert "library_not_found" in result.stderr and "Traceback" not in result.stderr
+    # it never loaded: the log says why it exits, not that a driver changed under it (issue 36)
+    assert "nvml.on_missing is exit" in result.stderr and "changed under this process" not in result.stderr
 
 
 def test_a_port_in_use_is_one_line_and_its_own_exit_code():

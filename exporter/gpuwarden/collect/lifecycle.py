@@ -272,7 +272,7 @@ class NvmlLifecycle:
             return  # already down (a late answer from another tier): the re-init is scheduled
         first_failure = not self._initialised_once and initialising
         if first_failure and reason == "library_not_found" and self._on_missing() == "exit":
-            self.set_fatal(reason)
+            self.set_fatal(reason, "no driver library at start, and nvml.on_missing is exit")
             return
         if self.nvml_up or self.nvml_error != reason:
             log.warning("nvml down: %s; retrying in %.0f s", reason, self._init_backoff)
@@ -288,8 +288,8 @@ class NvmlLifecycle:
         self._init_retry_at = time.monotonic() + self._init_backoff
         self._init_backoff = min(self._init_backoff * 2, BACKOFF_MAX_S)
 
-    def set_fatal(self, reason: str) -> None:
-        log.error("nvml: %s (the driver changed under this process); exiting so it is restarted", reason)
+    def set_fatal(self, reason: str, why: str = "the driver changed under this process") -> None:
+        log.error("nvml: %s (%s); exiting so it is restarted", reason, why)
         self.nvml_up, self.nvml_error, self.fatal = False, reason, reason
         with self.lock:
             for state in self.gpus.values():
