@@ -197,7 +197,8 @@ def test_pagerduty_events_carry_severity_routing_key_summary_and_runbook(stack):
     assert event["routing_key"] == ROUTING_KEY
     assert event["event_action"] == "trigger"
     assert event["payload"]["severity"] == "critical"
-    assert event["payload"]["summary"] == "A GPU has fallen off the bus."
+    # the title names the node and the GPU before the fault (it named neither)
+    assert event["payload"]["summary"] == f"{event['payload']['source']} GPU 6: A GPU has fallen off the bus."
     assert scenario_of(stack, event["payload"]["source"]) == "gpu-lost"
     assert "gpu 6" in event["payload"]["component"]
     runbook = [link["href"] for link in event["links"] if link["text"] == "Runbook"]
