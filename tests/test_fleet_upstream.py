@@ -124,6 +124,22 @@ def test_malformed_answers_are_502_json_on_every_endpoint(prometheus):
     assert "Traceback" not in logs
 
 
+def test_the_api_documents_the_5xx_that_prometheus_causes_and_their_bodies_match(prometheus):
+    """/openapi.json (and so /docs) lists 502, 503 and 504 on every route that asks Prometheus, with the body they
+    carry; it listed none (issue 36). A real 502 matches the documented schema."""
+    with fleet(prometheus) as (url, _):
+        document = httpx.get(url + "/openapi.json", timeout=10).json()
+        prometheus.answer = lambda query, handler: reply(handler, MALFORMED["not JSON"])
+        failed = httpx.get(url + ENDPOINTS[0], timeout=10)
+    schema = document["components"]["schemas"]["Problem"]
+    for path in [*(p for p in ENDPOINTS if p.startswith("/api/")), "/api/v1/plan"]:
+        responses = document["paths"][path]["get"]["responses"]
+        for status in ("502", "503", "504"):
+            body = responses[status]["content"]["application/json"]["schema"]
+            assert body == {"$ref": "#/components/schemas/Problem"}, (path, status, body)
+    assert failed.status_code == 502 and set(failed.json()) == set(schema["properties"]) == {"error", "detail"}
+
+
 def test_a_trickling_answer_is_cut_off_at_the_query_timeout(prometheus):
     def trickle(query: str, handler: BaseHTTPRequestHandler) -> None:
         handler.send_response(200)

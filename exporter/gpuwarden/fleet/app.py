@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from prometheus_client import CONTENT_TYPE_LATEST, Info, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
@@ -118,8 +119,24 @@ class Views:
         return await self.answers.get(f"utilization:{window}:{limit}", lambda: self.fleet.utilization(window, limit))
 
 
+class Problem(BaseModel):
+    """Every 4xx/5xx answer's body (gpuwarden.web.asgi.problem)."""
+
+    error: str
+    detail: Any = None
+
+
+# What a route that asks Prometheus answers when Prometheus cannot answer it: listed in /openapi.json and /docs, so
+# a client knows a 5xx is the backend's and what its body holds.
+PROMETHEUS_FAILURES: dict[int | str, dict[str, Any]] = {
+    502: {"model": Problem, "description": "Prometheus refused or failed the query (its error in `detail`)."},
+    503: {"model": Problem, "description": "Prometheus is unreachable."},
+    504: {"model": Problem, "description": "Prometheus did not answer within --query-timeout."},
+}
+
+
 def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(responses=PROMETHEUS_FAILURES)
 
     @router.get("/api/v1/fleet")
     async def inventory() -> dict[str, Any]:
@@ -149,7 +166,7 @@ def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) ->
 
 
 def _plan_routes(fleet: Fleet) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(responses=PROMETHEUS_FAILURES)
 
     @router.get("/api/v1/plan")
     async def plan(
