@@ -68,6 +68,18 @@ def test_hardening_and_restart_policy() -> None:
     assert "PrivateDevices" not in service  # NVML opens /dev/nvidia*
 
 
+def test_resource_limits_follow_the_chart() -> None:
+    """The chart's advice (values.yaml, docs/deploy.md): a memory limit of 256 Mi and no CPU limit. The unit had
+    CPUQuota=50%, a cap the chart argues against (issue 36)."""
+    import yaml
+
+    service = service_section()
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "gpuwarden" / "values.yaml").read_text())
+    assert "cpu" not in values["resources"]["limits"] and "CPUQuota" not in service
+    assert values["resources"]["limits"]["memory"] == "256Mi" and service["MemoryMax"] == ["256M"]
+    assert int(service["CPUWeight"][0]) < 100  # yields to the jobs (100 is the default weight)
+
+
 def test_exec_start_is_a_valid_gpuwarden_command(tmp_path: Path) -> None:
     from gpuwarden.cli.main import settings_from_argv
 
