@@ -500,9 +500,28 @@ def test_plain_manifests_are_the_default_render() -> None:
         if doc
     ]
     key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
-    assert sorted(plain, key=key) == sorted(rendered, key=key), (
+    assert sorted(plain, key=key) == sorted(map(as_plain, rendered), key=key), (
         "deploy/kubernetes/ drifted from the chart: run .venv-helm/bin/python deploy/helm/render.py sync"
     )
+    # applied by kubectl or kustomize: they claimed Helm's ownership (issue 36)
+    text = "".join(
+        (ROOT / "deploy" / "kubernetes" / name).read_text() for name in ("gpuwarden.yaml", "monitoring.yaml")
+    )
+    assert "managed-by: Helm" not in text and "helm.sh/chart" not in text
+    assert text.count("app.kubernetes.io/managed-by: kustomize") >= len(plain)
+
+
+def as_plain(obj: Any) -> Any:
+    """What deploy/helm/render.py's as_plain does to a rendered object's text, on the parsed object."""
+    if isinstance(obj, dict):
+        return {
+            k: ("kustomize" if k == "app.kubernetes.io/managed-by" and v == "Helm" else as_plain(v))
+            for k, v in obj.items()
+            if k != "helm.sh/chart"
+        }
+    if isinstance(obj, list):
+        return [as_plain(v) for v in obj]
+    return obj
 
 
 def test_kustomize_builds_the_plain_manifests() -> None:

@@ -187,6 +187,17 @@ def split_documents(manifest: str) -> list[str]:
     return [doc.strip() + "\n" for doc in re.split(r"^---\s*$", manifest, flags=re.M) if doc.strip()]
 
 
+# The plain manifests are applied with kubectl or kustomize, not installed by Helm: they must not claim Helm's ownership
+# (a later `helm install` would refuse to adopt them, and tools that trust the label would call them Helm's).
+HELM_OWNED = re.compile(r"^(\s*)app\.kubernetes\.io/managed-by: Helm$", flags=re.M)
+HELM_CHART = re.compile(r"^\s*helm\.sh/chart: \S+\n", flags=re.M)
+
+
+def as_plain(doc: str) -> str:
+    """A rendered document as the plain manifests carry it: managed by kustomize, no chart label."""
+    return HELM_CHART.sub("", HELM_OWNED.sub(r"\1app.kubernetes.io/managed-by: kustomize", doc))
+
+
 def sync() -> None:
     """Copy the single sources into the chart, then write the plain manifests from the default render."""
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.rules.yaml", CHART / "files" / "gpuwarden.rules.yaml")
@@ -197,7 +208,7 @@ def sync() -> None:
     for source in sorted((ROOT / "grafana_dashboards").glob("*.json")):
         shutil.copyfile(source, dashboards / source.name)
     core, monitoring = [], []
-    for doc in split_documents(template()):
+    for doc in map(as_plain, split_documents(template())):
         kind = re.search(r"^kind: (\S+)", doc, flags=re.M)
         is_monitoring = "apiVersion: monitoring.coreos.com/" in doc or "grafana_dashboard:" in doc
         (monitoring if is_monitoring else core).append(doc)
