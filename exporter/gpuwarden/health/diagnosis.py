@@ -249,7 +249,9 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
                 holders = _holders(snapshot, gpu.uuid)
                 observed = f"{observed}; {_describe(holders)}"
             if verdict.check == "gpu_lost":  # the command for this GPU, not the whole node
-                action = action.replace("`nvidia-smi -r`", f"`nvidia-smi -r -i {gpu.index}`")
+                # by PCI bus id where the driver still gave one: indices can shift once a GPU leaves the bus
+                target = gpu.info.pci_bus_id or str(gpu.index)
+                action = action.replace("`nvidia-smi -r`", f"`nvidia-smi -r -i {target}`")
             findings.append(
                 Finding(
                     gpu.index,
