@@ -164,6 +164,7 @@ def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
     logs = proc.stderr.read().decode()
     assert "Traceback" not in logs
     assert '"level": "info"' in logs and "listening on" in logs
+    assert "backend sim, scenario healthy" in logs  # the simulator's start says which node it simulates
 
 
 def test_oversized_headers_are_refused_and_the_server_stays_up(live_server):

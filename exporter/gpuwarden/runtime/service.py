@@ -204,9 +204,12 @@ def _serve_http(
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
     threading.Thread(target=supervise, name="gpuwarden-supervisor", daemon=True).start()
-    log.info(
-        "gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, settings.nvml.backend
-    )
+    backend = settings.nvml.backend
+    if backend == "sim":  # which simulated node this is: the start-up log named no scenario (issue 36)
+        from gpuwarden.sim import DEFAULT_SCENARIO
+
+        backend = f"sim, scenario {settings.nvml.scenario or DEFAULT_SCENARIO}"
+    log.info("gpuwarden %s listening on %s (backend %s)", __version__, settings.web.listen_address, backend)
     probes = None
     if probe_listener is not None:
         from gpuwarden.web.probes import ProbeApp, ProbeListener
