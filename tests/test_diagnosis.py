@@ -77,7 +77,7 @@ def test_healthy_node_has_no_findings(findings_for):
                 "memory-nearly-full",
                 "memory_pressure",
                 3,
-                "critical",
+                "warning",
                 ["optimizer state", "gradient checkpointing", "ZeRO"],
             ),
             ("ecc-uncorrectable", "ecc", 1, "critical", ["cordon", "replacement"]),

@@ -238,7 +238,7 @@ def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) 
     hosted = two_pods(tmp_path, "nb-bob")
     pipeline, _ = poll(sim, FULL_GPU, 3, processes=hosted)
     (finding,) = [f for f in diagnose(pipeline.snapshot) if f.check == "memory_pressure"]
-    assert finding.severity == "critical"
+    assert finding.severity == "warning"  # a full GPU is the job's to fix: as the alert, never a page
     assert "held by ml/trainer-0/worker pid 4101 60.0 GiB" in finding.observed
     assert "research/nb-bob/notebook pid 4102 19.0 GiB" in finding.observed
     assert finding.observed.endswith("shared by 2 containers")

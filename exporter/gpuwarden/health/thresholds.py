@@ -23,7 +23,8 @@ class Thresholds:
     # utilization: a job holds the GPU but kernels run less than this share of the time
     utilization_low_ratio: float = setting(0.5, gt=0, lt=1)
     utilization_for_s: int = setting(1800, ge=1)
-    # memory occupancy (used / total)
+    # memory occupancy (used / total): a warning once over memory_warning_ratio for memory_for_s, or at once past
+    # memory_critical_ratio (still a warning, as the alert: a full GPU is the job's problem, not a page)
     memory_warning_ratio: float = setting(0.95, gt=0, lt=1)
     memory_critical_ratio: float = setting(0.99, gt=0, le=1)
     memory_for_s: int = setting(900, ge=0)
