@@ -76,6 +76,25 @@ def test_the_page_at_ten_thousand_nodes_is_small_and_reads_top_down() -> None:
     assert "50 of " in page and "(5684 GPUs)" in page  # health: nodes, grouped by check, with the count
 
 
+def test_the_page_never_says_every_gpu_is_healthy_beside_findings_or_silent_exporters() -> None:
+    """In a fault's first minutes the cordon rules have findings while the health verdicts still wait out their
+    windows: the page said "Every GPU is healthy" beside the cordon candidates (issue 36)."""
+
+    def page(candidates: list[dict], unknown: list[str]) -> str:
+        world = ten_thousand_nodes()
+        world["health"] = {"unhealthy_gpus": [], "counts": {}, "unknown_nodes": unknown}
+        world["cordon"] = {"candidates": candidates}
+        return TEMPLATES.get_template("overview.html").render(
+            **world, health_nodes=[], rows=PAGE_ROWS, settings=parse(["--prometheus-url", "http://p:9090"]),
+            version="test", generated="now",
+        )  # fmt: skip
+
+    findings = ten_thousand_nodes()["cordon"]["candidates"][:2]
+    assert "Every GPU is healthy" not in page(findings, []) and "2 node(s) have hardware findings" in page(findings, [])
+    assert "Every GPU is healthy" not in page([], ["gpu-node-00001"])
+    assert "Every GPU is healthy" in page([], [])
+
+
 def test_health_is_grouped_by_node_and_check_critical_first() -> None:
     gpus = [
         {"node": "b", "gpu": "1", "severity": "warning", "checks": [{"check": "temperature", "level": 1}]},
