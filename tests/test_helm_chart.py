@@ -757,3 +757,29 @@ def test_npd_rules_follow_the_exporters_web_config_and_extra_flags() -> None:
 def test_npd_values_are_checked() -> None:
     result = run_render("template", "--values-json", json.dumps({"npd": {"enabled": True, "debounce": 0}}))
     assert result.returncode != 0 and "debounce" in result.stdout + result.stderr
+
+
+def test_security_context_and_extra_volumes_can_be_set_and_the_hardening_stays() -> None:
+    """A site's policy adds to the pod's and the exporter's securityContext, and mounts what it needs (issue 36: the
+    chart could set neither); what it does not name keeps the chart's hardening."""
+    values = {
+        "podSecurityContext": {"fsGroup": 10045},
+        "securityContext": {"seLinuxOptions": {"type": "spc_t"}},
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "site-ca"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/site", "readOnly": True}],
+    }
+    pod = one(render(values), "DaemonSet")["spec"]["template"]["spec"]
+    exporter = next(c for c in pod["containers"] if c["name"] == "gpuwarden")
+    assert pod["securityContext"]["fsGroup"] == 10045 and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = exporter["securityContext"]
+    assert context["seLinuxOptions"] == {"type": "spc_t"}
+    assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "ca", "configMap": {"name": "site-ca"}} in pod["volumes"]
+    assert {"name": "ca", "mountPath": "/etc/ssl/site", "readOnly": True} in exporter["volumeMounts"]
+    # the defaults render the same hardening, and nothing extra
+    default = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    plain = next(c for c in default["containers"] if c["name"] == "gpuwarden")
+    assert plain["securityContext"] == {key: value for key, value in context.items() if key != "seLinuxOptions"}
+    assert "fsGroup" not in default["securityContext"] and all(v["name"] != "ca" for v in default["volumes"])
