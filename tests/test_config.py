@@ -319,3 +319,18 @@ def test_a_settings_field_of_several_types_is_refused_where_it_is_declared():
     with pytest.raises(TypeError, match="Ambiguous.size: a setting is one type or None"):
         build(Ambiguous, {})
     assert build(Optional, {"size": "3"}).size == 3 and build(Optional, {}).size is None
+
+
+def test_the_simulator_listens_on_loopback_unless_an_address_is_given(tmp_path, monkeypatch):
+    """A simulated node on a laptop is for that machine: it listened on every interface (issue 36). Any source that
+    names an address (flag, environment, config file) still wins; a real node keeps :10045."""
+    from gpuwarden.cli.main import settings_from_argv
+
+    monkeypatch.delenv("GPUWARDEN_WEB_LISTEN_ADDRESS", raising=False)
+    assert settings_from_argv(["--sim"]).web.listen_address == "127.0.0.1:10045"
+    assert settings_from_argv([]).web.listen_address == ":10045"
+    assert settings_from_argv(["--sim", "--web.listen-address", ":10045"]).web.listen_address == ":10045"
+    config = write_yaml(tmp_path / "c.yaml", {"web": {"listen_address": "0.0.0.0:9100"}})
+    assert settings_from_argv(["--sim", "--config", str(config)]).web.listen_address == "0.0.0.0:9100"
+    monkeypatch.setenv("GPUWARDEN_WEB_LISTEN_ADDRESS", ":9200")
+    assert settings_from_argv(["--sim"]).web.listen_address == ":9200"

@@ -20,6 +20,8 @@ from gpuwarden.config.typed import choices
 
 log = logging.getLogger("gpuwarden")
 
+SIM_LISTEN_ADDRESS = "127.0.0.1:10045"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
@@ -35,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpuwarden {__version__}")
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
-    parser.add_argument("--sim", action="store_true", help="Shorthand for --nvml.backend=sim.")
+    parser.add_argument(
+        "--sim",
+        action="store_true",
+        help=f"Shorthand for --nvml.backend=sim; listens on {SIM_LISTEN_ADDRESS} unless an address is given.",
+    )
     add_setting_flags(parser)
     return parser
 
@@ -109,9 +115,13 @@ def list_scenarios() -> int:
 def settings_from_argv(argv: list[str]) -> Settings:
     args = build_parser().parse_args(argv)
     flags: dict[str, Any] = {key: value for key, value in vars(args).items() if "." in key and value is not None}
+    defaults: dict[str, Any] = {}
     if args.sim:
         flags.setdefault("nvml.backend", "sim")
-    return load_settings(args.config, os.environ, flags)
+        # a simulated node on a laptop is for this machine: loopback unless an address is given (the demo's
+        # containers give :10045)
+        defaults["web.listen_address"] = SIM_LISTEN_ADDRESS
+    return load_settings(args.config, os.environ, flags, defaults)
 
 
 def main(argv: list[str] | None = None) -> int:

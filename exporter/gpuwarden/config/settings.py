@@ -398,11 +398,21 @@ def read_yaml(path: Path, what: str = "config file", flag: str = "--config") -> 
 
 
 def load_settings(
-    config_file: Path | None = None, environ: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Build Settings from all sources; raise ConfigError with one line on any problem."""
+    """Build Settings from all sources; raise ConfigError with one line on any problem. `defaults` ("section.key")
+    sit below every source: a mode's own defaults (the simulator's loopback address), which any source overrides."""
     environ = os.environ if environ is None else environ
     layers: list[tuple[str, dict[str, Any]]] = []
+    if defaults:
+        default_layer: dict[str, dict[str, Any]] = {}
+        for key, value in defaults.items():
+            section, name = key.split(".", 1)
+            default_layer.setdefault(section, {})[name] = value
+        layers.append(("defaults", default_layer))
     if config_file is not None:
         layers.append((f"config file {config_file}", read_yaml(config_file)))
     layers.append(("environment", _env_layer(environ)))
