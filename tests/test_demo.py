@@ -188,6 +188,14 @@ def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
         assert sum(len(g["rules"]) for g in rules) == sum(len(g["rules"]) for g in shipped)  # the shipped rules
         nodes = httpx.get(f"http://127.0.0.1:{prom}/api/v1/label/node/values", timeout=5).json()["data"]
         assert len(nodes) == 5, nodes  # five nodes, not one "127.0.0.1"
+
+        # the fleet names them so too: its cordon commands said `kubectl cordon 127.0.0.1` (issue 36)
+        def fleet_nodes() -> list[str]:
+            inventory = httpx.get(f"http://127.0.0.1:{fleet}/api/v1/fleet", timeout=30).json()
+            return sorted(n["node"] for n in inventory["nodes"])
+
+        wait_for(lambda: len(fleet_nodes()) == 5, timeout=90, step=1)  # once Prometheus has scraped them
+        assert fleet_nodes() == sorted(nodes)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -74,7 +74,7 @@ $static
 CONFIG
 prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
   --web.listen-address="127.0.0.1:$PROM_PORT" >"$WORK/prometheus.log" 2>&1 &
-"$GPUWARDEN" fleet --prometheus-url="http://127.0.0.1:$PROM_PORT" \
+"$GPUWARDEN" fleet --prometheus-url="http://127.0.0.1:$PROM_PORT" --node-label=node \
   --web.listen-address="127.0.0.1:$FLEET_PORT" >"$WORK/fleet.log" 2>&1 &
 
 if command -v grafana-server >/dev/null || command -v grafana >/dev/null; then
