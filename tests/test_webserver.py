@@ -155,7 +155,8 @@ def test_a_client_that_stops_reading_is_cut_off_whole_or_streamed():
             assert httpx.get(live.url + "/fine").text == "GET /fine  0"
             wait_for(lambda n=rejected: guard.rejected["write_timeout"] == n, timeout=30)
             sock.close()
-        assert not live.server.server.server_state.tasks
+        # the aborted cycles' tasks end once the loop has run their cancellation (later on a loaded machine)
+        wait_for(lambda: not live.server.server.server_state.tasks, timeout=30)
 
 
 def test_stop_lets_the_request_in_flight_finish_and_refuses_new_connections():
@@ -340,7 +341,10 @@ def test_a_burst_of_tls_clients_past_the_handshake_limit_waits_and_every_one_is_
     oldest handshake instead closed real clients in the middle of theirs: on d3a938b `wrk -c1000` over TLS
     completed 0 requests in 20 s, each client closed and back again."""
     server, client = tls_pair()
-    guard = ConnectionGuard(header_timeout_s=5.0, max_handshakes=16)  # so at most 64 wait
+    # at most 64 wait. The clients run in this process: on a machine under a CPU load they are slow to send their
+    # ClientHello and the default grace (0.15 s) judged them stalled and gave their slots away (a stress run reset
+    # them). Waiting is what this test is about; stalls have their own test below, at the default grace.
+    guard = ConnectionGuard(header_timeout_s=5.0, max_handshakes=16, handshake_grace_s=(5.0, 5.0))
 
     async def burst(port: int) -> list[bytes]:
         return await asyncio.gather(*(tls_get(port, client, f"/c{i}") for i in range(64)))

@@ -53,6 +53,9 @@ class ConnectionGuard:
     parked: int = 0  # requests waiting out a refusal delay: they cost nothing and must not cause shedding
     waiting: dict[Any, float] = field(default_factory=dict)  # connections awaiting a request → since (ordered)
     max_handshakes: int = 256  # TLS connections accepted and still in their handshake (webserver.HandshakeLimiter)
+    # how long a handshake may wait on its client before its slot goes to a waiting one: ClientHello still
+    # incomplete, or the server's answer unfinished (web/server.py; tests that starve their own clients lengthen them)
+    handshake_grace_s: tuple[float, float] = (0.15, 0.5)
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
     _logged_at: float = 0.0
     _unlogged: int = 0

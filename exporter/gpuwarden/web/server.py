@@ -342,8 +342,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._abort()
 
 
-UNANSWERED_GRACE_S = 0.15  # a started handshake whose ClientHello is still incomplete after this has stalled
-ANSWERED_GRACE_S = 0.5  # a handshake the server answered that the client has not finished after this has stalled
+# The grace a handshake's client has (ConnectionGuard.handshake_grace_s, 0.15 s and 0.5 s by default): a started
+# handshake whose ClientHello is still incomplete after the first has stalled; one the server answered that the
+# client has not finished after the second has stalled.
 GRACE_CHECKS = 3  # ... and after this many admission checks: each is a turn of the loop, in which the handshake read
 ADMISSION_CHECK_S = 0.05  # how often waiting handshakes are looked at while every slot is taken
 
@@ -357,8 +358,9 @@ class HandshakeLimiter:
     (`loop.set_task_factory`, public API) and runs behind an admission gate: a waiting connection is an accepted
     socket and a coroutine not yet started (no TLS state, a few KiB).
 
-    A slot is taken from a handshake only when it has stalled: its ClientHello still incomplete `UNANSWERED_GRACE_S`
-    after it started, or the server's answer unfinished by the client `ANSWERED_GRACE_S` after it was sent, and in
+    A slot is taken from a handshake only when it has stalled: its ClientHello still incomplete the first of
+    `ConnectionGuard.handshake_grace_s` after it started, or the server's answer unfinished by the client the
+    second after it was sent, and in
     both cases `GRACE_CHECKS` admission checks later: the checks run on the loop, so a loop that lags under load
     (700 ms a turn under `wrk -c1000` on 2 cores) does not count its own lag against a client. Closing
     the oldest regardless let a probe through a flood of stalled handshakes, but 1,000 real clients connecting at
@@ -443,7 +445,8 @@ class HandshakeLimiter:
         ):
             self._close(self.waiting.popleft().task)
         if self.waiting and len(self.running) >= self.guard.max_handshakes:
-            stalled = [task for task, handshake in self.running.items() if handshake.stalled(now, self.checks)]
+            grace = self.guard.handshake_grace_s
+            stalled = [task for task, shake in self.running.items() if shake.stalled(now, self.checks, grace)]
             for task in stalled[: len(self.waiting)]:
                 del self.running[task]
                 self._close(task)
@@ -482,13 +485,14 @@ class _Handshake:
         self.answered: float | None = None
         self.answered_check = 0
 
-    def stalled(self, now: float, checks: int) -> bool:
-        """Whether the client, not the server, has kept this handshake from going on for its grace."""
+    def stalled(self, now: float, checks: int, grace: tuple[float, float]) -> bool:
+        """Whether the client, not the server, has kept this handshake from going on for its grace (unanswered,
+        answered)."""
         if self.answered is None and self.sslobj is not None and self.sslobj.cipher() is not None:
             self.answered, self.answered_check = now, checks
         if self.answered is None:
-            return now - self.started > UNANSWERED_GRACE_S and checks - self.started_check >= GRACE_CHECKS
-        return now - self.answered > ANSWERED_GRACE_S and checks - self.answered_check >= GRACE_CHECKS
+            return now - self.started > grace[0] and checks - self.started_check >= GRACE_CHECKS
+        return now - self.answered > grace[1] and checks - self.answered_check >= GRACE_CHECKS
 
     def discard(self) -> None:
         """Close the socket of an accept coroutine that never started (its own cleanup runs only once started)."""
