@@ -783,3 +783,41 @@ def test_security_context_and_extra_volumes_can_be_set_and_the_hardening_stays()
     plain = next(c for c in default["containers"] if c["name"] == "gpuwarden")
     assert plain["securityContext"] == {key: value for key, value in context.items() if key != "seLinuxOptions"}
     assert "fsGroup" not in default["securityContext"] and all(v["name"] != "ca" for v in default["volumes"])
+
+
+# kube-prometheus-stack's defaults (its values.yaml: prometheus.prometheusSpec.*SelectorNilUsesHelmValues true makes
+# each selector `matchLabels: {release: <its release>}`; the Grafana sidecar watches `grafana_dashboard: "1"`)
+KPS_RELEASE = "kube-prometheus-stack"
+KPS_SELECTORS = {
+    "ServiceMonitor": {"release": KPS_RELEASE},
+    "PodMonitor": {"release": KPS_RELEASE},
+    "PrometheusRule": {"release": KPS_RELEASE},
+}
+
+
+def selected(obj: dict[str, Any], match_labels: dict[str, str]) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return all(labels.get(key) == value for key, value in match_labels.items())
+
+
+def test_the_default_install_is_selected_by_kube_prometheus_stacks_default_selectors() -> None:
+    """The README's `helm install` loaded none of the 31 alerts and 36 records into kube-prometheus-stack: only the
+    ServiceMonitor could get its `release` label (issue 36). One value, releaseLabel, labels all of them."""
+    for values, monitor in (({}, "ServiceMonitor"), ({"podMonitor": {"enabled": True}}, "PodMonitor")):
+        objects = render(values)
+        for kind in (monitor, "PrometheusRule"):
+            assert selected(one(objects, kind), KPS_SELECTORS[kind]), kind
+        dashboards = [o for o in objects if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]]
+        assert dashboards and all(selected(d, {"grafana_dashboard": "1", "release": KPS_RELEASE}) for d in dashboards)
+    # another release's name, or none; an object's own additionalLabels still win for that object
+    renamed = render({"releaseLabel": "monitoring", "serviceMonitor": {"additionalLabels": {"team": "gpu"}}})
+    assert one(renamed, "ServiceMonitor")["metadata"]["labels"]["release"] == "monitoring"
+    assert one(renamed, "ServiceMonitor")["metadata"]["labels"]["team"] == "gpu"
+    assert one(renamed, "PrometheusRule")["metadata"]["labels"]["release"] == "monitoring"
+    bare = render({"releaseLabel": ""})
+    assert "release" not in one(bare, "ServiceMonitor")["metadata"]["labels"]
+    overridden = render({"prometheusRule": {"additionalLabels": {"release": "rules-only"}}})
+    assert one(overridden, "PrometheusRule")["metadata"]["labels"]["release"] == "rules-only"
+    # the plain manifests carry it too (they are the default render: test_plain_manifests_are_the_default_render)
+    plain = (ROOT / "deploy" / "kubernetes" / "monitoring.yaml").read_text()
+    assert plain.count(f"release: {KPS_RELEASE}") >= 3

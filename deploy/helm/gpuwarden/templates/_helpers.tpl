@@ -64,3 +64,15 @@ app.kubernetes.io/component: fleet
 {{- define "gpuwarden.monitoringAPI" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}
+
+{{/*
+The labels Prometheus and Grafana select gpuwarden's monitoring objects by: `release: <releaseLabel>` (what
+kube-prometheus-stack's Prometheus selects ServiceMonitors, PodMonitors and PrometheusRules by), under the
+object's own additionalLabels. Call with (dict "root" $ "extra" <additionalLabels>).
+*/}}
+{{- define "gpuwarden.monitoringLabels" -}}
+{{- $labels := dict -}}
+{{- with .root.Values.releaseLabel }}{{- $_ := set $labels "release" . -}}{{- end -}}
+{{- $labels = merge (deepCopy (.extra | default dict)) $labels -}}
+{{- if $labels }}{{ toYaml $labels }}{{ end -}}
+{{- end -}}
