@@ -232,3 +232,29 @@ def test_slurmd_runs_the_shipped_wrapper_and_it_drains(scenario_exporter, tmp_pa
         assert "drain" in own.node("gpu-1")[0]
     finally:
         own.stop()
+
+
+def test_the_wrapper_finds_the_documented_install_or_says_so_and_fails(tmp_path: Path) -> None:
+    """docs/deploy.md installs into the venv /opt/gpuwarden; slurmd runs the wrapper with an empty environment, so
+    `gpuwarden` was not on its PATH: exit 127, "gpuwarden: not found", unseen in dry-run (issue 36). The wrapper
+    looks in that venv, and where gpuwarden is nowhere it says so, naming the fix, and fails."""
+    text = (ROOT / "deploy" / "slurm" / "gpuwarden-healthcheck").read_text()
+    venv = tmp_path / "opt" / "gpuwarden"  # the documented /opt/gpuwarden, under tmp_path
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "gpuwarden"
+    fake.write_text('#!/bin/sh\necho "ran: $*"\n')
+    fake.chmod(0o755)
+    defaults = tmp_path / "defaults"  # present and empty: nothing set, as after a plain install
+    defaults.write_text("")
+    wrapper = tmp_path / "gpuwarden-healthcheck"
+    wrapper.write_text(
+        text.replace("DEFAULTS=/etc/default/gpuwarden-healthcheck", f"DEFAULTS={defaults}").replace(
+            "/opt/gpuwarden/bin", str(venv / "bin")
+        )
+    )
+    wrapper.chmod(0o755)
+    done = subprocess.run([str(wrapper)], env={}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "ran: slurm-healthcheck --dry-run", done
+    fake.unlink()  # installed nowhere the wrapper looks
+    done = subprocess.run([str(wrapper)], env={}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "cannot run 'gpuwarden'" in done.stderr and "GPUWARDEN=" in done.stderr, done
