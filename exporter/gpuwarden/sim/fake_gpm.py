@@ -179,7 +179,7 @@ class GpmSymbols:
             return scenario.steady(index, "utilization")
         if key == "dram_active":
             return scenario.steady(index, "memory_utilization")
-        return key not in self.model.idle or scenario.steady(index, key)
+        return True  # the model's idle value, or 0: the scenario sets none for it
 
     def _gpm_value(self, index: int, key: str, t: float) -> float:
         explicit = self.scenario.explicit(index, key, t)
