@@ -248,7 +248,10 @@ def test_memory_pressure_names_the_holders_and_the_sharing(sim, tmp_path: Path) 
 def test_the_api_lists_each_process_with_its_pod_largest_first(live_server, tmp_path: Path) -> None:
     hosted = two_pods(tmp_path, "nb-alice")
     server = live_server(SHARED, processes=hosted)
-    wait_for(lambda: len(server.get("/api/v1/processes").json()["processes"]) == 3)
+    # pods are listed on the lookup thread, so the first snapshots may hold the PIDs before their pods
+    wait_for(
+        lambda: [r["pod"] for r in server.get("/api/v1/processes").json()["processes"]][:2] == ["trainer-0", "nb-alice"]
+    )
     rows = server.get("/api/v1/processes").json()["processes"]
     assert [(r["gpu"], r["pid"], r["pod"]) for r in rows] == [
         (0, 4101, "trainer-0"),
