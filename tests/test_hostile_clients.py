@@ -250,6 +250,18 @@ def test_tls_costs_are_bounded_through_asyncio_settings_that_still_exist():
         asyncio.sslproto.SSLProtocol.max_size, asyncio.constants.SSL_HANDSHAKE_TIMEOUT = saved
 
 
+def _server_ends(port: int) -> dict[int, int]:
+    """The server's connections on loopback `port` (/proc/net/tcp): client port → socket inode, 0 where no
+    descriptor holds it (still in the accept queue, or closed by the server and flushing as an orphan)."""
+    ends = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], int(fields[9])
+        if int(local.rsplit(":", 1)[1], 16) == port and remote != "00000000:0000":
+            ends[int(remote.rsplit(":", 1)[1], 16)] = inode
+    return ends
+
+
 EXPORTER_MEMORY_LIMIT_MIB = 256  # the Helm chart's limit for the exporter
 
 
@@ -353,6 +365,50 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
             assert httpx.get(url + "/healthz", timeout=5, verify=False).status_code == 200
     assert held >= 1000
     assert probes == [], probes[:20]
+
+
+def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is_on_its_way(tmp_path):
+    """At the connection limit, with every slot held by a client that asked with Connection: close and never reads,
+    a probe's connection is accepted before its request arrives. The next newcomer closed "the oldest connection
+    waiting for a request": that probe (a ReadError under load, CI 2026-11-28). A closer goes first now."""
+    from tests.helpers.common import wait_for
+
+    limit = 16
+    with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "60") as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        httpx.get(url + "/api/v1/gpus", timeout=30)
+        closers = [_never_reading_client(port, CLOSE_REQUEST) for _ in range(limit)]
+        assert all(closers)
+
+        def answered(sock: socket.socket) -> bool:  # the server has written (and so closed) its response
+            sock.setblocking(False)
+            try:
+                return bool(sock.recv(1, socket.MSG_PEEK))
+            except BlockingIOError:
+                return False
+
+        def dropped(socks: tuple[socket.socket, ...]) -> int:  # the server's end closed: no descriptor holds it
+            held = _server_ends(port)
+            return sum(held.get(sock.getsockname()[1], 0) == 0 for sock in socks)
+
+        wait_for(lambda: all(answered(sock) for sock in closers), timeout=30)
+        probe = socket.create_connection(("127.0.0.1", port))  # its request not yet sent
+        wait_for(lambda: dropped(closers) == 1, timeout=30)  # accepted: a closer made room for it
+        newcomer = socket.create_connection(("127.0.0.1", port))
+        wait_for(lambda: dropped((*closers, probe)) == 2, timeout=30)  # someone made room for the newcomer
+        assert _server_ends(port).get(probe.getsockname()[1], 0) != 0  # the probe's connection is held
+        probe.setblocking(True)
+        probe.settimeout(30)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        with suppress(ConnectionResetError):
+            while chunk := probe.recv(65536):
+                answer += chunk
+        for sock in (*closers, probe, newcomer):
+            sock.close()
+        series = parse_exposition(httpx.get(url + "/metrics").text)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert values(series, "gpuwarden_http_rejected_total", reason="evicted")[0] >= 2  # two closers made room
 
 
 def test_clients_aborted_at_the_pipeline_limit_over_tls_log_no_traceback(tmp_path):

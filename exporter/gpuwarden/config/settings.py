@@ -86,8 +86,8 @@ class WebSettings:
         1000,
         ge=16,
         le=100_000,
-        description="Open connections; at the limit the oldest one still sending headers is closed (capped below "
-        "the open-file limit).",
+        description="Open connections; at the limit one whose response its client leaves unread is closed, else "
+        "the oldest one still sending headers (capped below the open-file limit).",
     )
 
     @property

@@ -10,8 +10,9 @@ what it lacks, per connection, with the limits of gpuwarden.web.limits.Connectio
 - a connection closed with its response still unsent (`Connection: close`, HTTP/1.0, a refusal) that the client
   does not read is aborted after the header timeout (`_abort_closed_connections`): asyncio's close waits to flush
   for ever, and 1,032 such connections held for good refused 121 of 134 probes (TLS: an OOM kill at 256 MiB);
-- admission: at the connection limit the oldest connection waiting for a request is closed, and up to
-  `PROBE_RESERVE` connections past the limit get in, so a probe is never the one refused;
+- admission: at the connection limit a connection closing with its response unsent is aborted, else the oldest
+  one waiting for a request, and up to `PROBE_RESERVE` connections past the limit get in, so a probe is never the
+  one refused;
 - shedding: past the request limit new requests get 503, except the probes;
 - TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
 - one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
@@ -160,17 +161,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._park_writer(False)
 
     def _admit(self) -> None:
-        """Make room by closing the connection that has waited longest for a request, else one that is closing
-        with its response unsent; a newcomer is refused only past the probe reserve."""
+        """Make room by closing a connection that is closing with its response unsent (worth least: the server is
+        done with it), else the one that has waited longest for a request; a newcomer is refused only past the
+        probe reserve. Closers go first because the oldest waiting connection may be one just accepted whose
+        request is still on its way: in a flood of clients that ask and never read, that was a kubelet probe
+        (a scan of at most `max_connections`, and only at the limit)."""
+        for other in self.connections:
+            if other is not self and other.transport is not None and other.transport.is_closing():
+                self.guard.reject("evicted")
+                other._abort()
+                return
         for oldest in self.guard.waiting:
             if oldest is not self:
                 self.guard.reject("evicted")
                 oldest._abort()
-                return
-        for other in self.connections:  # a connection closed with its response unsent is worth least
-            if other is not self and other.transport is not None and other.transport.is_closing():
-                self.guard.reject("evicted")
-                other._abort()
                 return
         if len(self.connections) > self.guard.max_connections + PROBE_RESERVE:
             self.guard.reject("evicted")
