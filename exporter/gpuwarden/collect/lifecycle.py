@@ -18,7 +18,7 @@ from typing import Any
 from gpuwarden.collect import topology
 from gpuwarden.collect.tiers import Failed, Fatal, LibraryDown, Lost, Outcome, Read, Stuck, TierRunner, Waiting
 from gpuwarden.model.snapshot import Tier, TierReading
-from gpuwarden.nvml import session
+from gpuwarden.nvml import driver_gpus, session
 from gpuwarden.nvml.device import ErrorLedger, GpuDevice
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
 from gpuwarden.nvml.session import GpuSkipped
@@ -27,6 +27,7 @@ from gpuwarden.workers import WorkerPool, run_with_deadline
 log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 1.0
+UNKNOWN_UUID_PREFIX = "unknown-gpu-"  # the uuid label of a lost GPU that neither NVML nor the driver names
 BACKOFF_MAX_S = 30.0
 
 
@@ -131,6 +132,9 @@ class NvmlLifecycle:
         concurrent.futures.wait(waiting, timeout=deadline)
         found: list[GpuState] = []
         self.skipped = {}
+        with self.lock:  # GPUs known by index only are looked for afresh
+            for key in [key for key, state in self.gpus.items() if state.device.handle is None]:
+                del self.gpus[key]
         for index, future in futures.items():
             if future is None or not future.done():
                 call = self._count_timeout(f"discover-{index}", "nvmlDeviceGetHandleByIndex")
@@ -149,7 +153,35 @@ class NvmlLifecycle:
                 return
             found.append(self._register(index, uuid, handle))
         self.apply(Tier.STATIC, self._runner.run(Tier.STATIC, [s.device for s in found], deadline, deadline))
+        self._keep_unopened_in_view(found)
         self.probe_topology()
+
+    def _keep_unopened_in_view(self, found: list[GpuState]) -> None:
+        """Serve each GPU NVML counts but discovery could not open as lost (gpu_up 0), named by the kernel
+        driver's list where it can be (a restarted exporter kept a lost GPU out of view: issue 36). One this
+        container may not open (no_permission) is not ours to watch: it stays in `skipped`."""
+        unopened = sorted(index for index, reason in self.skipped.items() if reason not in ("no_permission", "timeout"))
+        if not unopened:
+            return
+        opened = {st.readings[Tier.STATIC].info.get("pci_bus_id") or "" for st in found if Tier.STATIC in st.readings}
+        named = driver_gpus.identify_unopened(unopened, opened, session.driver_gpus())
+        now = time.monotonic()
+        with self.lock:
+            for index in unopened:
+                reason = self.skipped.pop(index)
+                known = named.get(index)
+                uuid = known.uuid if known else f"{UNKNOWN_UUID_PREFIX}{index}"
+                state = self.gpus.get(uuid)
+                if state is None:
+                    state = self.gpus[uuid] = GpuState(GpuDevice(index, uuid, None, self.ledger))
+                if known is not None and Tier.STATIC not in state.readings:
+                    info = {"name": known.model, "pci_bus_id": known.bus_id}
+                    state.readings = {Tier.STATIC: TierReading(samples=(), info=info, finished_at=now)}
+                state.device.index, state.device.handle = index, None
+                state.up, state.lost_reason, state.stuck = False, reason, set()
+                state.retry_at = now + state.backoff
+                log.warning("gpu %d (%s) served as lost: discovery could not open it (%s)", index, uuid, reason)
+            self.generation += 1
 
     def _register(self, index: int, uuid: str, handle: Any) -> GpuState:
         with self.lock:
@@ -183,7 +215,14 @@ class NvmlLifecycle:
             return
 
         def reopen(dev: GpuDevice) -> TierReading:
-            dev.rebind(session.open_uuid(dev.uuid))
+            if dev.uuid.startswith(UNKNOWN_UUID_PREFIX):  # named by no one: open it where NVML counts it
+                try:
+                    handle, dev.state["opened_as"] = session.open_index(dev.index)
+                except GpuSkipped as exc:
+                    raise GpuLostError(exc.reason) from None
+            else:
+                handle = session.open_uuid(dev.uuid)
+            dev.rebind(handle)
             return self._runner.read(dev, Tier.STATIC)
 
         deadline = self._deadline()
@@ -192,6 +231,11 @@ class NvmlLifecycle:
         for state in due:
             outcome = outcomes.get(state.device.uuid)
             if isinstance(outcome, Read):
+                opened_as = state.device.state.pop("opened_as", None)
+                if opened_as is not None:  # its real UUID now: served under it from here on
+                    with self.lock:
+                        del self.gpus[state.device.uuid]
+                    state = self._register(state.device.index, opened_as, state.device.handle)
                 log.info("gpu %d (%s) is back", state.device.index, state.device.uuid)
                 state.readings[Tier.STATIC] = outcome.reading
                 state.up, state.lost_reason, state.backoff, state.stuck = True, None, BACKOFF_MIN_S, set()

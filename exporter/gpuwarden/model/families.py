@@ -375,7 +375,12 @@ GPU_INFO = _f(
     "vbios_version",
     "compute_capability",
 )
-GPU_UP = _f("gpuwarden_gpu_up", "gauge", "1 when the GPU answers; 0 when it is lost (off the bus, reset required).")
+GPU_UP = _f(
+    "gpuwarden_gpu_up",
+    "gauge",
+    "1 when the GPU answers; 0 when it is lost (off the bus, reset required), also when it was lost before the "
+    "exporter started (`uuid` as the kernel driver lists it, else `unknown-gpu-N`).",
+)
 GPU_STALE = _f(
     "gpuwarden_gpu_stale",
     "gauge",

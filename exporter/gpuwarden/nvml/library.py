@@ -13,8 +13,11 @@ from typing import Any
 
 import pynvml
 
+from gpuwarden.nvml.driver_gpus import DriverGpu, read_driver_gpus
+
 _monotonic: Callable[[], float] = time.monotonic
 _child_spec: dict[str, Any] | None = {"backend": "nvml"}
+_driver_gpus: Callable[[], list[DriverGpu]] = read_driver_gpus
 
 
 def monotonic() -> float:
@@ -28,11 +31,23 @@ def child_spec() -> dict[str, Any] | None:
     return _child_spec
 
 
-def install(library: Any, clock: Callable[[], float] | None = None, child_spec: dict[str, Any] | None = None) -> None:
+def driver_gpus() -> list[DriverGpu]:
+    """The GPUs the kernel driver lists (gpuwarden.nvml.driver_gpus); the simulator's driver answers for its own."""
+    return _driver_gpus()
+
+
+def install(
+    library: Any,
+    clock: Callable[[], float] | None = None,
+    child_spec: dict[str, Any] | None = None,
+    driver: Callable[[], list[DriverGpu]] | None = None,
+) -> None:
     """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock;
-    `child_spec`: how a child process installs the same one (None: it cannot)."""
-    global _monotonic, _child_spec
+    `child_spec`: how a child process installs the same one (None: it cannot); `driver`: the kernel driver's
+    GPU list beside it (None: /proc/driver/nvidia)."""
+    global _monotonic, _child_spec, _driver_gpus
     _monotonic = clock or time.monotonic
+    _driver_gpus = driver or read_driver_gpus
     _child_spec = {"backend": "nvml"} if library is None else child_spec
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
-from gpuwarden.nvml import calls
+from gpuwarden.nvml import calls, library
+from gpuwarden.nvml.driver_gpus import DriverGpu
 from gpuwarden.nvml.errors import ErrorKind, GpuLostError, NvmlDownError, classify, error_code, error_name
 
 if TYPE_CHECKING:
@@ -94,6 +95,11 @@ def open_uuid(uuid: str) -> Any:
         return _call(calls.nvmlDeviceGetHandleByUUID, uuid)
     except pynvml.NVMLError as exc:
         raise GpuLostError(error_name(error_code(exc))) from None
+
+
+def driver_gpus() -> list[DriverGpu]:
+    """The GPUs the kernel driver lists, a lost one included (gpuwarden.nvml.driver_gpus); no NVML call."""
+    return library.driver_gpus()
 
 
 def shutdown() -> None:

@@ -27,5 +27,5 @@ def install_simulator(
         if name is None or clock is not None
         else {"module": "gpuwarden.sim.gpm_child", "scenario": name, "start": fake.start}
     )
-    library.install(fake.library, clock=fake.now, child_spec=spec)
+    library.install(fake.library, clock=fake.now, child_spec=spec, driver=fake.driver_gpus)
     return fake

@@ -7,6 +7,7 @@ from typing import Any
 
 import pynvml
 
+from gpuwarden.nvml.driver_gpus import DriverGpu
 from gpuwarden.sim.fakecommon import (
     _HANDLE_BASE,
     OK,
@@ -30,6 +31,13 @@ class DeviceSymbols:
 
     def bus_id(self, index: int) -> str:
         return f"00000000:{0x18 + index * 0x10:02X}:00.0"
+
+    def driver_gpus(self) -> list[DriverGpu]:
+        """/proc/driver/nvidia/gpus of this node: the kernel driver lists every GPU, a lost one included (it
+        has no answer for a node whose driver is not loaded)."""
+        if self._global_error() is not None or not self.scenario.driver.lists_gpus:
+            return []
+        return [DriverGpu(self.bus_id(i), self.uuid(i), self.model.name) for i in range(self.count)]
 
     def _string(self, handle: Any, buf: Any, text: str, symbol: str) -> int:
         _, code = self._device(handle, symbol)

@@ -222,6 +222,9 @@ class Driver(_Strict):
     nvml_version: str = "13.580.159.04"
     cuda_version: int = 13000
     missing_symbols: tuple[str, ...] = Field((), description="C symbols this driver lacks (FunctionNotFound)")
+    lists_gpus: bool = Field(
+        True, description="/proc/driver/nvidia/gpus is visible (false: a container that does not mount it)"
+    )
 
 
 class Fault(_Strict):

@@ -343,7 +343,8 @@ class NodeHealth(BaseModel):
     nvml_error: str | None
     gpus_expected: int | None = Field(description="nvml.expected_gpus; null when not set")
     gpus_skipped: dict[str, str] = Field(
-        description="GPUs NVML counts that could not be opened (index → lost, no_permission, timeout)"
+        description="GPUs NVML counts that discovery left out (index → no_permission, timeout); a lost one is "
+        "in `gpus`, not up"
     )
     gpus: list[GpuHealth]
 
