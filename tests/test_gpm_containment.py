@@ -71,12 +71,16 @@ def test_a_segfaulting_gpm_call_costs_only_the_gpm_series_and_gpm_comes_back_aft
                 seen_back = True  # windows count again after the fault window and the backoff
             time.sleep(0.5)
         assert proc.poll() is None  # the serving process never died
-        errors = values(series, "gpuwarden_collect_errors_total", call="gpm_sampler", error="crashed")
+        errors = {
+            how: sum(values(series, "gpuwarden_collect_errors_total", call="gpm_sampler", error=how))
+            for how in ("crashed", "hung")
+        }
     log = proc.stderr.read()
     assert seen_off and seen_back, log
-    # each crash counted, with its reason: at least the crash limit's worth (how many fit in the fault window
-    # depends on how fast the machine restarts the child)
-    assert errors and errors[0] >= 2
+    # each failure counted, with its reason: at least the crash limit's worth (how many fit in the fault window
+    # depends on how fast the machine restarts the child; on a starved machine a child that has not reached the
+    # crashing call by its deadline is killed, and counted `hung`: 1 crashed + 1 hung under stress, 2026-11-28)
+    assert errors["crashed"] >= 1 and errors["crashed"] + errors["hung"] >= 2, errors
     assert "GPM off for 4 s" in log and "in nvmlGpmMetricsGet" in log and "upgrade the NVIDIA driver" in log
     assert "Traceback" not in log
 

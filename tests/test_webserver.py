@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpuwarden.web.limits import ConnectionGuard
+from gpuwarden.web.limits import PROBES, ConnectionGuard
 from gpuwarden.web.server import MAX_BODY_BYTES
 from tests.helpers.common import ServedApp, raw, wait_for
 
@@ -224,6 +224,39 @@ def test_the_scope_names_both_ends_the_scheme_and_the_decoded_path():
         assert scope["server"] == ("127.0.0.1", live.port) and scope["client"][0] == "127.0.0.1"
         assert scope["scheme"] == "http"
     assert first["client"] == second["client"]
+
+
+def test_past_the_request_limit_the_api_is_shed_and_the_scrape_and_probes_are_not():
+    """Two requests held in the app fill a limit of two: an API request gets 503, the scrape and the probes are
+    answered (a flood of never-reading API clients shed a scrape under load, CI 2026-11-28)."""
+    release, held = threading.Event(), threading.Semaphore(0)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        if scope["path"] == "/hold":
+            held.release()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    guard = ConnectionGuard(max_requests=2, unshed_paths=PROBES | {"/metrics"})
+    with served(app, guard=guard) as live:
+        holders = [threading.Thread(target=httpx.get, args=(live.url + "/hold",), daemon=True) for _ in range(2)]
+        for holder in holders:
+            holder.start()
+        for _ in holders:
+            assert held.acquire(timeout=30)
+        try:
+            answers = {
+                path: httpx.get(live.url + path).status_code for path in ("/api/v1/gpus", "/metrics", "/healthz")
+            }
+        finally:
+            release.set()
+        for holder in holders:
+            holder.join(30)
+    assert answers == {"/api/v1/gpus": 503, "/metrics": 200, "/healthz": 200}
+    assert guard.rejected["shed"] == 1
 
 
 def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():

@@ -52,7 +52,7 @@ def late_nvlink_down(tmp: Path, at: float = 15) -> str:
     return str(path)
 
 
-def wait_ready(url: str, timeout: float = 30) -> None:
+def wait_ready(url: str, timeout: float = 60) -> None:  # a start on a starved 2-core machine took over 30 s
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -134,12 +134,14 @@ def _serve_http(
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.model.families import CONFIG_RELOADS_TOTAL, GPUS_EXPECTED, HTTP_REJECTED_TOTAL
     from gpuwarden.web.front import FIRST_SNAPSHOT_WAIT_MAX_S, create_front
-    from gpuwarden.web.limits import ConnectionGuard, bound_tls_costs, connection_limit
+    from gpuwarden.web.limits import PROBES, ConnectionGuard, bound_tls_costs, connection_limit
     from gpuwarden.web.readiness import readiness_under
     from gpuwarden.web.server import HttpServer
 
     guard = ConnectionGuard(
-        header_timeout_s=settings.web.header_timeout, max_connections=connection_limit(settings.web.max_connections)
+        header_timeout_s=settings.web.header_timeout,
+        max_connections=connection_limit(settings.web.max_connections),
+        unshed_paths=PROBES | {settings.web.telemetry_path},
     )
     bound_tls_costs(settings.web.header_timeout)
     reloads: Counter[str] = Counter()

@@ -56,6 +56,9 @@ class ConnectionGuard:
     # how long a handshake may wait on its client before its slot goes to a waiting one: ClientHello still
     # incomplete, or the server's answer unfinished (web/server.py; tests that starve their own clients lengthen them)
     handshake_grace_s: tuple[float, float] = (0.15, 0.5)
+    # paths never shed past max_requests: the probes, and the scrape (served from the render cache, so cheap), which
+    # a flood of API requests must not cost Prometheus its samples (the service adds its telemetry path)
+    unshed_paths: frozenset[str] = PROBES
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
     _logged_at: float = 0.0
     _unlogged: int = 0

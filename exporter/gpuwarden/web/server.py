@@ -13,7 +13,7 @@ what it lacks, per connection, with the limits of gpuwarden.web.limits.Connectio
 - admission: at the connection limit a connection closing with its response unsent is aborted, else the oldest
   one waiting for a request, and up to `PROBE_RESERVE` connections past the limit get in, so a probe is never the
   one refused;
-- shedding: past the request limit new requests get 503, except the probes;
+- shedding: past the request limit new requests get 503, except the probes and the scrape (`unshed_paths`);
 - TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
 - one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
 
@@ -40,7 +40,7 @@ import uvicorn
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpuwarden.web.limits import PROBES, ConnectionGuard
+from gpuwarden.web.limits import ConnectionGuard
 
 MAX_PIPELINE = 16  # requests queued behind the one being answered
 MAX_BODY_BYTES = 64 * 1024  # gpuwarden's endpoints take no body: anything larger is refused (413)
@@ -272,7 +272,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.guard.reject("pipeline")
             self._abort()
             return
-        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and not self._is_probe():
+        if len(self.tasks) - self.guard.parked >= self.guard.max_requests and not self._unshed():
             self.guard.reject("shed")
             app, self.app = self.app, service_unavailable
             try:
@@ -289,8 +289,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not None and self.cycle.transport is self.transport:
             self.cycle.transport = self._writes
 
-    def _is_probe(self) -> bool:
-        return self.url.split(b"?", 1)[0].decode("latin-1") in PROBES
+    def _unshed(self) -> bool:
+        return self.url.split(b"?", 1)[0].decode("latin-1") in self.guard.unshed_paths
 
     def on_body(self, body: bytes) -> None:
         if self.transport.is_closing():
