@@ -59,9 +59,15 @@ def test_the_inhibit_rules_touch_only_gpuwardens_alerts(alertmanager: str) -> No
         # and theirs never mutes ours: a warning of ours beside their critical on the same instance and uuid
         {"alertname": "DcgmXidCritical", "severity": "critical", "instance": "gpu-7:10045", "uuid": "GPU-2"},
         {"alertname": "GpuwardenPowerCapped", "severity": "warning", "instance": "gpu-7:10045", "uuid": "GPU-2"},
+        # a page for a lasting fault carries no instance (it outlives an exporter restart): it still mutes the
+        # same GPU's warning, which has one
+        {"alertname": "GpuwardenRowRemapFailure", "severity": "critical", "node": "gpu-7", "uuid": "GPU-3"},
+        {"alertname": "GpuwardenRowRemapPending", "severity": "warning", "instance": "gpu-7:10045", "uuid": "GPU-3"},
     )
-    wait_for(lambda: len(muted(alertmanager)) == 6 and muted(alertmanager)["GpuwardenTemperatureHigh"], timeout=30)
+    wait_for(lambda: len(muted(alertmanager)) == 8 and muted(alertmanager)["GpuwardenRowRemapPending"], timeout=30)
     assert muted(alertmanager) == {
+        "GpuwardenRowRemapFailure": False,
+        "GpuwardenRowRemapPending": True,
         "GpuwardenTemperatureCritical": False,
         "GpuwardenTemperatureHigh": True,
         "NodeFilesystemAlmostOutOfSpace": False,

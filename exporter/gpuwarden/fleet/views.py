@@ -54,7 +54,9 @@ class FleetQueries:
         return list(await asyncio.gather(*(self.client.query(e, at) for e in exprs)))
 
     def node(self, series: Series) -> str:
-        return series.labels.get(self.node_label, "")
+        """The series' node; a page for a lasting fault has no `instance` but always a `node` (the instance where
+        the scrape gave none: health.rules.held), whatever --node-label names."""
+        return series.labels.get(self.node_label) or series.labels.get("node", "")
 
     async def _recorded(self, *records: str) -> Recorded:
         """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) can answer for `records`:

@@ -26,6 +26,7 @@ class Rule:
     description: str
     for_s: int = 0
     action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
+    keep_firing_s: int = 0  # `keep_firing_for`: how long it holds with no reading (see `held`)
 
 
 @dataclass
@@ -55,6 +56,19 @@ def nodeish(series: str) -> str:
     """`series` with a `node` label everywhere: kept where the scrape config set it, the instance where it did not.
     Rules that must outlive an exporter restart group by it: a restarted pod has a new instance, not a new node."""
     return f'(label_replace({series[:-1]},node=""}}, "node", "$1", "instance", "(.*)") or {series[:-1]},node!=""}})'
+
+
+def held(expr: str) -> str:
+    """`expr` as a page for a lasting fault: the same alert across an exporter restart.
+
+    A restarted pod has a new `pod` and a new `instance`. The alert keeps `node` (the instance where the scrape
+    gives no `node` label: a host's address, which a restart keeps) and drops both, aggregating over them, so the
+    new series continue the firing alert rather than resolving it and opening another (aggregation, unlike a
+    relabelled vector, cannot fail on two series that now look alike while old and new overlap).
+    `keep_firing_for` (Thresholds.page_hold_s) bridges the scrapes between the two."""
+    joined = f'label_join({expr}, "node_or_instance", "@", "node", "instance")'
+    named = f'label_replace({joined}, "node", "$1", "node_or_instance", "@(.+)")'
+    return f"max without (pod, instance, node_or_instance) ({named})"
 
 
 def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
@@ -120,13 +134,14 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             [
                 Rule(
                     "GpuwardenGpuLost",
-                    f"gpuwarden_gpu_up{{{s}}} == 0",
+                    held(f"gpuwarden_gpu_up{{{s}}} == 0"),
                     "critical",
                     "A GPU has fallen off the bus.",
                     f"{gpu} does not answer NVML (lost or reset required); drain and cordon the node, then reset or "
                     "power-cycle the GPU; RMA if it recurs.",
                     t.gpu_lost_for_s,
                     "cordon",
+                    t.page_hold_s,
                 ),
                 Rule(
                     "GpuwardenGpuCountDropped",
@@ -146,13 +161,14 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 ),
                 Rule(
                     "GpuwardenRecoveryActionNeeded",
-                    f"gpuwarden_recovery_action{{{s}}} > 0",
+                    held(f"gpuwarden_recovery_action{{{s}}} > 0"),
                     "critical",
                     "The driver asks for a GPU recovery action.",
                     f"The driver recommends recovery action {{{{ $value }}}} for {gpu} (1 reset GPU, 2 reboot node, "
                     "3 drain P2P, 4 drain and reset); drain the node and carry it out.",
                     0,
                     "reset_gpu",
+                    t.page_hold_s,
                 ),
                 Rule(
                     "GpuwardenXidCritical",
@@ -183,23 +199,25 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             [
                 Rule(
                     "GpuwardenEccUncorrectable",
-                    f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0',
+                    held(f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0'),
                     "critical",
                     "A GPU has uncorrectable ECC errors.",
                     f"{gpu} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
                     "workloads, cordon the node, reset the GPU, and request a replacement if it recurs.",
                     0,
                     "cordon",
+                    t.page_hold_s,
                 ),
                 Rule(
                     "GpuwardenRowRemapFailure",
-                    f"gpuwarden_remapped_rows_failed{{{s}}} == 1",
+                    held(f"gpuwarden_remapped_rows_failed{{{s}}} == 1"),
                     "critical",
                     "A GPU failed to remap a memory row.",
                     f"{gpu} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
                     "diagnostic and open an RMA.",
                     0,
                     "rma",
+                    t.page_hold_s,
                 ),
                 Rule(
                     "GpuwardenRowRemapPending",
@@ -369,9 +387,11 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     # against the links the GPU has (static, so a restart does not forget them); a GPU with none
                     # active is a fault only if some were active in the last day (a PCIe card without a bridge has
                     # links and none active)
-                    f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (instance, uuid) "
-                    f"(gpuwarden_nvlink_active_links{{{s}}} > 0 "
-                    f"or max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]) > 0)",
+                    held(
+                        f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (instance, uuid) "
+                        f"(gpuwarden_nvlink_active_links{{{s}}} > 0 "
+                        f"or max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]) > 0)"
+                    ),
                     "critical",
                     "An NVLink link is down.",
                     f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a link is "
@@ -379,6 +399,7 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "/api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
                     t.nvlink_down_for_s,
                     "cordon",
+                    t.page_hold_s,
                 ),
                 Rule(
                     "GpuwardenNvlinkCrcErrorsHigh",

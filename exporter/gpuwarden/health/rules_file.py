@@ -31,6 +31,8 @@ def alert_rules_yaml(
             entry: dict[str, object] = {"alert": rule.alert, "expr": rule.expr}
             if rule.for_s:
                 entry["for"] = duration(max(1, round(rule.for_s * for_scale)))
+            if rule.keep_firing_s:
+                entry["keep_firing_for"] = duration(rule.keep_firing_s)
             labels = {"severity": rule.severity}
             if rule.action:
                 labels["action"] = rule.action

@@ -98,6 +98,9 @@ class Thresholds:
     # configuration and availability
     persistence_off_for_s: int = setting(900, ge=0)
     gpu_lost_for_s: int = setting(60, ge=0)
+    # a page for a lasting hardware fault (lost GPU, NVLink down, ECC, row remapping) holds this long without a
+    # reading before it resolves: an exporter restart (a new pod, a new instance) must not resolve it
+    page_hold_s: int = setting(300, ge=0)
     retired_pages_limit: int = setting(63, ge=1)
     # bottleneck classes from GPM activity (information, never paged), judged over this window
     bottleneck_window_s: int = setting(300, ge=1)

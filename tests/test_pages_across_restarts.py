@@ -1,0 +1,205 @@
+"""Pages for lasting faults survive an exporter restart, in real Prometheus and real Alertmanager (issue 36 point 2).
+
+Three nodes page (a GPU lost from start, an NVLink down, a failed row remap). Each exporter is then replaced as a
+Kubernetes rollout replaces it: the old target leaves service discovery (its series go stale at once), and a new
+process answers a few seconds later on a new port, so a new `instance` and a new `pod`. With the old rules the
+pages resolved and opened again: a new incident per restart. Now no resolve is sent while the fault lasts, and the
+resolve comes once the fault is repaired (page_hold_s after the last faulty reading).
+
+Test-time transforms only: `for:` divided by 240 as in test_alerting_e2e.py, page_hold_s 20 s, Alertmanager's
+group waits shortened. A sentinel node whose GPU is lost 25 s after the restart bounds the observation: once its
+page has arrived, Alertmanager has had every chance to send a resolve for the others.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from gpuwarden.health import rules
+from gpuwarden.health.rules_file import alert_rules_yaml
+from gpuwarden.health.thresholds import DEFAULT
+from tests.helpers.common import free_port, wait_for
+from tests.helpers.receiver import Receiver
+from tests.helpers.stack import ALERTMANAGER, FAST_EXPORTER_FLAGS, PROMETHEUS, Stack, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+FOR_SCALE = 1 / 240
+PAGE_HOLD_S = 20
+SENTINEL_LOST_AT = PAGE_HOLD_S + 5  # seconds after the restart: past the hold, so a late resolve would show
+
+pytestmark = [
+    pytest.mark.serial,  # real Prometheus and Alertmanager on their own clocks
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        PROMETHEUS is None or ALERTMANAGER is None,
+        reason="Debian's prometheus and prometheus-alertmanager (the README test command installs them)",
+    ),
+]
+
+# node → (the alert it pages with, its scenario)
+FAULTS = {
+    "node-lost": ("GpuwardenGpuLost", {"node": {"count": 2}, "faults": [{"kind": "gpu_lost", "gpu": 1, "at": 0}]}),
+    "node-nvlink": (
+        "GpuwardenNvlinkDown",
+        {"node": {"count": 2, "nvlink": "nvswitch"}, "faults": [{"kind": "nvlink_down", "gpu": 0, "link": 3}]},
+    ),
+    "node-remap": (
+        "GpuwardenRowRemapFailure",
+        {
+            "node": {"count": 2},
+            "faults": [
+                {"kind": "remapped_rows", "gpu": 1, "cause": "uncorrectable", "count": 1},
+                {"kind": "remap_failed", "gpu": 1},
+            ],
+        },
+    ),
+}
+
+
+class Fleet:
+    """Exporters behind a file_sd target list that a test rewrites, as Kubernetes replaces a DaemonSet's pods."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.targets = tmp / "targets.json"
+        self.running: dict[str, tuple[subprocess.Popen, int, str]] = {}  # node → (process, port, pod)
+        self.generation = 0
+
+    def scenario_file(self, node: str, scenario: dict) -> str:
+        path = self.tmp / f"{node}-{len(list(self.tmp.glob(node + '-*.yaml')))}.yaml"
+        path.write_text(yaml.safe_dump({"name": node, **scenario}))  # the same name: the same GPU UUIDs
+        return str(path)
+
+    def start(self, node: str, scenario: dict) -> None:
+        self.generation += 1
+        port = free_port()
+        args = [sys.executable, "-m", "gpuwarden", "--sim", "--nvml.scenario", self.scenario_file(node, scenario)]
+        args += ["--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, "--no-nvml.xid-events"]
+        log = (self.tmp / f"{node}-{self.generation}.log").open("wb")
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.running[node] = (proc, port, f"gpuwarden-{node}-{self.generation}")
+        wait_ready(f"http://127.0.0.1:{port}/healthz")
+        self.write_targets()
+
+    def stop(self, node: str) -> None:
+        """The pod is deleted: out of service discovery first, then gone."""
+        proc, _, _ = self.running.pop(node)
+        self.write_targets()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+    def write_targets(self) -> None:
+        groups = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": "test", "node": node, "pod": pod}}
+            for node, (_, port, pod) in self.running.items()
+        ]
+        partial = self.targets.with_suffix(".tmp")
+        partial.write_text(json.dumps(groups))
+        partial.replace(self.targets)  # Prometheus never reads half a file
+
+    def close(self) -> None:
+        for proc, _, _ in self.running.values():
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def shortened_rules() -> str:
+    groups = rules.build(replace(DEFAULT, page_hold_s=PAGE_HOLD_S))
+    return alert_rules_yaml(groups, for_scale=FOR_SCALE)
+
+
+@pytest.fixture
+def monitored(tmp_path: Path):
+    receiver, parts, fleet = Receiver(), Stack(tmp_path), Fleet(tmp_path)
+    try:
+        am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
+        (tmp_path / "routing-key").write_text("restart-test")
+        for receiver_config in am["receivers"]:
+            for pd in receiver_config.get("pagerduty_configs", []):
+                pd["url"] = f"http://127.0.0.1:{receiver.port}/v2/enqueue"
+                pd["routing_key_file"] = str(tmp_path / "routing-key")
+            for hook in receiver_config.get("webhook_configs", []):
+                hook["url"] = f"http://127.0.0.1:{receiver.port}/tickets"
+        for route in [am["route"], *am["route"]["routes"]]:
+            route.update(group_wait="1s", group_interval="2s")
+        am_port = parts.alertmanager(am)
+        fleet.write_targets()
+        (tmp_path / "rules.yaml").write_text(shortened_rules())
+        prometheus_port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(tmp_path / "rules.yaml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [
+                {
+                    "job_name": "gpuwarden",
+                    "file_sd_configs": [{"files": [str(fleet.targets)], "refresh_interval": "1s"}],
+                }
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        parts._spawn(
+            [
+                PROMETHEUS or "prometheus",
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+                f"--web.listen-address=127.0.0.1:{prometheus_port}",
+            ]
+        )
+        prometheus = f"http://127.0.0.1:{prometheus_port}"
+        wait_ready(prometheus + "/-/ready")
+        yield fleet, receiver, prometheus
+    finally:
+        fleet.close()
+        parts.stop()
+        receiver.server.shutdown()
+
+
+def events(receiver: Receiver, node: str, alert: str) -> list[str]:
+    """The PagerDuty actions (trigger, resolve) sent for `alert` on `node`, in order."""
+    return [
+        e["event_action"]
+        for e in receiver.pages()
+        if e["payload"]["source"] == node and e["payload"]["class"] == alert
+    ]
+
+
+def scraped(prometheus: str, node: str, pod: str) -> bool:
+    """Prometheus has the new pod's series (its target is up)."""
+    query = f'up{{job="gpuwarden",node="{node}",pod="{pod}"}} == 1'
+    answer = httpx.get(prometheus + "/api/v1/query", params={"query": query}, timeout=5).json()
+    return bool(answer["data"]["result"])
+
+
+def test_lasting_faults_page_once_across_a_restart_with_a_new_instance_and_resolve_on_repair(monitored):
+    fleet, receiver, prometheus = monitored
+    for node, (_, scenario) in FAULTS.items():
+        fleet.start(node, scenario)
+    wait_for(lambda: all(events(receiver, n, alert) for n, (alert, _) in FAULTS.items()), timeout=120)
+
+    # the rollout: each pod deleted and its successor started on a new port (a new instance, a new pod)
+    for node in FAULTS:
+        fleet.stop(node)
+    for node, (_, scenario) in FAULTS.items():
+        fleet.start(node, scenario)
+    lost_later = {"node": {"count": 1}, "faults": [{"kind": "gpu_lost", "gpu": 0, "at": SENTINEL_LOST_AT}]}
+    fleet.start("node-sentinel", lost_later)
+    wait_for(lambda: all(scraped(prometheus, n, fleet.running[n][2]) for n in FAULTS), timeout=60)
+    wait_for(lambda: events(receiver, "node-sentinel", "GpuwardenGpuLost"), timeout=120)  # the observation window
+    for node, (alert, _) in FAULTS.items():
+        assert events(receiver, node, alert) == ["trigger"], (node, events(receiver, node, alert))
+
+    # the repair: the GPU answers again after the next restart; the page resolves once the hold has passed
+    fleet.stop("node-lost")
+    fleet.start("node-lost", {"node": {"count": 2}})
+    wait_for(lambda: events(receiver, "node-lost", "GpuwardenGpuLost")[-1:] == ["resolve"], timeout=120)
+    assert events(receiver, "node-lost", "GpuwardenGpuLost") == ["trigger", "resolve"]
+    assert events(receiver, "node-nvlink", "GpuwardenNvlinkDown") == ["trigger"]  # still down: still paging
