@@ -166,9 +166,7 @@ def monitored(tmp_path: Path):
 def events(receiver: Receiver, node: str, alert: str) -> list[str]:
     """The PagerDuty actions (trigger, resolve) sent for `alert` on `node`, in order."""
     return [
-        e["event_action"]
-        for e in receiver.pages()
-        if e["payload"]["source"] == node and e["payload"]["class"] == alert
+        e["event_action"] for e in receiver.pages() if e["payload"]["source"] == node and e["payload"]["class"] == alert
     ]
 
 
