@@ -78,11 +78,12 @@ class Fleet:
         path.write_text(yaml.safe_dump({"name": node, **scenario}))  # the same name: the same GPU UUIDs
         return str(path)
 
-    def start(self, node: str, scenario: dict) -> None:
+    def start(self, node: str, scenario: dict, xid_events: bool = False) -> None:
         self.generation += 1
         port = free_port()
         args = [sys.executable, "-m", "gpuwarden", "--sim", "--nvml.scenario", self.scenario_file(node, scenario)]
-        args += ["--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS, "--no-nvml.xid-events"]
+        args += ["--web.listen-address", f"127.0.0.1:{port}", *FAST_EXPORTER_FLAGS]
+        args += [] if xid_events else ["--no-nvml.xid-events"]
         log = (self.tmp / f"{node}-{self.generation}.log").open("wb")
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         self.running[node] = (proc, port, f"gpuwarden-{node}-{self.generation}")
@@ -111,13 +112,14 @@ class Fleet:
             proc.wait(timeout=10)
 
 
-def shortened_rules() -> str:
+def shortened_rules(for_scale: float) -> str:
     groups = rules.build(replace(DEFAULT, page_hold_s=PAGE_HOLD_S))
-    return alert_rules_yaml(groups, for_scale=FOR_SCALE)
+    return alert_rules_yaml(groups, for_scale=for_scale)
 
 
 @pytest.fixture
-def monitored(tmp_path: Path):
+def monitored(tmp_path: Path, request: pytest.FixtureRequest):
+    """(fleet, PagerDuty capture, Prometheus URL, Alertmanager URL); `for:` scaled by the parameter (FOR_SCALE)."""
     receiver, parts, fleet = Receiver(), Stack(tmp_path), Fleet(tmp_path)
     try:
         am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
@@ -132,7 +134,7 @@ def monitored(tmp_path: Path):
             route.update(group_wait="1s", group_interval="2s")
         am_port = parts.alertmanager(am)
         fleet.write_targets()
-        (tmp_path / "rules.yaml").write_text(shortened_rules())
+        (tmp_path / "rules.yaml").write_text(shortened_rules(getattr(request, "param", FOR_SCALE)))
         prometheus_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
@@ -156,7 +158,7 @@ def monitored(tmp_path: Path):
         )
         prometheus = f"http://127.0.0.1:{prometheus_port}"
         wait_ready(prometheus + "/-/ready")
-        yield fleet, receiver, prometheus
+        yield fleet, receiver, prometheus, f"http://127.0.0.1:{am_port}"
     finally:
         fleet.close()
         parts.stop()
@@ -178,7 +180,7 @@ def scraped(prometheus: str, node: str, pod: str) -> bool:
 
 
 def test_lasting_faults_page_once_across_a_restart_with_a_new_instance_and_resolve_on_repair(monitored):
-    fleet, receiver, prometheus = monitored
+    fleet, receiver, prometheus, _ = monitored
     for node, (_, scenario) in FAULTS.items():
         fleet.start(node, scenario)
     wait_for(lambda: all(events(receiver, n, alert) for n, (alert, _) in FAULTS.items()), timeout=120)
@@ -201,3 +203,23 @@ def test_lasting_faults_page_once_across_a_restart_with_a_new_instance_and_resol
     wait_for(lambda: events(receiver, "node-lost", "GpuwardenGpuLost")[-1:] == ["resolve"], timeout=120)
     assert events(receiver, "node-lost", "GpuwardenGpuLost") == ["trigger", "resolve"]
     assert events(receiver, "node-nvlink", "GpuwardenNvlinkDown") == ["trigger"]  # still down: still paging
+
+
+@pytest.mark.parametrize("monitored", [1 / 10], indirect=True)  # GpuLost 6 s, XidCritical 12 s: their real order
+def test_a_gpu_that_falls_off_the_bus_pages_once_as_lost_not_first_as_a_critical_xid(monitored):
+    """XID 79, then GPU_IS_LOST: the critical-XID page went out at once and "fallen off the bus" a minute later.
+    XidCritical now waits xid_critical_for_s (2 m), past GpuLost's 1 m, which inhibits it in Alertmanager."""
+    fleet, receiver, _, alertmanager = monitored
+    falls = {
+        "node": {"count": 2},
+        "faults": [{"kind": "xid", "gpu": 1, "xid": 79, "at": 3}, {"kind": "gpu_lost", "gpu": 1, "at": 5}],
+    }
+    fleet.start("node-falls", falls, xid_events=True)
+
+    def xid_alert_inhibited() -> bool:
+        answer = httpx.get(alertmanager + "/api/v2/alerts", timeout=5).json()
+        return any(a["labels"]["alertname"] == "GpuwardenXidCritical" and a["status"]["inhibitedBy"] for a in answer)
+
+    wait_for(lambda: events(receiver, "node-falls", "GpuwardenGpuLost") and xid_alert_inhibited(), timeout=120)
+    pages = [e["payload"]["class"] for e in receiver.pages() if e["event_action"] == "trigger"]
+    assert pages == ["GpuwardenGpuLost"], pages

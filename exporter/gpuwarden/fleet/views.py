@@ -299,17 +299,17 @@ class HealthView(FleetQueries):
             if recorded and rule.alert not in recording.NOT_RECORDED:
                 continue
             if rule.alert not in narrowed:
-                exprs[rule.alert] = rule.expr
+                exprs[rule.alert] = rule.finding
                 continue
             instances = sorted({row.labels.get("instance", "") for row in narrowed[rule.alert]})
             if not instances:
                 exprs[rule.alert] = "vector(0) < 0"  # nothing can match: an empty answer without a scan
             elif len(instances) > MAX_NARROWED_INSTANCES:
-                exprs[rule.alert] = rule.expr
+                exprs[rule.alert] = rule.finding
             else:
                 regex = "|".join(re.escape(i) for i in instances)
                 narrow = f"{self.selector},instance=~{promql_string(regex)}"
-                exprs[rule.alert] = next(r.expr for r in self._cordon_rules(narrow) if r.alert == rule.alert)
+                exprs[rule.alert] = next(r.finding for r in self._cordon_rules(narrow) if r.alert == rule.alert)
         return exprs, findings
 
     def _findings_by_node(
@@ -329,7 +329,7 @@ class HealthView(FleetQueries):
                         "action": rule.action,
                         "labels": labels,
                         "value": row.value,
-                        "query": rule.expr,
+                        "query": rule.finding,
                         "alert_firing": _alert_key(rule.alert, row) in fired,
                         "runbook_url": f"{RUNBOOK_BASE}#{anchor(rule.alert)}",
                     }

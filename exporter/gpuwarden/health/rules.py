@@ -27,6 +27,12 @@ class Rule:
     for_s: int = 0
     action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
     keep_firing_s: int = 0  # `keep_firing_for`: how long it holds with no reading (see `held`)
+    # what makes the node a cordon candidate (the fleet view), where that outlasts the page: default `expr`
+    finding_expr: str | None = None
+
+    @property
+    def finding(self) -> str:
+        return self.finding_expr or self.expr
 
 
 @dataclass
@@ -81,6 +87,11 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             f"rate(gpuwarden_busy_seconds_total{{{s}}}[{w}]) "
             f"/ rate(gpuwarden_utilization_sampled_seconds_total{{{s}}}[{w}])"
         )
+
+    def xid_since(window: int) -> str:
+        """A critical XID within `window` s, over Prometheus' history of it."""
+        last = f'gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_critical)}"}}'
+        return f"time() - max_over_time({last}[{duration(window)}]) < {window}"
 
     def throttle(reason: str, window: int) -> str:
         return f'rate(gpuwarden_throttle_seconds_total{{{s},reason="{reason}"}}[{duration(window)}])'
@@ -173,15 +184,16 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 Rule(
                     "GpuwardenXidCritical",
                     # over Prometheus' history, not only the running exporter's memory: a restarted exporter (which
-                    # starts with no XID history) must not resolve the page
-                    f"time() - max_over_time(gpuwarden_xid_last_timestamp_seconds{{{s},"
-                    f'xid=~"{_xids(t.xid_critical)}"}}[{duration(t.xid_critical_hold_s)}]) < {t.xid_critical_hold_s}',
+                    # starts with no XID history) must not resolve the page; the page lasts the exporter's verdict
+                    # window, the cordon finding the hold
+                    xid_since(t.xid_window_s),
                     "critical",
                     "A GPU reported a critical XID.",
                     f"{gpu} raised XID {{{{ $labels.xid }}}}; drain the node, reset the GPU and follow the runbook "
-                    "for that XID.",
-                    0,
+                    "for that XID (the node stays a cordon candidate for a day).",
+                    t.xid_critical_for_s,
                     "reset_gpu",
+                    finding_expr=xid_since(t.xid_critical_hold_s),
                 ),
                 Rule(
                     "GpuwardenXidWarning",

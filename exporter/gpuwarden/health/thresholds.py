@@ -55,8 +55,12 @@ class Thresholds:
     pstate_exempt_name_regex: str = ".*(GeForce|Quadro|TITAN).*"
     # XIDs (docs/alerting.md, XIDs): a critical XID seen within the window
     xid_window_s: int = setting(600, ge=1)  # warning XIDs
-    # a critical XID keeps its page this long (until the GPU is reset and the alert silenced or the hold passes);
-    # judged over Prometheus' history, so a restarted exporter does not resolve it
+    # a critical XID pages once, xid_critical_for_s after it (longer than gpu_lost_for_s, so a GPU that falls off
+    # the bus pages as lost alone: GpuwardenGpuLost inhibits it), and its page resolves xid_window_s after the last
+    # one, as the exporter's verdict does (below Alertmanager's 1 h repeat: a page resolved in PagerDuty is not
+    # re-opened); the node stays a cordon candidate for xid_critical_hold_s (the fleet view), judged over
+    # Prometheus' history, so a restarted exporter forgets neither
+    xid_critical_for_s: int = setting(120, ge=0)
     xid_critical_hold_s: int = setting(86400, ge=600)
     # where no expected GPU count is configured, a node remembers its GPU count this long (by node, across restarts)
     gpu_count_memory_s: int = setting(86400, ge=3600)
@@ -133,6 +137,13 @@ class Thresholds:
         lists = [set(self.xid_critical), set(self.xid_warning), set(self.xid_info)]
         if lists[0] & lists[1] or lists[0] & lists[2] or lists[1] & lists[2]:
             raise ValueError("xid_critical, xid_warning and xid_info must not share an XID")
+        if self.xid_critical_for_s and self.xid_critical_for_s <= self.gpu_lost_for_s:
+            raise ValueError(
+                "xid_critical_for_s must be above gpu_lost_for_s (or 0), so that a GPU that falls off the bus pages "
+                "once, as lost"
+            )
+        if self.xid_critical_for_s >= self.xid_window_s:
+            raise ValueError("xid_critical_for_s must be below xid_window_s, or a critical XID never pages")
 
 
 DEFAULT = Thresholds()
