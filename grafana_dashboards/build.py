@@ -52,6 +52,20 @@ def target(expr: str, legend: str = "", fmt: str = "time_series", instant: bool 
     return t
 
 
+def xid_events(selector: str) -> str:
+    """Events per interval, a new (GPU, XID) series counted at its first value: increase() sees a counter born at 1
+    as no increase (XID 79 showed 0 for 15 minutes)."""
+    errors = f"gpuwarden_xid_errors_total{{{selector}}}"
+    return f"clamp_min({errors} - ({errors} offset $__interval or {errors} * 0), 0)"
+
+
+def critical_xids_in_range(selector: str) -> str:
+    """Seconds since each GPU's last critical XID in the dashboard's range, over Prometheus' history."""
+    critical = "|".join(str(x) for x in sorted(LIMITS.xid_critical))
+    last = f'gpuwarden_xid_last_timestamp_seconds{{{selector},xid=~"{critical}"}}'
+    return f"time() - max_over_time({last}[$__range])"
+
+
 class Layout:
     """Places panels left to right, 24 columns wide, and hands out panel ids."""
 
@@ -504,10 +518,9 @@ def _node_errors(layout: Layout) -> None:
     layout.add(
         kind="timeseries",
         title="XID events",
-        description="XID events per GPU and code over the rate interval (counts since gpuwarden started).",
-        targets=[
-            target(f"increase(gpuwarden_xid_errors_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "{{gpu}} XID {{xid}}")
-        ],
+        description="XID events per GPU and code in each interval, the first one included (a code's series is born "
+        "at 1, which increase() reads as 0); counts since gpuwarden started.",
+        targets=[target(xid_events(GPU_SELECTOR), "{{gpu}} XID {{xid}}")],
         unit="none",
     )
     layout.add(
@@ -883,10 +896,11 @@ def _fleet_hot_failing_and_disconnected(layout: Layout) -> None:
     layout.add(
         kind="table",
         title="ECC and XID offenders",
-        description="GPUs with uncorrected ECC errors or critical XIDs in the window.",
+        description="GPUs with uncorrected ECC errors (value: the count), and GPUs with a critical XID in the "
+        "window (value: seconds since the last one, over Prometheus' history, so a restarted exporter keeps them).",
         targets=[
             target(f'gpuwarden_ecc_errors_total{{{NODE_SELECTOR},type="uncorrected"}} > 0', fmt="table", instant=True),
-            target(f"gpuwarden_xid_errors_total{{{NODE_SELECTOR}}} > 0", fmt="table", instant=True),
+            target(critical_xids_in_range(NODE_SELECTOR), fmt="table", instant=True),
         ],
         unit="none",
         w=8,

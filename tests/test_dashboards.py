@@ -28,6 +28,7 @@ FOLDER = ROOT / "grafana_dashboards"
 SPEC = importlib.util.spec_from_file_location("dashboards_build", FOLDER / "build.py")
 build = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(build)
+XID_EVENTS = build.xid_events(build.GPU_SELECTOR)
 UNITS = {"percentunit", "bytes", "Bps", "celsius", "watt", "hertz", "joule", "s", "ops", "none"}
 SCENARIOS = ["healthy", "thermal-throttling", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "mig-inference"]
 # what a query may reference beyond the exporter's families
@@ -78,6 +79,7 @@ def test_lint():
                         re.search(rf"(rate|increase)\({counter}", expr)
                         or f"{counter}{{" in expr
                         and ("> 0" in expr or "increase" in expr)
+                        or expr == XID_EVENTS  # events per step, a counter's birth counted (xid_events)
                     ), (where, expr)
 
 
@@ -128,6 +130,7 @@ def test_thresholds_follow_the_alert_thresholds():
 def substitute(expr: str) -> str:
     return (
         expr.replace("$__rate_interval", "10s")
+        .replace("$__interval", "2s")
         .replace("$__range", "60s")
         .replace('"$job"', '"gpuwarden"')
         .replace('"$node"', '".*"')
@@ -242,6 +245,18 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
         for r in rows("gpuwarden-fleet.json", "Idle GPU-hours by namespace")
     }
     assert set(by_namespace) == {"research", "inference"} and all(v >= 0 for v in by_namespace.values())
+    # XID 79 at 7.5 s, the first of its code on that GPU: the events panel shows it (increase() read 0), at its step
+    lost_gpu = prometheus.instance_of("gpu-lost")
+    events = prometheus.query(f"max_over_time(({panel_expr('gpuwarden-node.json', 'XID events')})[60s:1s])")
+    assert {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["xid"], r["value"][1]) for r in events} == {
+        (lost_gpu, "6", "79", "1"),
+        (ecc, "1", "48", "1"),  # the ECC scenario's double-bit XID
+    }
+    offenders = rows("gpuwarden-fleet.json", "ECC and XID offenders", 1)
+    assert {(r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["xid"]) for r in offenders} == {
+        (lost_gpu, "6", "79"),
+        (ecc, "1", "48"),
+    }
     hottest = rows("gpuwarden-fleet.json", "Hottest GPUs")
     assert {r["metric"]["instance"] for r in hottest[:2]} == {thermal}
 

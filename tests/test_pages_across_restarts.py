@@ -29,6 +29,7 @@ from gpuwarden.health.thresholds import DEFAULT
 from tests.helpers.common import free_port, wait_for
 from tests.helpers.receiver import Receiver
 from tests.helpers.stack import ALERTMANAGER, FAST_EXPORTER_FLAGS, PROMETHEUS, Stack, wait_ready
+from tests.test_dashboards import panel_expr
 
 ROOT = Path(__file__).resolve().parent.parent
 FOR_SCALE = 1 / 240
@@ -209,7 +210,7 @@ def test_lasting_faults_page_once_across_a_restart_with_a_new_instance_and_resol
 def test_a_gpu_that_falls_off_the_bus_pages_once_as_lost_not_first_as_a_critical_xid(monitored):
     """XID 79, then GPU_IS_LOST: the critical-XID page went out at once and "fallen off the bus" a minute later.
     XidCritical now waits xid_critical_for_s (2 m), past GpuLost's 1 m, which inhibits it in Alertmanager."""
-    fleet, receiver, _, alertmanager = monitored
+    fleet, receiver, prometheus, alertmanager = monitored
     falls = {
         "node": {"count": 2},
         "faults": [{"kind": "xid", "gpu": 1, "xid": 79, "at": 3}, {"kind": "gpu_lost", "gpu": 1, "at": 5}],
@@ -223,3 +224,13 @@ def test_a_gpu_that_falls_off_the_bus_pages_once_as_lost_not_first_as_a_critical
     wait_for(lambda: events(receiver, "node-falls", "GpuwardenGpuLost") and xid_alert_inhibited(), timeout=120)
     pages = [e["payload"]["class"] for e in receiver.pages() if e["event_action"] == "trigger"]
     assert pages == ["GpuwardenGpuLost"], pages
+
+    # after a restart (the new exporter has no XID history), the fleet dashboard still lists the XID (issue 36 point 6)
+    fleet.stop("node-falls")
+    fleet.start("node-falls", {"node": {"count": 2}, "faults": [{"kind": "gpu_lost", "gpu": 1, "at": 0}]})
+    wait_for(lambda: scraped(prometheus, "node-falls", fleet.running["node-falls"][2]), timeout=60)
+    offenders = panel_expr("gpuwarden-fleet.json", "ECC and XID offenders", 1)
+    rows = httpx.get(prometheus + "/api/v1/query", params={"query": offenders}, timeout=5).json()["data"]["result"]
+    assert [(r["metric"]["node"], r["metric"]["gpu"], r["metric"]["xid"]) for r in rows] == [("node-falls", "1", "79")]
+    fresh = f'gpuwarden_xid_errors_total{{pod="{fleet.running["node-falls"][2]}"}}'
+    assert not httpx.get(prometheus + "/api/v1/query", params={"query": fresh}, timeout=5).json()["data"]["result"]
