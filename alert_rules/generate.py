@@ -3,6 +3,7 @@
 - alert_rules/gpuwarden.rules.yaml from the alert rules' model (exporter/gpuwarden/health/rules.py, its thresholds
   from exporter/gpuwarden/health/thresholds.py);
 - alert_rules/gpuwarden.recording.yaml from the fleet's recording rules (exporter/gpuwarden/fleet/recording.py);
+- alert_rules/dcgm-compat.recording.yaml, the opt-in dcgm-exporter names (alert_rules/dcgm_compat.py);
 - `--fill-test-annotations`: the rendered annotations of every expected alert into alert_rules/tests/, from what
   promtool renders (needs promtool).
 
@@ -22,10 +23,16 @@ from gpuwarden.fleet import recording
 from gpuwarden.health.rules import build
 from gpuwarden.health.rules_file import alert_rules_yaml
 
+try:
+    from alert_rules import dcgm_compat
+except ImportError:  # run as a script: its folder is on the path, the repository root is not
+    import dcgm_compat
+
 HERE = Path(__file__).resolve().parent
 RULES_FILE = HERE / "gpuwarden.rules.yaml"
 RECORDING_FILE = HERE / "gpuwarden.recording.yaml"
 TESTS_FILE = HERE / "tests" / "gpuwarden.test.yaml"
+DCGM_COMPAT_FILE = HERE / "dcgm-compat.recording.yaml"
 
 
 TESTS_HEADER = """\
@@ -102,7 +109,8 @@ def main(argv: list[str]) -> int:
         return 2
     RULES_FILE.write_text(alert_rules_yaml(build()), encoding="utf-8")
     RECORDING_FILE.write_text(recording_rules_yaml(), encoding="utf-8")
-    print(f"wrote {RULES_FILE} and {RECORDING_FILE}", file=sys.stderr)
+    DCGM_COMPAT_FILE.write_text(dcgm_compat.rules_yaml(), encoding="utf-8")
+    print(f"wrote {RULES_FILE}, {RECORDING_FILE} and {DCGM_COMPAT_FILE}", file=sys.stderr)
     return 0
 
 

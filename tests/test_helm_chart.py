@@ -450,7 +450,7 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    for name in ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml"):
+    for name in ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml", "dcgm-compat.recording.yaml"):
         assert (CHART / "files" / name).read_bytes() == (ROOT / "alert_rules" / name).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
     copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
@@ -464,6 +464,9 @@ def test_prometheus_rule_equals_alert_rules_and_passes_promtool(tmp_path: Path) 
     assert rule["spec"]["groups"] == source["groups"] + recording["groups"]  # the alerts, then the fleet's records
     alone = one(render({"prometheusRule": {"recordingRules": False}}), "PrometheusRule")
     assert alone["spec"]["groups"] == source["groups"]
+    compat = yaml.safe_load((ROOT / "alert_rules" / "dcgm-compat.recording.yaml").read_text())
+    migrating = one(render({"prometheusRule": {"dcgmCompat": True}}), "PrometheusRule")  # opt-in
+    assert migrating["spec"]["groups"] == source["groups"] + recording["groups"] + compat["groups"]
 
     base = "https://runbooks.example.internal/gpu"
     moved = one(render({"prometheusRule": {"runbookBaseURL": base}}), "PrometheusRule")

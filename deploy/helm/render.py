@@ -202,6 +202,7 @@ def sync() -> None:
     """Copy the single sources into the chart, then write the plain manifests from the default render."""
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.rules.yaml", CHART / "files" / "gpuwarden.rules.yaml")
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.recording.yaml", CHART / "files" / "gpuwarden.recording.yaml")
+    shutil.copyfile(ROOT / "alert_rules" / "dcgm-compat.recording.yaml", CHART / "files" / "dcgm-compat.recording.yaml")
     dashboards = CHART / "files" / "dashboards"
     for old in dashboards.glob("*.json"):
         old.unlink()
