@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import threading
 import time
@@ -415,28 +414,10 @@ def _page_routes(snapshots: SnapshotSource, telemetry_path: str) -> APIRouter:
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     def landing() -> HTMLResponse:
-        snap = snapshots()
-        state = "up" if snap.nvml_up else f"down ({html.escape(snap.nvml_error or '')})"
-        up = sum(1 for gpu in snap.gpus if gpu.up)
-        links = "".join(
-            f'<li><a href="{path}">{path}</a></li>'
-            for path in (
-                telemetry_path,
-                "/api/v1/gpus",
-                "/api/v1/topology",
-                "/api/v1/processes",
-                "/api/v1/diagnosis",
-                "/api/v1/health",
-                "/readyz",
-                "/healthz",
-                "/docs",
-            )
-        )
-        return HTMLResponse(
-            f"<!doctype html><html><head><title>gpuwarden</title></head><body><h1>gpuwarden {__version__}</h1>"
-            f"<p>NVML {state}; {up} of {len(snap.gpus)} GPU(s) answering; driver "
-            f"{html.escape(snap.driver.get('driver_version', 'n/a'))}.</p><ul>{links}</ul></body></html>"
-        )
+        """The node's page for a person (gpuwarden.web.node_page); the API's JSON says the same to programs."""
+        from gpuwarden.web import node_page
+
+        return HTMLResponse(node_page.render(snapshots(), telemetry_path))
 
     return router
 

@@ -1,0 +1,132 @@
+"""The node's own page (GET /): what an on-call reads after `kubectl port-forward` at 3 a.m.
+
+Each GPU's state (up or lost, temperature, power, memory, utilization, bottleneck class, worst verdict), the
+diagnosis findings with cause and action, and who holds the GPUs, from the same snapshot as /metrics and the JSON
+API. Plain server-rendered HTML (Jinja2, autoescaped, no script), refreshed by the browser every 15 s. Jinja2 is
+imported on the first request: a node that is only scraped never loads it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden import __version__
+from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.model.snapshot import GpuSnapshot, Snapshot
+
+GIB = 1024**3
+LINKS = (
+    "/api/v1/gpus",
+    "/api/v1/diagnosis",
+    "/api/v1/health",
+    "/api/v1/processes",
+    "/api/v1/topology",
+    "/readyz",
+    "/healthz",
+    "/docs",
+)
+SEVERITY_ORDER = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    uuid: str
+    state: str
+    model: str
+    temperature: str
+    power: str
+    memory: str
+    utilization: str
+    klass: str
+    health: str
+
+
+def _value(gpu: GpuSnapshot, name: str) -> float | None:
+    return next((s.value for s in gpu.samples if s.name == name and not s.labels), None)
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def gpu_row(snap: Snapshot, gpu: GpuSnapshot) -> GpuRow:
+    verdicts = snap.health.get(gpu.uuid, ())
+    worst = max((v.severity for v in verdicts), key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
+    used, total = _value(gpu, "gpuwarden_memory_used_bytes"), _value(gpu, "gpuwarden_memory_total_bytes")
+    memory = "–" if used is None else f"{used / GIB:.1f} GiB" + (f" of {total / GIB:.0f}" if total else "")
+    state = "up" if gpu.up else f"lost ({gpu.lost_reason or 'no answer'})"
+    if gpu.up and gpu.stale:
+        state = "stale (a read overran its deadline)"
+    return GpuRow(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        state=state,
+        model=gpu.info.name or "",
+        temperature=_fmt(_value(gpu, "gpuwarden_temperature_celsius"), "{:.0f} °C"),
+        power=_fmt(_value(gpu, "gpuwarden_power_usage_watts"), "{:.0f} W"),
+        memory=memory,
+        utilization=_fmt(_value(gpu, "gpuwarden_utilization_ratio"), "{:.0%}"),
+        klass=next((v.detail for v in verdicts if v.detail), ""),
+        health=worst,
+    )
+
+
+def page_model(snap: Snapshot, telemetry_path: str) -> dict[str, Any]:
+    """What the template shows, computed here (the template only lays it out)."""
+    findings = diagnose(snap)
+    rows = [gpu_row(snap, gpu) for gpu in snap.gpus]
+    worst = max((r.health for r in rows), key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
+    if not snap.nvml_up:
+        worst = "critical"
+    worst = max([worst, *(f.severity for f in findings)], key=lambda s: SEVERITY_ORDER.get(s, 0))
+    answering = sum(1 for gpu in snap.gpus if gpu.up)
+    holders = [
+        {
+            "gpu": gpu.index,
+            "pid": p.pid,
+            "name": p.name or "?",
+            "where": "/".join(x for x in (p.namespace, p.pod, p.container) if x)
+            or (p.slurm_job and f"slurm job {p.slurm_job}")
+            or "–",
+            "memory": "–" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.1f} GiB",
+            "share": "–" if p.memory_share is None else f"{p.memory_share:.0%}",
+        }
+        for gpu in snap.gpus
+        for p in snap.processes.get(gpu.uuid, ())
+    ]
+    taken = (
+        datetime.datetime.fromtimestamp(snap.taken_at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if snap.taken_at
+        else "not yet (starting)"
+    )
+    return {
+        "verdict": worst if worst != "info" else "ok",
+        "verdict_text": {"critical": "critical", "warning": "warning"}.get(worst, "healthy"),
+        "answering": answering,
+        "counted": len(snap.gpus) + len(snap.gpus_skipped),
+        "nvml": "up" if snap.nvml_up else f"down ({snap.nvml_error or 'unknown'})",
+        "driver": snap.driver.get("driver_version", "n/a"),
+        "taken": taken,
+        "version": __version__,
+        "gpus": rows,
+        "skipped": sorted(snap.gpus_skipped.items()),
+        "findings": findings,
+        "holders": holders,
+        "links": (telemetry_path, *LINKS),
+    }
+
+
+@functools.cache
+def _template() -> Any:  # noqa: ANN401 - jinja2.Template, imported late
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    environment = Environment(loader=PackageLoader("gpuwarden.web", "templates"), autoescape=select_autoescape())
+    return environment.get_template("node.html")
+
+
+def render(snap: Snapshot, telemetry_path: str) -> str:
+    return _template().render(page=page_model(snap, telemetry_path))
