@@ -133,8 +133,9 @@ HTTP_REJECTED_TOTAL = _f(
     "gpuwarden_http_rejected_total",
     "counter",
     "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout (a request "
-    "not whole in time), header_too_large, evicted (oldest connection still sending a request, at the connection "
-    "limit), shed (request limit; probes never), auth_failed, auth_shed (password checks already queued), "
+    "not whole in time), header_too_large, evicted (at the connection limit: one closing with its response unread, "
+    "else the oldest still sending a request), shed (request limit; probes and scrapes never), auth_failed, "
+    "auth_shed (password checks already queued), "
     "write_timeout (a response the client did not read), body_too_large, pipeline (more than 16 requests queued on "
     "a connection), bad_request (malformed HTTP), handshake_limit (the oldest TLS handshake in progress "
     "closed when 256 were).",
