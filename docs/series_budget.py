@@ -12,6 +12,7 @@ from collections import Counter
 
 BUDGET = 400
 BUDGET_SCENARIO = "training"  # 8x H100 SXM on NVSwitch, every GPU busy with one process: GPM and processes on
+POD_SERIES = 8 + 1  # pod attribution on the budget node: an allocation per GPU, and the unmatched-devices gauge
 BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottleneck_info is counted too
 
 
@@ -48,7 +49,10 @@ def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECOND
 def budget_table(counts: Counter[str]) -> str:
     lines = [
         f"Default series of the simulated 8x H100 NVSwitch node (`{BUDGET_SCENARIO}` scenario, after "
-        f"{BUDGET_SECONDS} s): **{sum(counts.values())}** of the budget of {BUDGET}.",
+        f"{BUDGET_SECONDS} s): **{sum(counts.values())}** of the budget of {BUDGET}, without pod attribution. With it "
+        f"(`pods.resources_socket`), each allocated GPU adds one `gpuwarden_gpu_allocation` series and the node one "
+        f"`gpuwarden_pod_attribution_unmatched_devices`: **{sum(counts.values()) + POD_SERIES}** with every GPU "
+        "allocated (tests/test_series_budget.py counts that case).",
         "",
         "| family | series |",
         "|---|---|",

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from docs.series_budget import BUDGET, default_series
+from docs.series_budget import BUDGET, POD_SERIES, default_series
 from gpuwarden.commandline import ConfigError
 from gpuwarden.config.settings import load_settings
 from gpuwarden.health import rules
@@ -31,6 +31,7 @@ def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: Fake
     assert counts["gpuwarden_bottleneck_info"] == 8 and counts["gpuwarden_container_gpu_memory_used_bytes"] == 8
     assert counts["gpuwarden_nvlink_active_links"] == 8 and "gpuwarden_nvlink_up" not in counts
     assert total <= BUDGET, (total, counts.most_common(10))
+    assert total == sum(default_series().values()) + POD_SERIES  # what the README says pod attribution adds
 
 
 def _referenced(expr: str) -> set[str]:
