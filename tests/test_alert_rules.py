@@ -27,6 +27,11 @@ def loaded() -> list[dict]:
 
 def test_committed_rules_match_the_thresholds():
     assert RULES.read_text() == generate.alert_rules_yaml(rules.build()), "run `python alert_rules/generate.py`"
+    # the map the chart's `thresholds` value reads (deploy/helm: prometheusrule.yaml)
+    shipped_map = yaml.safe_load(generate.THRESHOLD_MAP_FILE.read_text())
+    assert shipped_map == generate.threshold_map(), "run `python alert_rules/generate.py`"
+    critical = {"threshold": ["GpuwardenTemperatureCritical"], "for": [], "other": []}
+    assert shipped_map["temperature_critical_celsius"] == critical
 
 
 @needs_promtool

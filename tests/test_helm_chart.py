@@ -450,7 +450,8 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    for name in ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml", "dcgm-compat.recording.yaml"):
+    copied = ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml", "dcgm-compat.recording.yaml", "threshold-alerts.yaml")
+    for name in copied:
         assert (CHART / "files" / name).read_bytes() == (ROOT / "alert_rules" / name).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
     copies = {p.name: p.read_bytes() for p in (CHART / "files" / "dashboards").glob("*.json")}
@@ -547,18 +548,17 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 def test_rules_can_be_disabled_and_tuned_per_alert_without_a_fork(tmp_path: Path) -> None:
-    """kube-prometheus-stack's manner: disable by name; override severity, `for:` and threshold. The result is what
-    promtool accepts, and the overridden threshold is the one that fires."""
+    """kube-prometheus-stack's manner: disable by name, override a severity; a threshold and its `for:` are set once
+    in `thresholds`, for the exporter and its rules. The result is what promtool accepts, and the threshold set is
+    the one that fires."""
     values = {
+        "thresholds": {"temperature_warning_celsius": 85, "temperature_warning_for_s": 600},
         "prometheusRule": {
             "rules": {
                 "disabled": {"GpuwardenMemoryNearlyFull": True, "GpuwardenUnderutilized": True},
-                "overrides": {
-                    "GpuwardenTemperatureHigh": {"threshold": 85, "for": "10m"},
-                    "GpuwardenNvlinkReplayRecovery": {"severity": "info"},
-                },
+                "overrides": {"GpuwardenNvlinkReplayRecovery": {"severity": "info"}},
             }
-        }
+        },
     }
     groups = one(render(values), "PrometheusRule")["spec"]["groups"]
     rules = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}  # the recording rules have none
@@ -617,6 +617,66 @@ def test_rules_can_be_disabled_and_tuned_per_alert_without_a_fork(tmp_path: Path
     if "unknown long flag" in ran.stderr:  # older promtool
         ran = subprocess.run([promtool, "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_thresholds_set_once_give_the_exporters_file_and_rules_that_agree_with_gpuwarden_rules(tmp_path: Path) -> None:
+    """Every threshold the chart can apply, moved at once: the ConfigMap's thresholds file is what the exporter
+    loads, and the PrometheusRule's alerts are what `gpuwarden rules --thresholds` renders from that same file."""
+    import dataclasses
+
+    from gpuwarden.health.rules import build
+    from gpuwarden.health.rules_file import alert_rules_yaml
+    from gpuwarden.health.thresholds import DEFAULT, load_thresholds
+
+    mapping = yaml.safe_load((ROOT / "alert_rules" / "threshold-alerts.yaml").read_text())
+    settable = [f for f, reach in mapping.items() if not reach["other"] and (reach["threshold"] or reach["for"])]
+    moved = {}
+    for field in settable:
+        value = getattr(DEFAULT, field)
+        if isinstance(value, float):
+            moved[field] = round(value * 1.01, 4)
+        else:
+            moved[field] = value + (60 if field.endswith("_s") else 1)  # durations by a minute, counts and °C by one
+    dataclasses.replace(DEFAULT, **moved).validate()  # a combination the exporter accepts
+    objects = render({"thresholds": moved})
+    (config,) = [o["data"] for o in objects if o["kind"] == "ConfigMap" and "gpuwarden.yaml" in o["data"]]
+    exporter_file = yaml.safe_load(config["gpuwarden.yaml"])["health"]["thresholds_file"]
+    assert exporter_file == "/etc/gpuwarden/config/thresholds.yaml"
+    thresholds_file = tmp_path / "thresholds.yaml"
+    thresholds_file.write_text(config["thresholds.yaml"])
+    exporter = load_thresholds(thresholds_file)  # what the exporter judges by
+    assert all(getattr(exporter, f) == v for f, v in moved.items())
+    want = yaml.safe_load(alert_rules_yaml(build(exporter)))["groups"]
+    chart = [g for g in one(objects, "PrometheusRule")["spec"]["groups"] if any("alert" in r for r in g["rules"])]
+    assert chart == want
+    assert chart != yaml.safe_load(alert_rules_yaml(build(DEFAULT)))["groups"]  # the values did reach the rules
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"thresholds": {"temperature_criticl_celsius": 92}},
+            "thresholds.temperature_criticl_celsius: not a gpuwarden",
+        ),
+        ({"thresholds": {"utilization_low_ratio": 0.3}}, "GpuwardenUnderutilized beyond a number"),
+        (
+            {"prometheusRule": {"rules": {"overrides": {"GpuwardenTemperatureHigh": {"threshold": 85}}}}},
+            "set thresholds.temperature_warning_celsius instead",
+        ),
+        (
+            {"prometheusRule": {"rules": {"overrides": {"GpuwardenGpuLost": {"for": "5m"}}}}},
+            "set thresholds.gpu_lost_for_s instead",
+        ),
+        (
+            {"thresholds": {"gpu_lost_for_s": 120}, "config": {"health": {"thresholds_file": "/x.yaml"}}},
+            "config.health.thresholds_file and thresholds: set one",
+        ),
+    ],
+)
+def test_a_threshold_that_would_split_pages_from_verdicts_is_refused_with_the_fix(values: dict, message: str) -> None:
+    result = run_render("template", "--values-json", json.dumps(values))
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-1500:]
 
 
 def test_a_misspelt_alert_name_fails_the_render() -> None:
