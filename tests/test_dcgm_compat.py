@@ -44,7 +44,6 @@ def test_the_compat_rule_file_is_the_generated_one() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # real Prometheus on its own clock
 @pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus (the README test command installs it)")
 def test_every_compat_series_comes_from_real_prometheus_in_dcgms_units_and_labels(tmp_path: Path) -> None:
     with stack(tmp_path) as parts:

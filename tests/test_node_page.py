@@ -35,9 +35,6 @@ def screenshot(url: str, tmp_path: Path, name: str) -> None:
         (DOCS / name).write_bytes(shot.read_bytes())
 
 
-pytestmark = pytest.mark.serial  # Chromium's start is heavy: beside the other browser tests
-
-
 def test_a_healthy_node_reads_healthy_with_every_gpu_and_asks_for_nothing_else(live_server, tmp_path: Path) -> None:
     server = live_server("training")
     wait_for(lambda: "8 of 8 GPU(s) answering" in server.get("/").text)
