@@ -8,8 +8,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from gpuwarden.web import node_page
 from tests.helpers.browser import CHROMIUM_FLAGS, chromium, dump_dom
 from tests.helpers.common import wait_for
