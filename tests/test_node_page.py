@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from gpuwarden.web import node_page
 from tests.helpers.browser import CHROMIUM_FLAGS, chromium, dump_dom
 from tests.helpers.common import wait_for
@@ -33,6 +35,7 @@ def screenshot(url: str, tmp_path: Path, name: str) -> None:
         (DOCS / name).write_bytes(shot.read_bytes())
 
 
+@pytest.mark.slow  # headless Chromium
 def test_a_healthy_node_reads_healthy_with_every_gpu_and_asks_for_nothing_else(live_server, tmp_path: Path) -> None:
     server = live_server("training")
     wait_for(lambda: "8 of 8 GPU(s) answering" in server.get("/").text)
@@ -45,6 +48,7 @@ def test_a_healthy_node_reads_healthy_with_every_gpu_and_asks_for_nothing_else(l
     screenshot(server.url + "/", tmp_path, "node-page-healthy.png")
 
 
+@pytest.mark.slow  # headless Chromium
 def test_a_gpu_lost_before_a_restart_is_a_critical_row_and_a_finding(live_server, tmp_path: Path) -> None:
     server = live_server(LOST_FROM_START)
     wait_for(lambda: "3 of 4 GPU(s) answering" in server.get("/").text)
@@ -55,6 +59,7 @@ def test_a_gpu_lost_before_a_restart_is_a_critical_row_and_a_finding(live_server
     screenshot(server.url + "/", tmp_path, "node-page-lost-gpu.png")
 
 
+@pytest.mark.slow  # headless Chromium
 def test_findings_show_cause_action_and_the_holders(live_server, tmp_path: Path) -> None:
     server = live_server(FULL_GPU, processes=two_pods(tmp_path, "nb-bob"))
     wait_for(lambda: "research/nb-bob/notebook" in server.get("/").text)  # pods: a cycle after the PIDs
