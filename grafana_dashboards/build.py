@@ -167,7 +167,9 @@ HEALTH_MAPPING = [
 ]
 
 
-def variable(name: str, label: str, query: str, multi: bool = True, all_value: str = ".+") -> dict[str, Any]:
+def variable(
+    name: str, label: str, query: str, multi: bool = True, all_value: str = ".+", include_all: bool = True
+) -> dict[str, Any]:
     return {
         "name": name,
         "label": label,
@@ -177,7 +179,7 @@ def variable(name: str, label: str, query: str, multi: bool = True, all_value: s
         "definition": query,
         "refresh": 2,
         "multi": multi,
-        "includeAll": True,
+        "includeAll": include_all,
         "allValue": all_value,
         "current": {},
         "sort": 1,
@@ -234,6 +236,20 @@ NODE_VARIABLES = [
         "instance",
         "Instance (pod or host:port)",
         'label_values(gpuwarden_nvml_up{job=~"$job",node=~"$node"}, instance)',
+    ),
+]
+# The node board opens on one node (the first), not on the whole fleet: single-select node and instance. Where the
+# scrape sets no `node` label (systemd hosts) the node list is empty, `node=~""` matches, and the instance picks
+# the host.
+ONE_NODE_VARIABLES = [
+    NODE_VARIABLES[0],
+    variable("node", "Node", 'label_values(gpuwarden_nvml_up{job=~"$job"}, node)', multi=False, include_all=False),
+    variable(
+        "instance",
+        "Instance (pod or host:port)",
+        'label_values(gpuwarden_nvml_up{job=~"$job",node=~"$node"}, instance)',
+        multi=False,
+        include_all=False,
     ),
 ]
 
@@ -568,7 +584,7 @@ def _node_exporter(layout: Layout) -> None:
         kind="timeseries",
         title="Poll duration",
         description="Wall time of each tier's last poll.",
-        targets=[target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{instance}} {{tier}}")],
+        targets=[target(f"gpuwarden_collect_duration_seconds{{{NODE_SELECTOR}}}", "{{tier}}")],
         unit="s",
     )
     layout.add(
@@ -576,13 +592,11 @@ def _node_exporter(layout: Layout) -> None:
         title="Data age and errors",
         description="Seconds since each tier's last poll, and NVML errors per second.",
         targets=[
-            target(
-                f"time() - gpuwarden_last_collect_timestamp_seconds{{{NODE_SELECTOR}}}", "age {{instance}} {{tier}}"
-            ),
+            target(f"time() - gpuwarden_last_collect_timestamp_seconds{{{NODE_SELECTOR}}}", "age {{tier}}"),
             target(
                 f"sum by (instance, call, error) "
                 f"(rate(gpuwarden_collect_errors_total{{{NODE_SELECTOR}}}[{RATE_INTERVAL}]))",
-                "errors {{instance}} {{call}} {{error}}",
+                "errors {{call}} {{error}}",
             ),
         ],
         unit="s",
@@ -591,7 +605,7 @@ def _node_exporter(layout: Layout) -> None:
 
 def node_dashboard() -> dict[str, Any]:
     layout = Layout()
-    gpu_legend = "{{instance}} gpu {{gpu}}"
+    gpu_legend = "gpu {{gpu}}"  # one node on the board: its name is in the picker, not a pod IP in every legend
     _node_health_at_a_glance(layout, gpu_legend)
     _node_utilization(layout, gpu_legend)
     profiling_row(layout, gpu_legend)
@@ -603,13 +617,13 @@ def node_dashboard() -> dict[str, Any]:
     _node_topology_and_nvlink(layout, gpu_legend)
     _node_exporter(layout)
     variables = [
-        *NODE_VARIABLES,
+        *ONE_NODE_VARIABLES,
         variable("gpu", "GPU", f"label_values(gpuwarden_gpu_info{{{NODE_SELECTOR}}}, gpu)"),
     ]
     return dashboard(
         "gpuwarden-node",
         "gpuwarden / GPU node",
-        "Every GPU of the selected nodes: health, "
+        "Every GPU of one node: health, "
         "utilization, memory, thermals, power, throttling, errors, NVLink and the exporter.",
         layout,
         variables,

@@ -60,8 +60,11 @@ def test_lint():
         assert board["schemaVersion"] >= 39 and board["editable"] is False and board["id"] is None
         variables = {v["name"]: v for v in board["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["label"] == "Data Source"
-        for var in ("job", "instance"):
-            assert variables[var]["multi"] and variables[var]["allValue"] == ".+" and variables[var]["refresh"] == 2
+        assert variables["job"]["multi"] and variables["job"]["allValue"] == ".+" and variables["job"]["refresh"] == 2
+        one_node = name == "gpuwarden-node.json"  # opens on one node, not the fleet; its legends name no pod IP
+        for var in ("node", "instance"):
+            assert variables[var]["multi"] is not one_node and variables[var]["includeAll"] is not one_node, name
+            assert variables[var]["refresh"] == 2
         for panel in panels(board):
             where = f"{name}: {panel['title']}"
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
@@ -273,7 +276,9 @@ def test_pickers_list_nodes_by_name_and_gpus_by_index(prometheus):
             timeout=10,
         ).json()
         assert body["data"] and all(check(value) for value in body["data"]), (name, body["data"])
-    assert variables["node"]["allValue"] == ".*"  # series without a node label (systemd hosts) still show
+    assert not variables["node"]["includeAll"]  # one node; without node labels (systemd hosts) `node=~""` matches
+    legends = [t.get("legendFormat", "") for p in panels(node) for t in p["targets"]]
+    assert legends and not [text for text in legends if "{{instance}}" in text]  # pod IPs named nothing
 
 
 QUERY_START = re.compile(r"^(rate|increase|sum|max|min|avg|count|topk|bottomk|max_over_time|time)\b\s*[( ]")
