@@ -410,6 +410,10 @@ def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
     pod_labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert set(service["spec"]["selector"].items()) <= set(pod_labels.items())
     assert service["spec"]["ports"][0]["targetPort"] == container(objects)["ports"][0]["name"] == "metrics"
+    # a pod failing /readyz (its node's driver down) stays an endpoint, so Prometheus scrapes its nvml_up 0 and
+    # GpuwardenNvmlDown can fire: the endpoints controller drops not-ready pods otherwise
+    assert container(objects)["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert service["spec"]["publishNotReadyAddresses"] is True
     monitor = one(objects, "ServiceMonitor")
     assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(service["metadata"]["labels"].items())
     endpoint = monitor["spec"]["endpoints"][0]
