@@ -101,11 +101,17 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "DCGM_FI_DEV_ENC_UTIL",
         "% (0-100)",
-        "none",
-        None,
-        "gpuwarden reads no video encoder utilization yet (training and inference nodes rarely encode)",
+        'rate(gpuwarden_video_busy_seconds_total{engine="encoder"})',
+        f"100 * max without (engine) (rate({_s('gpuwarden_video_busy_seconds_total', engine='encoder')}[{WINDOW}]))",
+        group="video",
     ),
-    Field("DCGM_FI_DEV_DEC_UTIL", "% (0-100)", "none", None, "gpuwarden reads no video decoder utilization yet"),
+    Field(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "% (0-100)",
+        'rate(gpuwarden_video_busy_seconds_total{engine="decoder"})',
+        f"100 * max without (engine) (rate({_s('gpuwarden_video_busy_seconds_total', engine='decoder')}[{WINDOW}]))",
+        group="video",
+    ),
     Field(
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         "ratio (0-1)",

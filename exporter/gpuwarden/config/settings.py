@@ -198,7 +198,7 @@ class MetricsSettings:
         (),
         description="Collector groups of detail to export beside the default set (README, Series budget): "
         "nvlink_links, topology, health_checks, clocks_detail, point_samples, memory_detail, gpm_detail, "
-        "static_detail, container_detail, unsupported_fields; 'all' for every one.",
+        "static_detail, video, container_detail, unsupported_fields; 'all' for every one.",
         check=_known_groups,
     )
 

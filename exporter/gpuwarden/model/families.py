@@ -394,6 +394,13 @@ GPU_HARDWARE_ERROR_INFO = _f(
     "error",
 )
 # utilization
+VIDEO_BUSY_SECONDS_TOTAL = _f(
+    "gpuwarden_video_busy_seconds_total",
+    "counter",
+    "Seconds the video engine was busy (NVML's encoder or decoder utilization, integrated over each poll interval): "
+    "rate() is its utilization (metrics group video).",
+    "engine",
+)
 UTILIZATION_RATIO = _f(
     "gpuwarden_utilization_ratio",
     "gauge",
@@ -688,6 +695,12 @@ GROUPS: dict[str, Group] = {
                 Member(FAN_SPEED_RATIO),
                 Member(TEMPERATURE_THRESHOLD_CELSIUS, "threshold", excluded=frozenset({"memory_max"})),
             ),
+        ),
+        Group(
+            "video",
+            "Encoder and decoder utilization as busy seconds (gpuwarden_video_busy_seconds_total{engine}): for "
+            "transcoding and video inference nodes; its NVML reads run only with the group on.",
+            (Member(VIDEO_BUSY_SECONDS_TOTAL),),
         ),
         Group(
             "container_detail",

@@ -79,6 +79,8 @@ nvmlDeviceGetP2PStatus = _op(pynvml.nvmlDeviceGetP2PStatus, "topology")
 # -- fast tier ---------------------------------------------------------------------------------------------------
 nvmlDeviceGetSamples = _op(pynvml.nvmlDeviceGetSamples, "fast", READ + "; not_found means no new samples")
 nvmlDeviceGetUtilizationRates = _op(pynvml.nvmlDeviceGetUtilizationRates, "fast")
+nvmlDeviceGetEncoderUtilization = _op(pynvml.nvmlDeviceGetEncoderUtilization, "fast")
+nvmlDeviceGetDecoderUtilization = _op(pynvml.nvmlDeviceGetDecoderUtilization, "fast")
 nvmlDeviceGetMemoryInfo = _op(pynvml.nvmlDeviceGetMemoryInfo, "fast", READ + "; v2 first, v1 on function_not_found")
 nvmlDeviceGetTemperatureV = _op(pynvml.nvmlDeviceGetTemperatureV, "fast", READ + "; falls back to GetTemperature")
 nvmlDeviceGetTemperature = _op(pynvml.nvmlDeviceGetTemperature, "fast")

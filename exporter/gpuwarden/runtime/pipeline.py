@@ -44,6 +44,8 @@ def select_readers(settings: Settings) -> dict[Tier, list[Reader]]:
     for reader in all_readers():
         if reader.name == "gpm" and not settings.nvml.gpm:
             continue
+        if reader.name == "video" and "video" not in settings.metrics.enable_groups:
+            continue  # an opt-in group whose reads cost NVML calls: made only when it is on
         if not reader.families or any(wanted(family.name) for family in reader.families):
             readers[reader.tier].append(reader)
     return readers

@@ -130,6 +130,21 @@ class ReadingSymbols:
             util.memory = round(self._window_mean(index, "memory_utilization", last))
         return code
 
+    def _video(self, handle: Any, util: Any, period: Any, symbol: str, key: str) -> int:
+        """Encoder or decoder utilization (%) and the driver's sampling period: 100,000 µs, as an H100 answers
+        (utilization 0, period 100000; 1.2 µs a call)."""
+        index, code = self._device(handle, symbol)
+        if code == OK:
+            _out(util).value = round(self._value(index, key))
+            _out(period).value = 100_000
+        return code
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        return self._video(handle, util, period, "nvmlDeviceGetEncoderUtilization", "encoder_utilization")
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        return self._video(handle, util, period, "nvmlDeviceGetDecoderUtilization", "decoder_utilization")
+
     def nvmlDeviceGetSamples(
         self, handle: Any, sample_type: Any, last_seen: Any, value_type: Any, count: Any, samples: Any
     ) -> int:

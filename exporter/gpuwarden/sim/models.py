@@ -45,6 +45,8 @@ H100_SXM_80GB = GpuModel(
     idle={
         "utilization": 0,
         "memory_utilization": 0,
+        "encoder_utilization": 0,  # H100: nvmlDeviceGetEncoderUtilization (0, 100000 µs) at idle
+        "decoder_utilization": 0,
         "memory_used_ratio": 0.0,
         "temperature": 38,
         "memory_temperature": 41,
@@ -85,6 +87,8 @@ QUADRO_RTX_6000 = GpuModel(
     idle={
         "utilization": 0,
         "memory_utilization": 0,
+        "encoder_utilization": 0,  # H100: nvmlDeviceGetEncoderUtilization (0, 100000 µs) at idle
+        "decoder_utilization": 0,
         "memory_used_ratio": 0.0,
         "temperature": 34,
         "memory_temperature": 0,

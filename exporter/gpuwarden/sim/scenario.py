@@ -22,6 +22,8 @@ from gpuwarden.sim.models import MODELS
 VALUE_KEYS = (
     "utilization",
     "memory_utilization",
+    "encoder_utilization",
+    "decoder_utilization",
     "memory_used_ratio",
     "temperature",
     "memory_temperature",

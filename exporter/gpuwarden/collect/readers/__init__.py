@@ -55,6 +55,7 @@ def all_readers() -> list[Reader]:
         nvlink.STATIC,
         utilization.SAMPLES,
         utilization.FAST,
+        utilization.VIDEO,
         memory.FAST,
         thermal.FAST,
         power.FAST,

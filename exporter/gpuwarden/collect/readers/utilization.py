@@ -20,9 +20,11 @@ from gpuwarden.model.families import (
     UTILIZATION_RATIO,
     UTILIZATION_SAMPLED_SECONDS_TOTAL,
     UTILIZATION_SOURCE_INFO,
+    VIDEO_BUSY_SECONDS_TOTAL,
 )
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml
+from gpuwarden.nvml import library
 from gpuwarden.nvml.device import GpuDevice
 
 _GAP_FACTOR = 2.5  # a gap longer than this many periods counts as one period (data was lost)
@@ -110,6 +112,26 @@ def read_fast(dev: GpuDevice, out: SampleWriter) -> None:
     out.add(BUSY_SECONDS_TOTAL, acc.busy_s)
     out.add(UTILIZATION_SAMPLED_SECONDS_TOTAL, acc.sampled_s)
 
+
+def read_video(dev: GpuDevice, out: SampleWriter) -> None:
+    """Encoder and decoder utilization, integrated into busy seconds over the time since the last poll: NVML gives
+    a share of its own sampling period (100 ms on H100), so a counter keeps what a point read would drop."""
+    now = library.monotonic()  # the driver's clock (the simulator's scenario time under test)
+    last = dev.state.get("video_read_at")
+    dev.state["video_read_at"] = now
+    busy: dict[str, float] = dev.state.setdefault("video_busy", {})
+    engines = (("encoder", nvml.nvmlDeviceGetEncoderUtilization), ("decoder", nvml.nvmlDeviceGetDecoderUtilization))
+    for engine, call in engines:
+        answer = dev.call(call, key=f"video_{engine}")
+        if answer is None:
+            continue
+        utilization, _period_us = answer
+        if last is not None:
+            busy[engine] = busy.get(engine, 0.0) + min(max(utilization, 0), 100) / 100.0 * (now - last)
+        out.add(VIDEO_BUSY_SECONDS_TOTAL, busy.get(engine, 0.0), engine)
+
+
+VIDEO = Reader("video", Tier.FAST, (VIDEO_BUSY_SECONDS_TOTAL,), read_video)
 
 _COUNTERS = (
     BUSY_SECONDS_TOTAL,
