@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from alert_rules import generate
 from gpuwarden.health import rules
@@ -91,16 +90,7 @@ def stack(tmp_path_factory):
             source = late_nvlink_down(tmp) if scenario == "nvlink-down" else scenario
             parts.exporter(source, "--no-nvml.xid-events", name=scenario)
         # the shipped Alertmanager config, pointed at this test
-        am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
-        (tmp / "routing-key").write_text(ROUTING_KEY)
-        for receiver_config in am["receivers"]:
-            for pd in receiver_config.get("pagerduty_configs", []):
-                pd["url"] = f"http://127.0.0.1:{receiver.port}/v2/enqueue"
-                pd["routing_key_file"] = str(tmp / "routing-key")
-            for hook in receiver_config.get("webhook_configs", []):
-                hook["url"] = f"http://127.0.0.1:{receiver.port}/tickets"
-        for route in [am["route"], *am["route"]["routes"]]:
-            route.update(group_wait="1s", group_interval="2s")
+        am = receiver.alertmanager_config(tmp, ROUTING_KEY)
         am_port = parts.alertmanager(am)
         # the shipped rules, with `for:` shortened
         parts.start_prometheus(generate.alert_rules_yaml(stack_rules(), for_scale=FOR_SCALE), am_port)

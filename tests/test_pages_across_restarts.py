@@ -123,16 +123,7 @@ def monitored(tmp_path: Path, request: pytest.FixtureRequest):
     """(fleet, PagerDuty capture, Prometheus URL, Alertmanager URL); `for:` scaled by the parameter (FOR_SCALE)."""
     receiver, parts, fleet = Receiver(), Stack(tmp_path), Fleet(tmp_path)
     try:
-        am = yaml.safe_load((ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text())
-        (tmp_path / "routing-key").write_text("restart-test")
-        for receiver_config in am["receivers"]:
-            for pd in receiver_config.get("pagerduty_configs", []):
-                pd["url"] = f"http://127.0.0.1:{receiver.port}/v2/enqueue"
-                pd["routing_key_file"] = str(tmp_path / "routing-key")
-            for hook in receiver_config.get("webhook_configs", []):
-                hook["url"] = f"http://127.0.0.1:{receiver.port}/tickets"
-        for route in [am["route"], *am["route"]["routes"]]:
-            route.update(group_wait="1s", group_interval="2s")
+        am = receiver.alertmanager_config(tmp_path, "restart-test")
         am_port = parts.alertmanager(am)
         fleet.write_targets()
         (tmp_path / "rules.yaml").write_text(shortened_rules(getattr(request, "param", FOR_SCALE)))
