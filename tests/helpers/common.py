@@ -4,6 +4,7 @@ prometheus_client's own parser, and gpuwarden's app on its real HTTP server (no 
 from __future__ import annotations
 
 import itertools
+import random
 import os
 import socket
 import threading
@@ -71,7 +72,9 @@ def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
 
 
 PORT_BLOCK = 1500  # ports per test worker, below the kernel's ephemeral range (32768-60999 by default)
-_port_offset = itertools.count()
+# each session starts at its own place in the block: two sessions on one machine (a developer's run beside a
+# stress loop's) took the same ports in the same order, and one test's /api/v1/fleet reached the other's exporter
+_port_offset = itertools.count(random.randrange(PORT_BLOCK))
 
 
 def free_port() -> int:
