@@ -4,8 +4,8 @@ prometheus_client's own parser, and gpuwarden's app on its real HTTP server (no 
 from __future__ import annotations
 
 import itertools
-import random
 import os
+import random
 import socket
 import threading
 import time
