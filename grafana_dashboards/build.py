@@ -300,12 +300,15 @@ def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
     layout.add(
         kind="table",
         title="Pods on these GPUs",
-        description="Containers the kubelet allocated each GPU to (pod attribution: the "
-        "chart's podResources.enabled). Join any panel's query with * on(uuid) group_left(namespace, pod) "
-        "gpuwarden_gpu_allocation.",
+        description="Containers on each GPU: the kubelet's allocations (the chart's podResources.enabled, which runs "
+        "as UID 0: the kubelet's socket is root-only), or, without root, the containers whose processes hold it "
+        "(processes.hostProc: their /proc cgroups). Join any panel's query with * on(uuid) "
+        "group_left(namespace, pod) gpuwarden_gpu_allocation.",
         targets=[
             target(
-                f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GPU_SELECTOR}}})",
+                f"max by (instance, gpu, uuid, namespace, pod, container) (gpuwarden_gpu_allocation{{{GPU_SELECTOR}}})"
+                " or max by (instance, gpu, uuid, namespace, pod, container) "
+                f'(gpuwarden_container_gpu_memory_used_bytes{{{GPU_SELECTOR},pod!=""}} * 0 + 1)',
                 fmt="table",
                 instant=True,
             )

@@ -318,3 +318,57 @@ def test_every_doc_query_parses_and_default_ones_return_data(prometheus):
             empty.append((where, query))
     assert not bad, bad
     assert not empty, empty
+
+
+def test_the_pods_panel_shows_holders_found_without_root(tmp_path: Path) -> None:
+    """Pod attribution through the kubelet runs as UID 0; through /proc (processes.hostProc) it does not. The panel
+    shows both kinds of rows, each once (promtool evaluates the panel's own query)."""
+    import shutil
+    import subprocess
+
+    import yaml as yaml_lib
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: the README's test command installs Debian's prometheus package")
+    expr = panel_expr("gpuwarden-node.json", "Pods on these GPUs")
+
+    def holder(index: int, namespace: str, pod: str, container: str) -> str:
+        where = f'instance="n1:10045",gpu="{index}",uuid="G{index}"'
+        return f'{where},namespace="{namespace}",pod="{pod}",container="{container}"'
+
+    def series(name: str, labels: str, values: str) -> dict[str, str]:
+        return {"series": f'{name}{{job="gpuwarden",node="n1",{labels}}}', "values": values}
+
+    memory = "gpuwarden_container_gpu_memory_used_bytes"
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # GPU 0: allocated by the kubelet, and its process found through /proc too: one row
+                    series("gpuwarden_gpu_allocation", holder(0, "a", "p", "c"), "1x5"),
+                    series(memory, holder(0, "a", "p", "c"), "5e9x5"),
+                    # GPU 1: no kubelet attribution, its holder found through /proc: a row
+                    series(memory, holder(1, "b", "q", "d"), "7e9x5"),
+                    # GPU 2: a process no pod holds: no row
+                    series(memory, holder(2, "", "", ""), "1e9x5"),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "3m",
+                        "exp_samples": [
+                            {"labels": "{" + holder(0, "a", "p", "c") + "}", "value": 1},
+                            {"labels": "{" + holder(1, "b", "q", "d") + "}", "value": 1},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml_lib.safe_dump(test))
+    ran = subprocess.run([promtool, "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
