@@ -179,16 +179,20 @@ def test_driver_upgraded_under_us_is_fatal(sim, make_pipeline):
 
 
 def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_pipeline):
+    """The hang's window is on the fake's clock, moved by hand: the first poll reads GPU 2 before the hang whatever
+    the machine's load (on the wall clock a starved first poll met the hang, and GPU 2 had no last values)."""
+    clock = ManualClock(0.0)
     fake = sim(
         {
             "node": {"count": 3},
             "faults": [{"kind": "hang", "gpu": 2, "call": "nvmlDeviceGetPowerUsage", "at": 0.5, "until": 4}],
-        }
+        },
+        clock=clock,
     )
     pipeline = make_pipeline(poll={"call_deadline": 0.3, "fast_interval": 0.1})
     pipeline.poll_once()
     threads_before = threading.active_count()
-    time.sleep(0.6)
+    clock.advance(0.6)  # inside the hang's window
     hung = pipeline.poller.nvml.gpus[pipeline.snapshot.gpu("2").uuid].device
     fast_times = []
     for _ in range(5):
@@ -205,10 +209,13 @@ def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_
     assert fast_times == sorted(fast_times) and len(set(fast_times)) == 5  # other GPUs stay fresh
     assert threading.active_count() <= threads_before + 1  # nothing piles up
     fake_hang_calls = fake.calls["nvmlDeviceGetPowerUsage"]
-    time.sleep(3.6)  # the hang clears
-    pipeline.poll_once()
-    pipeline.poll_once()
-    assert values(scraped(pipeline), "gpuwarden_gpu_stale", gpu="2") == [0]
+    clock.advance(3.6)  # past the hang's window: the wedged call returns
+
+    def fresh_again() -> bool:
+        pipeline.poll_once()
+        return values(scraped(pipeline), "gpuwarden_gpu_stale", gpu="2") == [0]
+
+    wait_for(fresh_again, timeout=30)
     assert fake.calls["nvmlDeviceGetPowerUsage"] > fake_hang_calls
 
 
