@@ -20,7 +20,7 @@ from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.synthetic_fleet import CLASS, Fleet
 from tests.helpers.tsdb_backends import Prometheus, VictoriaMetrics, instant
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet_backends")]
 
 NODES = 12
 # VictoriaMetrics' default -search.maxUniqueTimeseries (300,000) over a 10,000-node fleet's 80,000 GPUs

@@ -72,7 +72,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-cache-dir", str(wheel)], check=True, timeout=600)
+    # dependencies from pip's cache where the test command's own install left them (the image builds with none)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=600)
     gpuwarden = env_dir / "bin" / "gpuwarden"
     version = subprocess.run([str(gpuwarden), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
