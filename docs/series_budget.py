@@ -14,11 +14,12 @@ BUDGET = 400
 BUDGET_SCENARIO = "training"  # 8x H100 SXM on NVSwitch, every GPU busy with one process: GPM and processes on
 POD_SERIES = 8 + 1  # pod attribution on the budget node: an allocation per GPU, and the unmatched-devices gauge
 BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottleneck_info is counted too
+POLL_STEP_S = 5  # simulated seconds between polls: every family is read at least this often at the defaults
 
 
 def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECONDS, **sections: dict) -> Counter[str]:
     """Series per family that /metrics serves at the default settings on the simulated node, after `seconds` of
-    simulated polling (a manual clock: this takes about a second). `sections` override settings (e.g. pods)."""
+    simulated polling, a poll every POLL_STEP_S (a manual clock: a few seconds). `sections` override settings (e.g. pods)."""
     from gpuwarden.config.settings import load_settings
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.nvml import library
@@ -35,9 +36,9 @@ def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECOND
     try:
         if pipeline.pods is not None:
             pipeline.pods.refresh()  # the background refresher is not running here: one List before the polls
-        for _ in range(seconds):
+        for _ in range(0, seconds, POLL_STEP_S):
             pipeline.poll_once()
-            now[0] += 1.0
+            now[0] += POLL_STEP_S
         text = Renderer(settings.metrics.selection()).render(pipeline.snapshot).decode()
     finally:
         pipeline.stop(0.5)

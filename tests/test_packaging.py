@@ -70,10 +70,13 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         top = {name.split("/", 1)[0] for name in archive.namelist()}
     assert "gpuwarden" in top and "exporter" not in top, top  # imports as the distribution's name
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # pip's own bootstrap (ensurepip) is 11 s of the test and not the product
     python = env_dir / "bin" / "python"
-    # dependencies from pip's cache where the test command's own install left them (the image builds with none)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)], check=True, timeout=600)
+    # installed by the suite's pip into the fresh venv (--python), dependencies from pip's cache where the test
+    # command's own install left them (the image builds with none)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", str(wheel)], check=True, timeout=600
+    )
     gpuwarden = env_dir / "bin" / "gpuwarden"
     version = subprocess.run([str(gpuwarden), "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("gpuwarden ")
