@@ -19,7 +19,8 @@ POLL_STEP_S = 5  # simulated seconds between polls: every family is read at leas
 
 def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECONDS, **sections: dict) -> Counter[str]:
     """Series per family that /metrics serves at the default settings on the simulated node, after `seconds` of
-    simulated polling, a poll every POLL_STEP_S (a manual clock: a few seconds). `sections` override settings (e.g. pods)."""
+    simulated polling, a poll every POLL_STEP_S (a manual clock: a few seconds). `sections` override settings (e.g.
+    pods)."""
     from gpuwarden.config.settings import load_settings
     from gpuwarden.exposition.render import Renderer
     from gpuwarden.nvml import library
