@@ -77,6 +77,9 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
     hardware |= {"gpuwarden_gpus_expected"}
     # Only where processes run inside Slurm job steps (their cgroups on a host /proc), covered in test_processes.
     hardware |= {"gpuwarden_slurm_job_gpu_memory_used_bytes", "gpuwarden_slurm_job_sm_active_seconds_total"}
+    # Only where the host's /proc shows the ranks of a multi-GPU job (their launcher's variables or one parent), and
+    # a straggler or hang among them: test_jobs writes that /proc for the simulated ranks.
+    hardware |= {"gpuwarden_job_collective_wait_seconds_total", "gpuwarden_job_finding"}
     # Only with the metrics group video on (its reads are made only then), covered in test_video.
     hardware |= {"gpuwarden_video_busy_seconds_total"}
     missing = set(FAMILIES) - hardware - {n for n in seen} - {n.removesuffix("_total") for n in seen}

@@ -225,7 +225,8 @@ def test_a_thread_sample_reads_states_and_worker_children(tmp_path):
             ("S", "D", "", "I/O stall"),  # a checkpoint being written
             ("S", "S", "RRRR", "Input-bound"),  # a slow DataLoader: its workers always running
             ("R", "S", "", "Host-bound"),  # a Python loop the GPU waits on
-            ("S", "S", "SS", "Waiting on others"),  # every thread asleep: peers, the network
+            ("S", "S", "SS", "An idle holder"),  # every thread asleep and no peers: a notebook, a stuck job
+            ("S", "S", "SS+job", "Waiting on others"),  # every thread asleep, with ranks elsewhere: peers
         ],
         lambda case: case[3] in ("I/O stall", "Host-bound"),
     ),
@@ -241,8 +242,13 @@ def test_a_waiting_gpu_gets_its_cause_from_the_host(sim, tmp_path, main, others,
     )
     try:
         advance(pipeline, clock, 1)
+        in_job = workers.endswith("+job")
+        workers = workers.removesuffix("+job")
         for views in pipeline.snapshot.processes.values():
             fake_proc(tmp_path / "proc", views[0].pid, main, others, workers)
+            if in_job:  # a rank of a two-node job whose other ranks run elsewhere (torchrun's variables)
+                variables = b"MASTER_ADDR=10.0.0.9\0MASTER_PORT=29500\0RANK=3\0WORLD_SIZE=16\0"
+                (tmp_path / "proc" / str(views[0].pid) / "environ").write_bytes(variables)
         advance(pipeline, clock, 20)
         finding = by_check(diagnose(pipeline.poll_once()))[("bottleneck", 0)]
     finally:

@@ -107,8 +107,16 @@ def test_a_gpu_reset_reseeds_the_window(sim):
         (True, 0.99, 0.0, 0.10, 0.90, 0.0, 0.0, 0.99, "memory_bound"),
         # FP32 matmul with TF32 off on H100: the FP32 pipe carries the math
         (True, 0.96, 0.0, 0.77, 0.07, 0.0, 0.0, 0.99, "compute_without_tensor"),
-        # busy SMs with neither pipe dominating (integer or FP16-pipe work): no bf16 advice
-        (True, 0.97, 0.0, 0.0, 0.07, 0.0, 0.0, 0.99, "mixed"),
+        # busy SMs off the math pipes (element-wise, reductions, softmax): fusion, never bf16
+        (True, 0.97, 0.0, 0.0, 0.07, 0.0, 0.0, 0.99, "sm_bound_non_matmul"),
+        # bf16 LayerNorm + softmax on H100 (issue 37): SM 99 %, FP32 22 %, tensor 2 %, DRAM 37 %: not FP32 training
+        (True, 0.99, 0.02, 0.22, 0.37, 0.0, 0.0, 0.99, "sm_bound_non_matmul"),
+        # DDP with 2 GB of gradients a step on 2x H200: NCCL's kernels keep the SMs 46-48 % busy
+        (True, 0.47, 0.0, 0.01, 0.1, 120e9, 0.0, 0.5, "communication_bound"),
+        # balanced bf16 DDP on 2x H200: tensor 11-12 %, SM 38-47 %, NVLink 19-25 GB/s
+        (True, 0.42, 0.115, 0.02, 0.2, 22e9, 0.0, 0.53, "tensor_bound"),
+        # all-reduce only: NVLink 600-676 GB/s
+        (True, 0.17, 0.0, 0.0, 0.05, 640e9, 0.0, 0.97, "communication_bound"),
         (True, 0.10, 0.0, 0.0, 0.05, 50e9, 0.0, 0.5, "communication_bound"),
         (True, 0.0, 0.0, 0.0, 0.01, 0.0, 52e9, 0.3, "host_transfer_bound"),
         # a Python loop of tiny kernels on H100: the driver counts 31 % busy, the SMs barely work
@@ -119,8 +127,33 @@ def test_a_gpu_reset_reseeds_the_window(sim):
     ],
 )
 def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy, expected):
-    activity = WindowActivity(running, sm, tensor, fp32, dram, nvlink, pcie, busy)
+    activity = WindowActivity(running, sm, tensor, fp32, 0.0, dram, nvlink, pcie, busy)
     assert bottleneck_class(DEFAULT, activity) == expected
+    # a GPU whose job has other ranks is read the same way, except for a collective's spin (below)
+    assert bottleneck_class(DEFAULT, activity, peers=3) == expected
+
+
+@pytest.mark.parametrize(
+    ("busy", "sm", "tensor", "fp16", "nvlink", "alone", "in_a_job"),
+    [
+        # ranks waiting in the all-reduce for a CPU-bound rank 1 (4x H200): busy 90-94 %, SM 21-23 %, tensor 2 %
+        (0.92, 0.22, 0.02, 0.0, 3.8e9, "launch_bound", "collective_wait"),
+        # 2 GPUs, run twice: busy 90-98 %, SM 20-23 %
+        (0.98, 0.20, 0.02, 0.0, 2e9, "launch_bound", "collective_wait"),
+        # NCCL_MAX_NCHANNELS=4: SM 3 % (4 of 132 SMs), busy 96 %
+        (0.96, 0.03, 0.0, 0.0, 0.3e9, "launch_bound", "collective_wait"),
+        # single-GPU tiny kernels from Python: busy 28-31 %, SM 0.3 %: launch-bound with or without peers
+        (0.28, 0.003, 0.0, 0.0, 0.0, "launch_bound", "launch_bound"),
+        # a rank whose half-precision pipe is active computes, it does not wait
+        (0.92, 0.22, 0.0, 0.08, 0.0, "launch_bound", "launch_bound"),
+    ],
+)
+def test_a_collective_wait_is_never_launch_bound_where_the_gpu_has_peers(
+    busy, sm, tensor, fp16, nvlink, alone, in_a_job
+):
+    activity = WindowActivity(True, sm, tensor, 0.0, fp16, 0.1, nvlink, 0.0, busy)
+    assert bottleneck_class(DEFAULT, activity) == alone
+    assert bottleneck_class(DEFAULT, activity, peers=1) == in_a_job
 
 
 @pytest.mark.parametrize(

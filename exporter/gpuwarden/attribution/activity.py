@@ -4,7 +4,8 @@ The GPU's counters cannot tell an input pipeline from a checkpoint write or a ra
 activity is not always data starvation). The host's /proc can, cheaply: a thread in D state waits on I/O; a main
 thread that is always running is a Python loop the GPU waits on; worker children (DataLoader) that are always
 running are an input pipeline at its limit; every thread asleep is a process waiting on something else (peers,
-the network). Sampled only for GPUs whose bottleneck class is `waiting`, every SAMPLE_EVERY_S, over the largest
+the network); bytes written to storage at a high rate are a checkpoint. Sampled only for GPUs whose bottleneck
+class is `waiting` or whose job has peers (attribution/evidence.py), every SAMPLE_EVERY_S, over the largest
 holder of the GPU's memory; reads are bounded (MAX_THREADS threads, MAX_WORKERS children).
 """
 
@@ -32,6 +33,8 @@ class ThreadSample:
     running: int  # threads of the process in R state
     workers: int
     workers_running: int
+    write_bytes: int | None = None  # /proc/PID/io write_bytes (to storage; None where it cannot be read)
+    at: float = 0.0
 
 
 def _state(stat: str) -> str:
@@ -48,8 +51,17 @@ def _read(path: Path) -> str:
         return ""
 
 
-def sample(proc_root: Path, pid: int) -> ThreadSample | None:
-    """One look at `pid` under `proc_root`, or None where the host's /proc does not show it."""
+def _write_bytes(text: str) -> int | None:
+    """write_bytes from a /proc/PID/io text (readable with the same UID or CAP_SYS_PTRACE; None otherwise)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "write_bytes" and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def sample(proc_root: Path, pid: int, at: float = 0.0) -> ThreadSample | None:
+    """One look at `pid` under `proc_root` at time `at`, or None where the host's /proc does not show it."""
     base = proc_root / str(pid)
     try:
         threads = sorted(base.joinpath("task").iterdir())[:MAX_THREADS]
@@ -65,6 +77,8 @@ def sample(proc_root: Path, pid: int) -> ThreadSample | None:
         running=states.count("R"),
         workers=len(worker_states),
         workers_running=worker_states.count("R"),
+        write_bytes=_write_bytes(_read(base / "io")),
+        at=at,
     )
 
 
@@ -88,4 +102,12 @@ class ActivityTally:
             workers_running=sum(s.workers_running > 0 for s in self.samples) / n,
             asleep=sum(s.running == 0 and s.disk_wait == 0 and s.workers_running == 0 for s in self.samples) / n,
             workers=max((s.workers for s in self.samples), default=0),
+            write_bytes_per_second=self._write_rate(),
         )
+
+    def _write_rate(self) -> float | None:
+        """Bytes per second the process wrote to storage over the samples (a checkpoint writes GB in seconds)."""
+        written = [s for s in self.samples if s.write_bytes is not None]
+        if len(written) < 2 or written[-1].at <= written[0].at:
+            return None
+        return max(written[-1].write_bytes - written[0].write_bytes, 0) / (written[-1].at - written[0].at)  # type: ignore[operator]

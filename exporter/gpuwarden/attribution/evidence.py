@@ -1,6 +1,7 @@
-"""The host-evidence stage, after health: for a GPU whose bottleneck class is `waiting`, what the threads of its
-largest holder do on the host (attribution/activity.py). It reads the verdicts the health step wrote and the
-processes the processes step wrote, both typed fields of the draft, so neither of those stages knows this one.
+"""The host-evidence stage, after health: for a GPU whose bottleneck class is `waiting` or that belongs to a job
+with peers, what the threads of its largest holder do on the host (attribution/activity.py). It reads the verdicts
+the health step wrote and the processes and jobs the steps before it wrote, all typed fields of the draft, so none
+of those stages knows this one.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from gpuwarden.model.snapshot import HostEvidence
 
 
 def waiting_gpus(draft: Draft) -> set[str]:
-    """GPUs the health step classed `waiting` that hold at least one process."""
-    return {
+    """GPUs the health step classed `waiting` that hold at least one process, and every GPU of a job with peers:
+    the job view (health/collective.py) names a straggler's cause from what its main process does."""
+    waiting = {
         uuid
         for uuid, verdicts in draft.health.items()
         if any(v.check == "bottleneck" and v.detail == "waiting" for v in verdicts) and draft.processes.get(uuid)
     }
+    return waiting | {uuid for uuid, member in draft.jobs.items() if member.peers and draft.processes.get(uuid)}
 
 
 class HostEvidenceStep:
@@ -44,7 +47,7 @@ class HostEvidenceStep:
             if draft.taken_at - tally.sampled_at >= activity.SAMPLE_EVERY_S:
                 tally.sampled_at = draft.taken_at
                 if pid not in looked:
-                    looked[pid] = activity.sample(self._proc_root, pid)
+                    looked[pid] = activity.sample(self._proc_root, pid, draft.taken_at)
                 if looked[pid] is not None:
                     tally.add(looked[pid])
             self._activity[uuid] = (pid, tally)

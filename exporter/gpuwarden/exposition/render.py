@@ -40,6 +40,8 @@ from gpuwarden.model.families import (
     HEALTH,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,
+    JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
+    JOB_FINDING,
     LAST_COLLECT_TIMESTAMP_SECONDS,
     MIG_ALLOCATION,
     NVLINK_PEER_LINKS,
@@ -80,6 +82,7 @@ class SnapshotCollector:
         _gpu_rows(self.snapshot, rows)
         _health_rows(self.snapshot, rows)
         _xid_rows(self.snapshot, rows)
+        _job_rows(self.snapshot, rows)
         for name, own_rows in self.own.items():
             rows[name].extend(own_rows)
         keep_rows = getattr(self.wanted, "rows", None)  # a metrics.Selection filters rows too (collector groups)
@@ -160,6 +163,10 @@ def _gpu_rows(snap: Snapshot, rows: Rows) -> None:
         for job in snap.slurm_jobs.get(gpu.uuid, ()):
             rows[SLURM_JOB_GPU_MEMORY_USED_BYTES.name].append((ids + [job.job, job.user], job.used_memory_bytes))
             rows[SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL.name].append((ids + [job.job, job.user], job.sm_seconds_total))
+        member = snap.jobs.get(gpu.uuid)
+        if member is not None and gpu.uuid in snap.collective_wait_seconds:
+            waited = snap.collective_wait_seconds[gpu.uuid]
+            rows[JOB_COLLECTIVE_WAIT_SECONDS_TOTAL.name].append((ids + [member.job, member.rank], waited))
         for process in snap.processes.get(gpu.uuid, ())[: snap.pid_series]:  # sorted by memory: the largest
             if process.used_memory_bytes is not None:
                 labels = [str(process.pid), process.name, process.namespace, process.pod, process.container]
@@ -186,6 +193,15 @@ def _health_rows(snap: Snapshot, rows: Rows) -> None:
         for verdict in verdicts:
             if verdict.check == "bottleneck" and verdict.detail:
                 rows[BOTTLENECK_INFO.name].append((ids + [verdict.detail], 1))
+
+
+def _job_rows(snap: Snapshot, rows: Rows) -> None:
+    index_of = {gpu.uuid: str(gpu.index) for gpu in snap.gpus}
+    for found in snap.collective:
+        uuid = found.straggler or ""
+        member = snap.jobs.get(uuid)
+        labels = [found.job, found.kind, index_of.get(uuid, ""), uuid, member.rank if member else "", found.cause]
+        rows[JOB_FINDING.name].append((labels, 1))
 
 
 def _xid_rows(snap: Snapshot, rows: Rows) -> None:

@@ -43,7 +43,7 @@ from gpuwarden.model.families import (
     THROTTLE_SECONDS_TOTAL,
     UTILIZATION_SAMPLED_SECONDS_TOTAL,
 )
-from gpuwarden.model.snapshot import GpuSnapshot, Verdict
+from gpuwarden.model.snapshot import GpuSnapshot, JobMember, Verdict
 
 OK, WARNING, CRITICAL = 0, 1, 2
 CHECKS = (
@@ -182,6 +182,7 @@ class CheckContext:
     thresholds: Thresholds
     evaluator: HealthEvaluator
     wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
+    peers: int = 0  # other ranks of the job this GPU's main process belongs to (attribution/jobs.py)
 
     def verdict(
         self, level: int, observed: object = "", threshold: object = "", severity: str | None = None, detail: str = ""
@@ -426,17 +427,35 @@ class WindowActivity:
     sm: float
     tensor: float = 0.0
     fp32: float = 0.0
+    fp16: float = 0.0  # the half-precision pipe: bf16/fp16 arithmetic outside the tensor cores
     dram: float = 0.0
     nvlink_bytes_per_second: float = 0.0
     pcie_rx_bytes_per_second: float = 0.0
     busy: float | None = None
 
 
-def bottleneck_class(limits: Thresholds, activity: WindowActivity) -> str:
+def collective_wait(limits: Thresholds, activity: WindowActivity) -> bool:
+    """The signature of a rank spinning in a collective for a late peer: the driver busy (NCCL's kernel is
+    resident), the SMs no busier than NCCL's CTAs (one per channel: 17-24 % of 132 SMs measured), the math pipes
+    idle, the links quiet. Measured on 2x and 4x H200 (docs/diagnosis.md): waiters at 85-99 % busy; single-GPU
+    tiny kernels from Python, the launch-bound look-alike, at 28-31 % busy with 0.3 % SM."""
+    busy = activity.busy
+    return (
+        activity.running
+        and busy is not None
+        and busy >= limits.collective_busy_ratio
+        and activity.sm <= limits.collective_sm_ratio
+        and max(activity.tensor, activity.fp32, activity.fp16) < limits.collective_math_ratio
+        and activity.nvlink_bytes_per_second < limits.bottleneck_nvlink_bytes_per_second
+    )
+
+
+def bottleneck_class(limits: Thresholds, activity: WindowActivity, peers: int = 0) -> str:
     """What a GPU's time goes to over the window: the limit that dominates, compared with the others, not one
     threshold chain. The math pipes are compared with each other (a bf16 job at 22 % tensor and 2 % FP32 is a
-    tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead).
-    The numbers and the jobs that set them: docs/diagnosis.md."""
+    tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead,
+    or, on a GPU with peers in its job, a collective waiting for one of them). `peers`: the other ranks of the
+    GPU's job. The numbers and the jobs that set them: docs/diagnosis.md."""
     if not activity.running:
         return "idle"
     sm, tensor, fp32, dram, busy = activity.sm, activity.tensor, activity.fp32, activity.dram, activity.busy
@@ -444,13 +463,30 @@ def bottleneck_class(limits: Thresholds, activity: WindowActivity) -> str:
     tensor_dominates = (
         tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
     )
+    math_idle = max(tensor, fp32, activity.fp16) < limits.bottleneck_tensor_min_ratio
     if tensor >= limits.bottleneck_tensor_ratio or (tensor_dominates and sm >= limits.bottleneck_sm_idle_ratio):
         return "tensor_bound"
     if dram >= limits.bottleneck_dram_ratio:
         return "memory_bound"
+    if peers and collective_wait(limits, activity):
+        return "collective_wait"
+    # NCCL's own kernels keep SMs 30-60 % active while they move the data: heavy link traffic with the math
+    # pipes idle is communication, whatever the SMs read (measured: 2 GB of gradients a step, SM 46-48 %)
+    if math_idle and nvlink_bps >= limits.bottleneck_nvlink_busy_bytes_per_second:
+        return "communication_bound"
     if sm >= limits.bottleneck_sm_busy_ratio:
-        # FP32 math is the class only where the FP32 pipe carries it: never tell a tensor job to use bf16
-        return "compute_without_tensor" if fp32 > tensor else "mixed"
+        # FP32 training only where the FP32 pipe carries the SMs' time and no half-precision pipe is active:
+        # never tell a job already in bf16 to use bf16. SM-bound work off the math pipes (element-wise,
+        # reductions, softmax, LayerNorm: SM 99 %, FP32 22 %) is its own class, with fusion as the advice.
+        if (
+            fp32 > tensor
+            and fp32 >= limits.bottleneck_fp32_ratio
+            and activity.fp16 < limits.bottleneck_tensor_min_ratio
+        ):
+            return "compute_without_tensor"
+        if tensor < limits.bottleneck_tensor_min_ratio:
+            return "sm_bound_non_matmul"
+        return "mixed"
     if sm < limits.bottleneck_sm_idle_ratio:
         if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
             return "communication_bound"
@@ -463,26 +499,41 @@ def bottleneck_class(limits: Thresholds, activity: WindowActivity) -> str:
     return "mixed"
 
 
-def check_bottleneck(c: CheckContext) -> Verdict:
-    """Information, never paged: the class and the numbers behind it (GPM; "n/a" on GPUs without it)."""
-    limits, history, now = c.thresholds, c.history, c.now
-    window = limits.bottleneck_window_s
+def window_activity(
+    history: _History, values: Values, now: float, window: float
+) -> tuple[WindowActivity, float, float] | None:
+    """What the GPU did over the last `window` seconds (GPM and the driver's busy ratio), with the NVLink and PCIe
+    rates; None where the GPU has no GPM readings yet."""
     sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
     if sm is None:
-        return c.verdict(OK, "n/a", "")
-    tensor = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)), WINDOW, now, window) or 0.0
+        return None
+
+    def pipe(name: str) -> float:
+        return history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, (name,)), WINDOW, now, window) or 0.0
+
     dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
-    fp32 = history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)), WINDOW, now, window) or 0.0
     nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
     pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
-    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    running = values.get((PROCESSES.name, ()), 0) > 0
     busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
-    activity = WindowActivity(running, sm, tensor, fp32, dram, nvlink, pcie_rx, busy)
-    kind = bottleneck_class(limits, activity)
+    activity = WindowActivity(running, sm, pipe("tensor"), pipe("fp32"), pipe("fp16"), dram, nvlink, pcie_rx, busy)
+    return activity, nvlink, pcie_rx
+
+
+def check_bottleneck(c: CheckContext) -> Verdict:
+    """Information, never paged: the class and the numbers behind it (GPM; "n/a" on GPUs without it)."""
+    window = c.thresholds.bottleneck_window_s
+    found = window_activity(c.history, c.values, c.now, window)
+    if found is None:
+        return c.verdict(OK, "n/a", "")
+    activity, nvlink, pcie_rx = found
+    kind = bottleneck_class(c.thresholds, activity, c.peers)
+    busy = activity.busy
     busy_text = "n/a" if busy is None else f"{busy:.0%}"
     observed = (
-        f"{kind}: driver busy {busy_text}, SM {sm:.0%}, tensor {tensor:.0%}, FP32 {fp32:.0%}, DRAM {dram:.0%}, "
-        f"NVLink {nvlink / 1e9:.1f} GB/s, PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
+        f"{kind}: driver busy {busy_text}, SM {activity.sm:.0%}, tensor {activity.tensor:.0%}, FP32 "
+        f"{activity.fp32:.0%}, FP16 {activity.fp16:.0%}, DRAM {activity.dram:.0%}, NVLink {nvlink / 1e9:.1f} GB/s, "
+        f"PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
     )
     # Healthy classes (no process; tensor cores busy) are said by the gauge and the verdict, not as findings of
     # /api/v1/diagnosis: a healthy node has none.
@@ -518,6 +569,18 @@ class HealthEvaluator:
         self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
         self.links_seen_up: dict[str, set[str]] = {}
+        # a short history per GPU for the job view (collective_window_s, ten points): the long one keeps a point
+        # per 15 s at the defaults, too coarse to name a straggler within a minute
+        self._short: dict[str, _History] = {}
+        self._values: dict[str, Values] = {}
+
+    def collective_activity(self, uuid: str, now: float) -> WindowActivity | None:
+        """What the GPU did over the last collective_window_s (None until that window has been watched)."""
+        history, values = self._short.get(uuid), self._values.get(uuid)
+        if history is None or values is None:
+            return None
+        found = window_activity(history, values, now, self.thresholds.collective_window_s)
+        return None if found is None else found[0]
 
     def history_shape(self) -> tuple[float, float]:
         """(spacing, keep) of each GPU's history: one point per spacing, kept for the longest window the checks
@@ -551,6 +614,7 @@ class HealthEvaluator:
         self._began = previous._began
         self._since = previous._since
         self.links_seen_up = previous.links_seen_up
+        self._short, self._values = previous._short, previous._values
 
     def held_for(self, uuid: str, key: str, now: float) -> float:
         """Seconds the condition under `key` has held continuously (0 when it does not hold)."""
@@ -566,7 +630,11 @@ class HealthEvaluator:
         return now - since >= duration
 
     def evaluate(
-        self, gpus: Iterable[GpuSnapshot], xid: dict[tuple[str, int], tuple[int, float]], now: float
+        self,
+        gpus: Iterable[GpuSnapshot],
+        xid: dict[tuple[str, int], tuple[int, float]],
+        now: float,
+        jobs: dict[str, JobMember] | None = None,
     ) -> dict[str, tuple[Verdict, ...]]:
         result: dict[str, tuple[Verdict, ...]] = {}
         limits = self.thresholds
@@ -577,11 +645,20 @@ class HealthEvaluator:
             values = _values(gpu)
             history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
             history.add(now, values)
+            window = limits.collective_window_s
+            short = self._short.get(gpu.uuid) or self._short.setdefault(
+                gpu.uuid, _History(max(window / 10, 0.5), window * 1.2 + 1)
+            )
+            short.spacing, short.keep = max(window / 10, 0.5), window * 1.2 + 1  # a reload may change the window
+            short.add(now, values)
+            self._values[gpu.uuid] = values
             exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
             nvlink = gpu.info.nvlink
             wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
+            member = (jobs or {}).get(gpu.uuid)
+            peers = member.peers if member is not None else 0
             result[gpu.uuid] = tuple(
-                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired))
+                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired, peers))
                 for name, check in CHECK_FUNCTIONS.items()
             )
         return self._stamp(result, now)

@@ -131,6 +131,19 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
         "checkpoints), every thread asleep (waiting on peers or the network: find the slowest rank); "
         "`py-spy dump --pid PID` shows where each thread is.",
     ),
+    "sm_bound_non_matmul": (
+        "The SMs are busy but neither the tensor cores nor the FP32 pipe carries their time: element-wise work, "
+        "reductions, softmax and normalisation kernels, each bound by memory traffic or latency. Precision is not "
+        "the lever: a bf16 LayerNorm + softmax job reads SM 99 % with FP32 22 % and tensor 2 %.",
+        "Fuse the kernels: torch.compile, fused attention (FlashAttention, scaled_dot_product_attention), fused "
+        "LayerNorm/RMSNorm and fused optimizers (AdamW(fused=True)); profile a step to find the largest kernels.",
+    ),
+    "collective_wait": (
+        "The GPU spins in a collective: NCCL's kernel is resident (the driver counts it busy, the SMs read its "
+        "CTAs' share), the math pipes are idle and the links quiet. It waits for another rank of its job.",
+        "Fix the rank it waits for: see the job's straggler finding on this node, or the fleet's job view when "
+        "the job spans nodes; nothing on this GPU needs changing.",
+    ),
     "launch_bound": (
         "The driver reports a kernel running much of the time while the SMs barely work: many tiny kernels launched "
         "one by one from Python (launch overhead), or latency-bound kernels.",
@@ -155,9 +168,23 @@ class Finding:
     likely_cause: str
     recommended_action: str
     holders: tuple[dict[str, object], ...] = ()  # processes holding the GPU's memory, largest first
+    job: dict[str, object] | None = None  # a job finding's structure: the job, straggler, cause, waiters
 
 
 # What a waiting GPU's main process does on the host → the cause and action (shares of the samples; docs/diagnosis.md)
+CHECKPOINT_BYTES_PER_SECOND = 50e6  # a main process writing this fast to storage while its GPU waits: a checkpoint
+CHECKPOINT = (
+    "Checkpointing: the job's main process writes to storage while the GPU waits (the training loop stops for "
+    "the save).",
+    "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save, FSDP sharded state dicts), "
+    "checkpoint less often, or write to faster local storage and copy off in the background.",
+)
+IDLE_HOLDER = (
+    "An idle holder: a process with no peers in any job holds the GPU's memory and sleeps (a notebook kernel, "
+    "a finished or stuck job, a debugger).",
+    "Ask its owner to release it, or end it; schedule notebooks on shared or fractional GPUs, and set an idle "
+    "timeout on interactive sessions.",
+)
 WAITING_CAUSES: tuple[tuple[str, float, str, str], ...] = (
     (
         "io_wait",
@@ -193,18 +220,25 @@ WAITING_CAUSES: tuple[tuple[str, float, str, str], ...] = (
 )
 
 
-def waiting_cause(evidence: HostEvidence | None, cause: str, action: str) -> tuple[str, str]:
+def waiting_cause(evidence: HostEvidence | None, cause: str, action: str, peers: int | None = None) -> tuple[str, str]:
     """The cause of a `waiting` GPU from the host's evidence where /proc shows its process; the GPU-side text
-    (which lists the candidates) otherwise, saying what could not be seen."""
+    (which lists the candidates) otherwise, saying what could not be seen. `peers`: other ranks of the GPU's job
+    (None: unknown); a sleeping process with none waits on no one."""
     if evidence is None or evidence.samples < 3:
         return cause + " Host evidence: none (the host's /proc is not mounted, or not yet sampled).", action
+    written = evidence.write_bytes_per_second
+    seen = (
+        f" Host evidence (PID {evidence.pid}, {evidence.samples} samples): main thread running "
+        f"{evidence.main_running:.0%}, I/O wait {evidence.io_wait:.0%}, workers running "
+        f"{evidence.workers_running:.0%} ({evidence.workers} workers), all asleep {evidence.asleep:.0%}"
+        + ("." if written is None else f", writing {written / 1e6:.0f} MB/s to storage.")
+    )
+    if written is not None and written >= CHECKPOINT_BYTES_PER_SECOND:
+        return CHECKPOINT[0] + seen, CHECKPOINT[1]
     for share, limit, found_cause, found_action in WAITING_CAUSES:
         if getattr(evidence, share) >= limit:
-            seen = (
-                f" Host evidence (PID {evidence.pid}, {evidence.samples} samples): main thread running "
-                f"{evidence.main_running:.0%}, I/O wait {evidence.io_wait:.0%}, workers running "
-                f"{evidence.workers_running:.0%} ({evidence.workers} workers), all asleep {evidence.asleep:.0%}."
-            )
+            if share == "asleep" and peers == 0:
+                return IDLE_HOLDER[0] + seen, IDLE_HOLDER[1]
             return found_cause + seen, found_action
     return cause + f" Host evidence (PID {evidence.pid}) shows no single cause.", action
 
@@ -241,7 +275,9 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             if verdict.check == "bottleneck":
                 cause, action = BOTTLENECK_ADVICE[verdict.detail]
                 if verdict.detail == "waiting":
-                    cause, action = waiting_cause(snapshot.host_evidence.get(gpu.uuid), cause, action)
+                    member = snapshot.jobs.get(gpu.uuid)
+                    peers = None if member is None else member.peers
+                    cause, action = waiting_cause(snapshot.host_evidence.get(gpu.uuid), cause, action, peers)
             else:  # a check's own detail where it has advice of its own (page retirement under row_remap)
                 cause, action = ADVICE.get(verdict.detail) or ADVICE[verdict.check]
             observed, holders = verdict.observed, ()
@@ -267,6 +303,7 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             )
     findings += _process_exits(snapshot)
     findings += _nvlink_missing(snapshot)
+    findings += job_findings(snapshot)
     order = {"critical": 0, "warning": 1, "info": 2}
     return sorted(findings, key=lambda f: (order.get(f.severity, 3), -1 if f.gpu is None else f.gpu, f.check))
 
@@ -365,6 +402,112 @@ def _nvlink_missing(snapshot: Snapshot) -> list[Finding]:
         else "Expected on PCIe cards; for multi-GPU training choose SXM/NVLink nodes or install NVLink bridges."
     )
     return [Finding(None, None, "nvlink_topology", severity, "no NV# pair", "NV# between GPUs", cause, action)]
+
+
+# a job's straggler or hang (health/collective.py): cause → (what it means, what to do)
+STRAGGLER_CAUSES: dict[str, tuple[str, str]] = {
+    "cpu": (
+        "A CPU-bound rank: its main thread runs on the CPU nearly all the time while its GPU idles, and the other "
+        "ranks spin in the next collective until it arrives (their processes spin a core too: the GPU side tells "
+        "them apart).",
+        "Find the Python work only this rank does (logging, metrics, evaluation, preprocessing on rank 0): move it "
+        "off the step or onto every rank evenly; `py-spy dump --pid PID` on the straggler shows where it is.",
+    ),
+    "input": (
+        "An input-bound rank: its DataLoader workers are busy all the time and its GPU waits for batches, while "
+        "the other ranks wait for it in the collective.",
+        "More DataLoader workers on that rank's node (num_workers), pin_memory, a local cache; check that rank's "
+        "shard of the data set and the node's CPU and storage.",
+    ),
+    "io": (
+        "A rank waiting on storage: its threads are in D state (a checkpoint written by one rank, data read from "
+        "slow or remote storage) while the others wait for it.",
+        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save), faster or local storage "
+        "for that node.",
+    ),
+    "slower_gpu": (
+        "A slower GPU: it still computes while the others wait (lower clocks, throttling, a power cap, or another "
+        "process computing on it).",
+        "Compare its clocks and clock-event reasons (`nvidia-smi -q -d PERFORMANCE`), move a co-located process, "
+        "fix cooling or the power limit; drain the GPU if it stays slow.",
+    ),
+    "unknown": (
+        "A rank the others wait for; what holds it back could not be seen from the host.",
+        "`py-spy dump --pid PID` on the straggler, and its node's CPU, storage and network.",
+    ),
+    "off_node": (
+        "Every rank of the job on this node waits in a collective: the rank holding the job back runs on another node.",
+        "Open the fleet's job view (`gpuwarden fleet`, /api/v1/fleet/jobs): it names the straggler node and GPU.",
+    ),
+}
+HANG = (
+    "A collective hang: the job's ranks spin in a collective and nothing has moved over the links for "
+    "collective_hang_for_s: a rank died, deadlocked, or called a different collective.",
+    "Dump every rank's stacks (`py-spy dump --pid PID`), the odd one out first where one is named; enable "
+    "NCCL_DEBUG=INFO and the process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING) so a hang fails fast; "
+    "restart the job from its last checkpoint.",
+)
+
+
+def job_findings(snapshot: Snapshot) -> list[Finding]:
+    """One finding per job whose GPUs disagree: the straggler (or hang) named, with its cause and the waiters."""
+    by_uuid = {gpu.uuid: gpu for gpu in snapshot.gpus}
+    findings = []
+    for found in snapshot.collective:
+        straggler = by_uuid.get(found.straggler) if found.straggler else None
+        member = snapshot.jobs.get(found.straggler or "")
+        holder = snapshot.processes.get(found.straggler or "", ())
+        main = next((p for p in holder if member is not None and p.pid == member.pid), None)
+        who = None
+        if straggler is not None and member is not None:
+            who = {
+                "gpu": straggler.index,
+                "uuid": straggler.uuid,
+                "pid": member.pid,
+                "rank": member.rank,
+                "namespace": main.namespace if main else "",
+                "pod": main.pod if main else "",
+                "slurm_job": main.slurm_job if main else "",
+            }
+        waiters = [
+            {"gpu": by_uuid[u].index if u in by_uuid else None, "uuid": u, "wait_share": share}
+            for u, share in found.waiting
+        ]
+        waiting_text = ", ".join(f"GPU {w['gpu']} {w['wait_share']:.0%}" for w in waiters)  # type: ignore[str-format]
+        if found.kind == "collective_hang":
+            cause, action = HANG
+            check, severity = "collective_hang", "warning"
+        else:
+            cause, action = STRAGGLER_CAUSES.get(found.cause, STRAGGLER_CAUSES["unknown"])
+            check, severity = ("straggler", "warning") if found.kind == "straggler" else ("waiting_elsewhere", "info")
+        subject = "no GPU on this node" if who is None else (
+            f"GPU {who['gpu']} ({who['uuid']}, pid {who['pid']}, rank {who['rank']}"
+            + (f", {who['namespace']}/{who['pod']}" if who["pod"] else "")
+            + (f", Slurm job {who['slurm_job']}" if who["slurm_job"] else "")
+            + ")"
+        )  # fmt: skip
+        observed = (
+            f"job {found.job}: {subject} holds the others back ({found.cause}: {found.cause_detail}); "
+            f"waiting: {waiting_text}"
+        )
+        if found.kind == "collective_hang" and who is None:
+            observed = f"job {found.job}: {found.cause_detail}; spinning: {waiting_text}"
+        structure = {"job": found.job, "kind": found.kind, "straggler": who, "cause": found.cause,
+                     "waiting": waiters, "since": found.since}  # fmt: skip
+        findings.append(
+            Finding(
+                None if straggler is None else straggler.index,
+                found.straggler,
+                check,
+                severity,
+                observed,
+                "a job's GPUs wait alike",
+                cause,
+                action,
+                job=structure,
+            )
+        )
+    return findings
 
 
 def as_json(snapshot: Snapshot, findings: list[Finding]) -> dict[str, object]:

@@ -122,6 +122,24 @@ class Thresholds:
     bottleneck_sm_idle_ratio: float = setting(0.3, gt=0, le=1)  # SMs below this: waiting on something
     bottleneck_nvlink_bytes_per_second: float = setting(10e9, gt=0)  # NVLink traffic that means communication
     bottleneck_pcie_bytes_per_second: float = setting(5e9, gt=0)  # host→device traffic that means transfers
+    # FP32 training is told to use bf16 only where the FP32 pipe carries this share (FP32 matmul on H100: 77 %);
+    # a bf16 LayerNorm + softmax job reads FP32 22 % with SMs at 99 %: fusion, not bf16, is its advice
+    bottleneck_fp32_ratio: float = setting(0.4, gt=0, le=1)
+    # NVLink traffic this heavy with the math pipes idle is communication even while NCCL's kernels keep the SMs
+    # 30-60 % active (DDP with 2 GB of gradients a step on 2x H200: SM 46-48 %, NVLink 117-122 GB/s per GPU)
+    bottleneck_nvlink_busy_bytes_per_second: float = setting(50e9, gt=0)
+    # jobs across GPUs (health/collective.py): judged over a window short enough to name a straggler within 60 s
+    collective_window_s: int = setting(30, ge=5, le=600)
+    # a rank spinning in a collective: driver busy at least this share (waiters measured at 85-99 %; single-GPU
+    # tiny kernels, the launch-bound look-alike, at 28-31 %), SMs no busier than NCCL's CTAs (one per channel,
+    # 17-24 % measured at the default channel counts; 32 channels on 132 SMs is 24 %), math pipes below this
+    collective_busy_ratio: float = setting(0.6, gt=0, le=1)
+    collective_sm_ratio: float = setting(0.35, gt=0, le=1)
+    collective_math_ratio: float = setting(0.05, gt=0, le=1)
+    # a straggler is named once the job's GPUs have disagreed this long (a checkpoint written by rank 0 between
+    # steps is shorter), and a whole job spinning in a collective with quiet links this long is a hang
+    collective_straggler_for_s: int = setting(20, ge=0)
+    collective_hang_for_s: int = setting(60, ge=0)
     # the exporter itself
     exporter_down_for_s: int = setting(300, ge=0)
     exporter_absent_for_s: int = setting(900, ge=0)

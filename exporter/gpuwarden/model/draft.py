@@ -13,9 +13,11 @@ from typing import Protocol
 
 from gpuwarden.model.snapshot import (
     Allocation,
+    CollectiveFinding,
     ContainerUsage,
     GpuSnapshot,
     HostEvidence,
+    JobMember,
     JobUsage,
     PeerLink,
     ProcessExit,
@@ -53,6 +55,9 @@ class Draft:
     lost_holders: dict[str, tuple[ProcessView, ...]] = field(default_factory=dict)
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
+    jobs: dict[str, JobMember] = field(default_factory=dict)
+    collective_wait_seconds: dict[str, float] = field(default_factory=dict)
+    collective: tuple[CollectiveFinding, ...] = ()
     # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

@@ -271,7 +271,8 @@ BOTTLENECK_INFO = _f(
     "gpuwarden_bottleneck_info",
     "gauge",
     "What the GPU's time went to over the bottleneck window (GPM): idle, tensor_bound, memory_bound, "
-    "compute_without_tensor, communication_bound, host_transfer_bound, launch_bound, waiting or mixed; always 1.",
+    "compute_without_tensor, sm_bound_non_matmul, communication_bound, host_transfer_bound, collective_wait, "
+    "launch_bound, waiting or mixed; always 1.",
     "class",
 )
 # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background
@@ -343,6 +344,31 @@ SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL = _f(
     "job",
     "user",
     unit="seconds",
+)
+# jobs across GPUs (attribution/jobs.py, health/collective.py): `job_id` is the same on every node of a job where a
+# launcher or Slurm set one (slurm/<id>, <namespace>/<MASTER_ADDR>:<port>[/<run id>]), else local/...; not `job`,
+# which Prometheus keeps for the scrape job
+JOB_COLLECTIVE_WAIT_SECONDS_TOTAL = _f(
+    "gpuwarden_job_collective_wait_seconds_total",
+    "counter",
+    "Seconds the GPU's main process spent spinning in a collective, waiting for another rank of its job (GPUs of "
+    "multi-GPU jobs only): rate() is the share of time it waits; the rank with the lowest share holds the others.",
+    "job_id",
+    "rank",
+    unit="seconds",
+)
+JOB_FINDING = _f(
+    "gpuwarden_job_finding",
+    "gauge",
+    "1 while a job on this node has a straggler (kind=straggler: gpu, uuid and rank name it, cause says why), is "
+    "hung in a collective (collective_hang), or waits for a rank on another node (waiting_elsewhere).",
+    "job_id",
+    "kind",
+    "gpu",
+    "uuid",
+    "rank",
+    "cause",
+    per_gpu=False,
 )
 PROCESS_GPU_MEMORY_USED_BYTES = _f(
     "gpuwarden_process_gpu_memory_used_bytes",

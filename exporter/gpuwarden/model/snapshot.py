@@ -174,6 +174,40 @@ class HostEvidence:
     workers_running: float
     asleep: float
     workers: int
+    write_bytes_per_second: float | None = None  # to storage, over the samples (None: /proc/PID/io unreadable)
+
+
+@dataclass(frozen=True, slots=True)
+class JobMember:
+    """The job a GPU's main process belongs to, as the host shows it (exporter/gpuwarden/attribution/jobs.py): a key
+    the same on every node where a launcher or Slurm set one (`local/...` where only this node's process tree or pod
+    groups the GPUs), the rank where the launcher set it, and the job's GPUs on this node."""
+
+    job: str
+    rank: str  # "unknown" where the launcher sets ranks inside the program (torch.multiprocessing.spawn)
+    world_size: int | None  # ranks in the whole job, where the launcher said
+    source: str  # slurm, torchrun, rendezvous, process (one process, several GPUs), pod, tree
+    pid: int
+    local_gpus: tuple[str, ...]  # UUIDs of the job's GPUs on this node, this one included
+
+    @property
+    def peers(self) -> int:
+        """Other ranks of the job: on this node, or on others where the world size says so."""
+        return max(len(self.local_gpus), self.world_size or 0) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFinding:
+    """A job whose GPUs disagree (exporter/gpuwarden/health/collective.py): the GPU the others wait for and why,
+    or a whole job stuck in a collective."""
+
+    job: str
+    kind: str  # straggler | collective_hang | waiting_elsewhere
+    straggler: str | None  # UUID of the GPU the others wait for (None: a hang with no odd one out, or off-node)
+    cause: str  # cpu | input | io | slower_gpu | unknown
+    cause_detail: str  # the numbers behind the cause
+    waiting: tuple[tuple[str, float], ...]  # (UUID, share of the window spent waiting), the waiters
+    since: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +310,10 @@ class Snapshot:
     # uuid → what the host shows of the main process of a GPU whose class is `waiting` (where /proc is mounted)
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
+    jobs: dict[str, JobMember] = field(default_factory=dict)  # uuid → the job of its main process
+    # uuid → seconds its main process spent waiting in collectives (a counter; GPUs of multi-GPU jobs only)
+    collective_wait_seconds: dict[str, float] = field(default_factory=dict)
+    collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs
     # GPUs NVML counts that discovery could not open (index → gpu_is_lost, no_permission, timeout): not in `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

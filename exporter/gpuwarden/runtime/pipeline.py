@@ -22,12 +22,14 @@ from typing import Any
 from gpuwarden.attribution import podresources
 from gpuwarden.attribution.evidence import HostEvidenceStep
 from gpuwarden.attribution.host import HostProcesses
+from gpuwarden.attribution.jobs import JobsStep
 from gpuwarden.attribution.pods import PodsStep
 from gpuwarden.attribution.processes import ProcessesStep
 from gpuwarden.collect.poller import Poller, PollPlan
 from gpuwarden.collect.readers import Reader, all_readers
 from gpuwarden.config.settings import Settings
 from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.collective import CollectiveStep
 from gpuwarden.health.step import HealthStep
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.model.draft import EnrichmentStep
@@ -104,12 +106,22 @@ class Pipeline:
         self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
         self.evidence = HostEvidenceStep(self.host.proc_root)
+        self.jobs = JobsStep(self.host.proc_root)
+        self.collective = CollectiveStep(lambda: self.health)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
         self._running = False
 
     def _steps(self) -> tuple[EnrichmentStep, ...]:
-        """The enrichment stages in order: host evidence reads the verdicts, processes the pods."""
-        return (HealthStep(self.health), PodsStep(self.pods), self.processes, self.evidence)
+        """The enrichment stages in order: processes read the pods, jobs the processes, health the jobs (a GPU with
+        peers can be waiting in a collective), host evidence the verdicts and jobs, the job view all of them."""
+        return (
+            PodsStep(self.pods),
+            self.processes,
+            self.jobs,
+            HealthStep(self.health),
+            self.evidence,
+            self.collective,
+        )
 
     def _pid_series(self) -> int:
         """Per-PID series per GPU (0: off), read per snapshot from the settings in force."""
@@ -174,6 +186,7 @@ class Pipeline:
                 self.host = HostProcesses(*host_paths)
                 self.processes = ProcessesStep(self.host, self._pid_series)
                 self.evidence = HostEvidenceStep(self.host.proc_root)
+                self.jobs = JobsStep(self.host.proc_root)
             self.settings = new
             return self._steps()
 
