@@ -13,7 +13,8 @@ there; proc_pid_environ(5)), readable with the same UID or CAP_SYS_PTRACE. What 
 
 The job key is the same on every node of a job, so the fleet can join a job's nodes: the Slurm job, else the
 rendezvous (MASTER_ADDR:MASTER_PORT, with the torchrun run id and restart count where set), qualified by the pod's
-namespace (a loopback rendezvous, as single-node jobs use, is this node's only: `local/...`). Reads are bounded; a value that is not printable ASCII is dropped, never exported.
+namespace (a loopback rendezvous, as single-node jobs use, is this node's only: `local/...`). Reads are bounded; a
+value that is not printable ASCII is dropped, never exported.
 """
 
 from __future__ import annotations
