@@ -4,6 +4,8 @@ One script, several jobs (`--job`):
 - `transformer`: a transformer encoder language-model step loop (AdamW, grad clipping, a DataLoader with worker
   processes and pinned memory, a checkpoint every `--checkpoint-every` steps), bf16 autocast or FP32; under
   `torch.distributed.run` it is DistributedDataParallel over NCCL, one rank per GPU;
+  `--slow-rank R --slow-kind cpu|sleep|input|hang --slow-after S` makes rank R a straggler from S s on: Python CPU
+  work each step, a sleep, a starved DataLoader (two workers, `--slow-seconds` of CPU per sample), or a hang;
 - `fill`: takes `--fill-share` of the GPU's free memory through PyTorch's allocator, touches it, and holds it.
 
 Run for `--seconds`, then exit 0. Examples (2 GPUs):
@@ -26,15 +28,41 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 class TokenStream(Dataset):
     """Random token sequences made on the CPU in the loader's workers, as a tokenised corpus would be read."""
 
-    def __init__(self, length: int, seq: int, vocab: int) -> None:
+    def __init__(self, length: int, seq: int, vocab: int, onset: Onset | None = None, cost: float = 0.0) -> None:
         self.length, self.seq, self.vocab = length, seq, vocab
+        self.onset, self.cost = onset, cost  # a starved loader: from the onset on, `cost` s of CPU per sample
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> torch.Tensor:
+        if self.onset is not None and self.onset.passed():  # decoding grew expensive (larger images, a tokenizer)
+            _spin(self.cost)
         generator = torch.Generator().manual_seed(index)
         return torch.randint(0, self.vocab, (self.seq + 1,), generator=generator)
+
+
+class Onset:
+    """When the straggler starts: `after` seconds from the job's start, or the wall-clock instant a driver writes
+    into `path` once the job runs (bench/straggler_suite.py), whichever is given."""
+
+    def __init__(self, after: float, path: str | None) -> None:
+        self.at = None if path else time.time() + after
+        self.path = path
+
+    def passed(self) -> bool:
+        if self.at is None and self.path and os.path.exists(self.path):
+            with open(self.path) as handle:
+                self.at = float(handle.read() or "inf")
+        return self.at is not None and time.time() >= self.at
+
+
+def _spin(seconds: float) -> None:
+    """CPU work in Python for `seconds` (a preprocessing step, not a sleep: the thread runs)."""
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        total += sum(range(200))
 
 
 class LanguageModel(nn.Module):
@@ -63,14 +91,17 @@ def transformer(args: argparse.Namespace) -> None:
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[local])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = TokenStream(10_000_000, args.seq, args.vocab)
+    onset = Onset(args.slow_after, args.onset_file)
+    straggling = args.slow_rank is not None and rank == args.slow_rank
+    slow_input = straggling and args.slow_kind == "input"
+    data = TokenStream(10_000_000, args.seq, args.vocab, onset if slow_input else None, args.slow_seconds)
     sampler = DistributedSampler(data, world, rank, shuffle=True) if distributed else None
     loader = DataLoader(
         data,
         batch_size=args.batch,
         sampler=sampler,
         shuffle=sampler is None,
-        num_workers=args.workers,
+        num_workers=2 if slow_input else args.workers,
         pin_memory=True,
         drop_last=True,
         persistent_workers=args.workers > 0,
@@ -80,8 +111,14 @@ def transformer(args: argparse.Namespace) -> None:
     started = time.monotonic()
     for step, tokens in enumerate(loader, start=1):
         tokens = tokens.to(device, non_blocking=True)
-        if args.slow_rank is not None and rank == args.slow_rank:
-            time.sleep(args.slow_seconds)  # a straggler: this rank's host side is late every step
+        if straggling and onset.passed():
+            if args.slow_kind == "sleep":
+                time.sleep(args.slow_seconds)  # a straggler: this rank's host side is late every step
+            elif args.slow_kind == "cpu":
+                _spin(args.slow_seconds)  # Python work only this rank does (metrics, logging, evaluation)
+            elif args.slow_kind == "hang":
+                print(f"rank {rank} hangs", flush=True)
+                time.sleep(86400)  # a deadlock in this rank's host code: the others wait in the next all-reduce
         with autocast:
             logits = model(tokens[:, :-1])
             loss = loss_fn(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
@@ -140,6 +177,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-path", default="/tmp/gpuwarden-train-ckpt.pt")
     parser.add_argument("--slow-rank", type=int)
     parser.add_argument("--slow-seconds", type=float, default=0.2)
+    parser.add_argument("--slow-after", type=float, default=0.0, help="seconds before the straggler starts")
+    parser.add_argument("--onset-file", help="the straggler starts at the wall time written here (by a driver)")
+    parser.add_argument("--slow-kind", choices=["sleep", "cpu", "input", "hang"], default="sleep")
     parser.add_argument("--fill-share", type=float, default=0.95)
     args = parser.parse_args()
     (fill if args.job == "fill" else transformer)(args)
