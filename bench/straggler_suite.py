@@ -102,6 +102,8 @@ def run(
     if hog is not None:
         hog.kill()
         hog.wait()
+    with (out / f"{name}.samples.jsonl").open("w") as handle:  # what the exporter said, every 2 s
+        handle.writelines(json.dumps(sample) + "\n" for sample in samples)
     return summarise(name, kind, rank, samples)
 
 

@@ -56,6 +56,7 @@ class CollectiveStep:
         self._waits: dict[str, deque[tuple[float, float]]] = {}  # uuid → (time, total) over the window
         self._last_at: float | None = None
         self._since: dict[tuple[str, str, str | None], float] = {}  # (job, kind, straggler) → first seen
+        self._job_seen: dict[str, float] = {}  # job → when its GPUs were first seen together
 
     def __call__(self, draft: Draft) -> None:
         evaluator = self._evaluator()
@@ -69,8 +70,12 @@ class CollectiveStep:
         findings: list[CollectiveFinding] = []
         seen: set[tuple[str, str, str | None]] = set()
         totals: dict[tuple[str, str], float] = {}
+        self._job_seen = {job: self._job_seen.get(job, now) for job in jobs}
         for job, uuids in sorted(jobs.items()):
-            activity = {uuid: evaluator.collective_activity(uuid, now) for uuid in uuids}
+            # a GPU's window may still hold the job before this one (killed and restarted on the same GPUs): the job
+            # is judged once the whole window lies in its own life
+            watched = now - self._job_seen[job] >= limits.collective_window_s
+            activity = {uuid: evaluator.collective_activity(uuid, now) if watched else None for uuid in uuids}
             waiting = {u for u, a in activity.items() if a is not None and collective_wait(limits, a)}
             for uuid in uuids:
                 key = (uuid, job)

@@ -122,6 +122,11 @@ class FindingModel(BaseModel):
     holders: list[dict[str, Any]] = Field(
         default_factory=list, description="processes holding the GPU's memory, largest first (memory findings)"
     )
+    job: dict[str, Any] | None = Field(
+        None,
+        description="a job finding's structure (straggler, collective_hang, waiting_elsewhere): job, kind, the "
+        "straggler (gpu, uuid, pid, rank, pod, slurm_job), cause, the waiting GPUs with their wait shares, since",
+    )
 
 
 class Diagnosis(BaseModel):
