@@ -8,10 +8,12 @@ mkdir -p "$out/proc"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,driver_version --format=csv > "$out/gpus.csv"
 python3 -c "import torch; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version())" > "$out/torch.txt" 2>&1
+if [ "${RECORD:-1}" = 1 ]; then
 timeout 60 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/record_proc.py "$out/proc/torchrun-standalone" > "$out/proc/torchrun-standalone.log" 2>&1
 timeout 60 python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29411 \
   --rdzv-id llama7b-ft bench/record_proc.py "$out/proc/torchrun-c10d" > "$out/proc/torchrun-c10d.log" 2>&1
 timeout 60 python3 bench/record_proc.py "$out/proc/mp-spawn" --spawn 2 > "$out/proc/mp-spawn.log" 2>&1
+fi
 python3 bench/straggler_suite.py --gpus "$gpus" --out "$out/suite" --runs "$runs" ${SUITE_ARGS:-} 2>&1 | tee "$out/suite.log"
 [ -n "${OUT:-}" ] && tar czf "$OUT/$(basename "$out").tgz" -C "$(dirname "$out")" "$(basename "$out")"
 exit 0

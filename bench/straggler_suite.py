@@ -145,11 +145,10 @@ def main() -> None:
     results = []
     try:
         for spec in args.runs.split(","):
-            kind, _, rank = spec.partition(":")
+            kind, rank, seconds = (spec.split(":") + ["", ""])[:3]  # kind:rank[:seconds of straggling]
             extra = ["--checkpoint-every", "5"] if kind == "balanced" else []
-            result = run(
-                args.out, args.gpus, kind, int(rank) if rank else None, args.balanced_s, args.straggle_s, extra
-            )
+            straggle = float(seconds) if seconds else args.straggle_s
+            result = run(args.out, args.gpus, kind, int(rank) if rank else None, args.balanced_s, straggle, extra)
             results.append(result)
             print(json.dumps(result), flush=True)
             with (args.out / "results.jsonl").open("a") as handle:
