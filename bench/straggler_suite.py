@@ -146,7 +146,7 @@ def main() -> None:
     try:
         for spec in args.runs.split(","):
             kind, rank, seconds = (spec.split(":") + ["", ""])[:3]  # kind:rank[:seconds of straggling]
-            extra = ["--checkpoint-every", "5"] if kind == "balanced" else []
+            extra = ["--checkpoint-every", "100"] if kind == "balanced" else []  # a checkpoint every ~15 s
             straggle = float(seconds) if seconds else args.straggle_s
             result = run(args.out, args.gpus, kind, int(rank) if rank else None, args.balanced_s, straggle, extra)
             results.append(result)
