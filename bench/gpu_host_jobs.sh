@@ -14,6 +14,6 @@ timeout 60 python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 --rdzv
   --rdzv-id llama7b-ft bench/record_proc.py "$out/proc/torchrun-c10d" > "$out/proc/torchrun-c10d.log" 2>&1
 timeout 60 python3 bench/record_proc.py "$out/proc/mp-spawn" --spawn 2 > "$out/proc/mp-spawn.log" 2>&1
 fi
-python3 bench/straggler_suite.py --gpus "$gpus" --out "$out/suite" --runs "$runs" ${SUITE_ARGS:-} 2>&1 | tee "$out/suite.log"
+timeout "${SUITE_TIMEOUT:-3600}" python3 bench/straggler_suite.py --gpus "$gpus" --out "$out/suite" --runs "$runs" ${SUITE_ARGS:-} 2>&1 | tee "$out/suite.log"
 [ -n "${OUT:-}" ] && tar czf "$OUT/$(basename "$out").tgz" -C "$(dirname "$out")" "$(basename "$out")"
 exit 0

@@ -71,6 +71,10 @@ def run(
         seconds = {"cpu": "0.3", "sleep": "0.3", "input": "0.04", "hang": "0"}[kind]
         command += ["--slow-rank", str(rank), "--slow-kind", kind, "--slow-seconds", seconds, "--onset-file",
                     str(onset_file)]  # fmt: skip
+    for _ in range(60):  # the last run's ranks gone from every GPU: a new job never shares a GPU with a dying one
+        if not any(g.get("processes") for g in get("/api/v1/gpus")["gpus"]):
+            break
+        time.sleep(1)
     job_log = (out / f"{name}.job.log").open("w")
     started = time.time()
     job = subprocess.Popen(command, stdout=job_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -248,3 +248,16 @@ def test_lone_processes_have_no_peers_and_get_no_job_finding(sim, tmp_path):
         pipeline.stop(timeout=0.2)
     assert all(m.peers == 0 for m in snapshot.jobs.values()) and not snapshot.collective
     assert {m.job for m in snapshot.jobs.values()} == {f"local/pid-{pid}" for pid in PIDS}
+
+
+@pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
+def test_a_rank_that_stops_is_a_straggler_first_and_then_the_hang_names_it(sim, tmp_path):
+    stopped = {"utilization": 0, "sm_active": 0, "tensor_active": 0, "fp32_active": 0, "dram_active": 0}
+    scenario = job_scenario({0: HUNG, 1: HUNG, 2: stopped, 3: HUNG}, nvlink_after=0)
+    _, timeline = run_job(sim, tmp_path, scenario, ONSET + 110, running=("R", "R", "S", "R"))
+    named, hang = first(timeline, "straggler"), first(timeline, "collective_hang")
+    assert named is not None and hang is not None and named - ONSET <= 60 and 60 <= hang - ONSET <= 100, (named, hang)
+    assert all(not any(f.check == "straggler" for f in findings) for t, findings, _ in timeline if t >= hang)
+    _, findings, _ = timeline[-1]
+    (finding,) = findings
+    assert finding.gpu == 2 and finding.job["straggler"]["rank"] == "2" and finding.check == "collective_hang"

@@ -9,7 +9,8 @@ Per job with GPUs on this node (attribution/jobs.py), over `collective_window_s`
   process does on the host (CPU-bound main thread, input-bound loader workers, I/O), else unknown;
 - all of the job's GPUs here wait: where the job has ranks on other nodes (its world size says so) the straggler is
   elsewhere (the fleet view names it); where it has none, and the links have carried nothing for
-  `collective_hang_for_s`, it is a **collective hang**. A hang where one GPU does not spin names that one too.
+  `collective_hang_for_s`, it is a **collective hang**. A rank that stops (a deadlock in its host code) is named a
+  straggler first, and the finding becomes a hang, still naming it, once the links have been quiet that long.
 The seconds each GPU spent waiting are a counter (gpuwarden_job_collective_wait_seconds_total), so the fleet can
 compare a job's nodes through Prometheus.
 """
@@ -85,13 +86,21 @@ class CollectiveStep:
             finding = self._judge(draft, limits, job, uuids, waiting, activity)  # type: ignore[arg-type]
             if finding is None:
                 continue
-            condition = (job, finding.kind, finding.straggler)
-            seen.add(condition)
-            since = self._since.setdefault(condition, now)
-            hold = (
-                limits.collective_hang_for_s if finding.kind == "collective_hang" else limits.collective_straggler_for_s
-            )
-            if now - since >= hold:
+            # a hung rank is a straggler first; once the links have been quiet for collective_hang_for_s, a hang
+            quiet = finding.kind == "collective_hang"
+            disagree = (job, "disagree", finding.straggler)
+            seen.add(disagree)
+            since = self._since.setdefault(disagree, now)
+            if quiet:
+                seen.add((job, "quiet", finding.straggler))
+                quiet_since = self._since.setdefault((job, "quiet", finding.straggler), now)
+                if now - quiet_since < limits.collective_hang_for_s:
+                    if finding.straggler is None:
+                        continue
+                    finding = replace(finding, kind="straggler")
+                else:
+                    since = quiet_since
+            if now - since >= limits.collective_straggler_for_s:
                 shares = self._shares(finding.waiting, job, totals, now, limits.collective_window_s)
                 findings.append(replace(finding, since=since, waiting=shares))
         self._since = {k: v for k, v in self._since.items() if k in seen}

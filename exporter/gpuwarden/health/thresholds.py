@@ -129,7 +129,7 @@ class Thresholds:
     # 30-60 % active (DDP with 2 GB of gradients a step on 2x H200: SM 46-48 %, NVLink 117-122 GB/s per GPU)
     bottleneck_nvlink_busy_bytes_per_second: float = setting(50e9, gt=0)
     # jobs across GPUs (health/collective.py): judged over a window short enough to name a straggler within 60 s
-    collective_window_s: int = setting(30, ge=5, le=600)
+    collective_window_s: int = setting(20, ge=5, le=600)
     # a rank spinning in a collective: driver busy at least this share (waiters measured at 85-99 %; single-GPU
     # tiny kernels, the launch-bound look-alike, at 28-31 %), SMs no busier than NCCL's CTAs (one per channel,
     # 17-24 % measured at the default channel counts; 32 channels on 132 SMs is 24 %), math pipes below this
@@ -137,8 +137,10 @@ class Thresholds:
     collective_sm_ratio: float = setting(0.35, gt=0, le=1)
     collective_math_ratio: float = setting(0.05, gt=0, le=1)
     # a straggler is named once the job's GPUs have disagreed this long (a checkpoint written by rank 0 between
-    # steps is shorter), and a whole job spinning in a collective with quiet links this long is a hang
-    collective_straggler_for_s: int = setting(20, ge=0)
+    # steps is shorter); links that have carried nothing this long while ranks spin make it a hang. On 2x H200 a
+    # CPU-bound rank 0 (0.3 s a step) showed in a 20 s window's classes 25 s after the onset: window 20 s and 10 s
+    # of disagreement name it within the 60 s asked
+    collective_straggler_for_s: int = setting(10, ge=0)
     collective_hang_for_s: int = setting(60, ge=0)
     # the exporter itself
     exporter_down_for_s: int = setting(300, ge=0)
