@@ -46,6 +46,27 @@ def _proc_from(fixture: str, root: Path) -> Path:
         ),
         # an Indexed Job's pod 1: RANK from the completion index, the rendezvous at pod 0's stable name
         ("indexed-job", "ml", {"7315": ("ml/train-0.train:29500", "1", 2)}),
+        # torchrun on one node, recorded: MASTER_ADDR is localhost, so the key is this node's; the rdzv id kept
+        (
+            "torchrun-c10d",
+            "",
+            {"733": ("local/localhost:44769/llama7b-ft", "0", 2), "734": ("local/localhost:44769/llama7b-ft", "1", 2)},
+        ),
+        (
+            "torchrun-standalone",
+            "",
+            {
+                "684": ("local/localhost:33213/d8051031-e2ed-4c4a-9972-fbefe9fd98bb", "0", 2),
+                "685": ("local/localhost:33213/d8051031-e2ed-4c4a-9972-fbefe9fd98bb", "1", 2),
+            },
+        ),
+        # mp.spawn, recorded: the rendezvous set inside the program reaches the children's environment, the ranks
+        # do not: one job, ranks unknown
+        (
+            "mp-spawn",
+            "",
+            {"769": ("local/localhost:12355", "unknown", None), "770": ("local/localhost:12355", "unknown", None)},
+        ),
     ],
 )
 def test_each_launcher_gives_the_job_key_and_rank_it_set(tmp_path, fixture, namespace, expected):
@@ -76,6 +97,12 @@ def test_a_loopback_rendezvous_is_this_nodes_only_and_a_slurm_cgroup_outranks_th
                 "TORCHELASTIC_RESTART_COUNT": "2"}  # fmt: skip
     assert launcher.launch_from(torchrun).job == "10.0.0.5:29400/llama7b#2"  # a restart is a new key
     assert launcher.launch_from({**torchrun, "SLURM_JOB_ID": "77"}, slurm_job="81").job == "slurm/81"
+
+
+def test_recorded_ranks_of_one_launcher_share_a_parent():
+    for fixture in ("torchrun-c10d", "torchrun-standalone", "mp-spawn", "srun"):
+        trees = {launcher.parse_stat((pid / "stat").read_text()) for pid in (FIXTURES / fixture).iterdir()}
+        assert len({tree.ppid for tree in trees if tree}) == 1, (fixture, trees)
 
 
 def test_the_process_tree_is_read_past_a_command_name_with_parentheses():

@@ -92,22 +92,26 @@ class ActivityTally:
     def add(self, found: ThreadSample) -> None:
         self.samples.append(found)
 
-    def evidence(self, pid: int) -> HostEvidence:
-        n = len(self.samples) or 1
+    def evidence(self, pid: int, since: float = float("-inf")) -> HostEvidence:
+        """Shares over the samples taken at or after `since` (all kept by default); a job's straggler is judged
+        over the job view's window, so what its process did before the onset does not dilute the cause."""
+        samples = [s for s in self.samples if s.at >= since] or list(self.samples)[-1:]
+        n = len(samples) or 1
         return HostEvidence(
             pid=pid,
-            samples=len(self.samples),
-            main_running=sum(s.main_running for s in self.samples) / n,
-            io_wait=sum(s.disk_wait > 0 for s in self.samples) / n,
-            workers_running=sum(s.workers_running > 0 for s in self.samples) / n,
-            asleep=sum(s.running == 0 and s.disk_wait == 0 and s.workers_running == 0 for s in self.samples) / n,
-            workers=max((s.workers for s in self.samples), default=0),
-            write_bytes_per_second=self._write_rate(),
+            samples=len(samples),
+            main_running=sum(s.main_running for s in samples) / n,
+            io_wait=sum(s.disk_wait > 0 for s in samples) / n,
+            workers_running=sum(s.workers_running > 0 for s in samples) / n,
+            asleep=sum(s.running == 0 and s.disk_wait == 0 and s.workers_running == 0 for s in samples) / n,
+            workers=max((s.workers for s in samples), default=0),
+            write_bytes_per_second=self._write_rate(samples),
         )
 
-    def _write_rate(self) -> float | None:
+    @staticmethod
+    def _write_rate(samples: list[ThreadSample]) -> float | None:
         """Bytes per second the process wrote to storage over the samples (a checkpoint writes GB in seconds)."""
-        written = [s for s in self.samples if s.write_bytes is not None]
+        written = [s for s in samples if s.write_bytes is not None]
         if len(written) < 2 or written[-1].at <= written[0].at:
             return None
         return max(written[-1].write_bytes - written[0].write_bytes, 0) / (written[-1].at - written[0].at)  # type: ignore[operator]

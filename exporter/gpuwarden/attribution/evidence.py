@@ -6,6 +6,7 @@ of those stages knows this one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuwarden.attribution import activity
@@ -27,8 +28,9 @@ def waiting_gpus(draft: Draft) -> set[str]:
 class HostEvidenceStep:
     """Fills draft.host_evidence; samples each waiting GPU's main process at most every activity.SAMPLE_EVERY_S."""
 
-    def __init__(self, proc_root: Path | None) -> None:
+    def __init__(self, proc_root: Path | None, job_window: Callable[[], float] = lambda: float("inf")) -> None:
         self._proc_root = proc_root  # None: the host's /proc is not mounted, nothing to look at
+        self._job_window = job_window  # seconds the job view judges over (health collective_window_s), per snapshot
         self._activity: dict[str, tuple[int, activity.ActivityTally]] = {}  # waiting GPU → (its main PID, tally)
 
     def __call__(self, draft: Draft) -> None:
@@ -52,5 +54,7 @@ class HostEvidenceStep:
                     tally.add(looked[pid])
             self._activity[uuid] = (pid, tally)
             if tally.samples:
-                found[uuid] = tally.evidence(pid)
+                member = draft.jobs.get(uuid)
+                recent = draft.taken_at - self._job_window() if member is not None and member.peers else float("-inf")
+                found[uuid] = tally.evidence(pid, recent)
         draft.host_evidence = found
