@@ -693,8 +693,9 @@ def profiling_row(layout: Layout, gpu_legend: str) -> None:
         title="Bottleneck class",
         description="What each GPU's time went to over the bottleneck window (gpuwarden_bottleneck_info): idle, "
         "tensor_bound, "
-        "memory_bound, compute_without_tensor, communication_bound, host_transfer_bound, launch_bound, waiting, mixed. "
-        "/api/v1/diagnosis gives the numbers and what to do.",
+        "memory_bound, compute_without_tensor, sm_bound_non_matmul, communication_bound, host_transfer_bound, "
+        "collective_wait (waits in a collective for another rank of its job), launch_bound, waiting, mixed. "
+        "/api/v1/diagnosis gives the numbers and what to do, and names a job's straggler.",
         targets=[
             target(
                 f"max by (instance, gpu, class) (gpuwarden_bottleneck_info{{{GPU_SELECTOR}}})",
@@ -842,8 +843,8 @@ def _fleet_profiling_gpm_useful_work(layout: Layout) -> None:
         title="Bottleneck classes by node",
         description="How many GPUs of each node are in each bottleneck class now (gpuwarden_bottleneck_info): "
         "tensor_bound is "
-        "healthy; waiting, launch_bound, host_transfer_bound and communication_bound GPUs wait; idle GPUs have no "
-        "process.",
+        "healthy; waiting, collective_wait, launch_bound, host_transfer_bound and communication_bound GPUs wait; idle "
+        "GPUs have no process.",
         targets=[
             target(
                 f"count by (instance, class) (gpuwarden_bottleneck_info{{{NODE_SELECTOR}}})", fmt="table", instant=True

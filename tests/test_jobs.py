@@ -205,6 +205,11 @@ def test_a_cpu_bound_rank_is_named_with_its_cause_and_waiters_within_60_s(sim, t
         gpu.index: v.detail for gpu in snapshot.gpus for v in snapshot.health[gpu.uuid] if v.check == "bottleneck"
     }
     assert all(classes[g] != "launch_bound" for g in (0, 2, 3)), classes
+    from gpuwarden.web.health_document import node_health
+
+    (job_health,) = node_health(snapshot, 0)["jobs"]
+    assert job_health["straggler"] == uuids[1] and job_health["cause"] == "cpu"
+    assert [w["uuid"] for w in job_health["waiting"]] == [uuids[0], uuids[2], uuids[3]]
     text = Renderer(pipeline.settings.metrics.selection()).render(snapshot).decode()
     samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
     found = [s.labels for s in samples if s.name == "gpuwarden_job_finding"]

@@ -17,7 +17,6 @@ compare a job's nodes through Prometheus.
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -175,8 +174,8 @@ class CollectiveStep:
         )
         gpu_numbers = (
             f"driver busy {busy:.0%}, SM {mine.sm:.0%}, tensor {mine.tensor:.0%}, FP32 {mine.fp32:.0%} "
-            f"(the waiters: busy {statistics.median(activity[u].busy or 0.0 for u in waiting):.0%}, SM "
-            f"{statistics.median(activity[u].sm for u in waiting):.0%})"
+            f"(the waiters: busy {_median(activity[u].busy or 0.0 for u in waiting):.0%}, SM "
+            f"{_median(activity[u].sm for u in waiting):.0%})"
         )
         if not computing:
             cause, host = _host_cause(draft.host_evidence.get(straggler))
@@ -184,10 +183,8 @@ class CollectiveStep:
         reasons = []
         clocks = {gpu.uuid: _clock(gpu) for gpu in draft.gpus if gpu.uuid in waiting | {straggler}}
         peers = [c for u, c in clocks.items() if u != straggler and c]
-        if clocks.get(straggler) and peers and clocks[straggler] < 0.95 * statistics.median(peers):
-            reasons.append(
-                f"SM clock {clocks[straggler] / 1e6:.0f} MHz against {statistics.median(peers) / 1e6:.0f} MHz"
-            )
+        if clocks.get(straggler) and peers and clocks[straggler] < 0.95 * _median(peers):
+            reasons.append(f"SM clock {clocks[straggler] / 1e6:.0f} MHz against {_median(peers) / 1e6:.0f} MHz")
         for verdict in draft.health.get(straggler, ()):
             if verdict.check in SLOWER_GPU_CHECKS and verdict.level > 0:
                 reasons.append(f"{verdict.check}: {verdict.observed}")
@@ -209,3 +206,12 @@ def _clock(gpu) -> float | None:  # noqa: ANN001
         if sample.name == CLOCK_HERTZ.name and sample.labels == ("sm",):
             return sample.value
     return None
+
+
+def _median(values) -> float:  # noqa: ANN001
+    """The middle value (mean of the two middle ones): `statistics` costs 0.6 MiB in a process that scrapes."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -351,6 +351,11 @@ class NodeHealth(BaseModel):
         "in `gpus`, not up"
     )
     gpus: list[GpuHealth]
+    jobs: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="jobs on the node whose GPUs disagree: straggler (UUID), collective_hang or waiting_elsewhere, "
+        "with the cause, its numbers, the waiting GPUs' wait shares and since when; never a GPU fault",
+    )
 
 
 def _diagnosis_routes(snapshots: SnapshotSource, expected_gpus: Callable[[], int]) -> APIRouter:

@@ -43,6 +43,20 @@ def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
             }
             for gpu in snap.gpus
         ],
+        # the node's jobs judged as one (health/collective.py): a straggler or hang is the job's, not a GPU fault,
+        # so it is beside the GPUs' checks and never in them (npd-plugin and slurm-healthcheck do not drain for it)
+        "jobs": [
+            {
+                "job": found.job,
+                "kind": found.kind,
+                "straggler": found.straggler,
+                "cause": found.cause,
+                "detail": found.cause_detail,
+                "waiting": [{"uuid": uuid, "wait_share": share} for uuid, share in found.waiting],
+                "since": found.since,
+            }
+            for found in snap.collective
+        ],
     }
 
 
