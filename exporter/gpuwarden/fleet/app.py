@@ -118,6 +118,9 @@ class Views:
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
         return await self.answers.get(f"utilization:{window}:{limit}", lambda: self.fleet.utilization(window, limit))
 
+    async def jobs(self) -> dict[str, Any]:
+        return await self.answers.get("jobs", self.fleet.jobs)
+
 
 class Problem(BaseModel):
     """Every 4xx/5xx answer's body (gpuwarden.web.asgi.problem)."""
@@ -152,6 +155,12 @@ def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) ->
     async def cordon_candidates() -> dict[str, Any]:
         """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
         return await views.cordon_candidates()
+
+    @router.get("/api/v1/fleet/jobs")
+    async def jobs() -> dict[str, Any]:
+        """Jobs across nodes (by the job key the exporters agree on), each GPU's share of time waiting in
+        collectives and its bottleneck class, and the straggler: the GPU, node and rank the others wait for."""
+        return await views.jobs()
 
     @router.get("/api/v1/fleet/utilization")
     async def utilization(
@@ -233,8 +242,8 @@ def _page_routes(views: Views, settings: FleetSettings) -> APIRouter:
     async def overview() -> HTMLResponse:
         """A quick look when Grafana is not at hand."""
         try:
-            inventory, health, cordon, usage = await asyncio.gather(
-                views.inventory(), views.health(), views.cordon_candidates(), views.utilization("1h", 20)
+            inventory, health, cordon, usage, jobs = await asyncio.gather(
+                views.inventory(), views.health(), views.cordon_candidates(), views.utilization("1h", 20), views.jobs()
             )
         except PrometheusError as exc:
             page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
@@ -246,9 +255,10 @@ def _page_routes(views: Views, settings: FleetSettings) -> APIRouter:
             rows=PAGE_ROWS,
             cordon=cordon,
             usage=usage,
+            jobs=jobs,
             settings=settings,
             version=__version__,
-            generated=_as_of(inventory, health, cordon, usage),
+            generated=_as_of(inventory, health, cordon, usage, jobs),
         )
         return HTMLResponse(page)
 

@@ -617,8 +617,65 @@ class UtilizationView(FleetQueries):
         return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
 
 
+# a job's GPUs compared across nodes: a GPU waiting at least this share of the window while another of the job's
+# waits at most STRAGGLER_SHARE names that other one (and its node) the straggler
+WAITING_SHARE = 0.5
+STRAGGLER_SHARE = 0.2
+JOB_WINDOW = "1m"  # four scrapes at the chart's 15 s; the exporter's own judgement takes 20-30 s before it
+
+
+class JobsView(FleetQueries):
+    """Multi-node jobs, joined by the job key every node's exporter derives alike (gpuwarden_job_* series), and the
+    straggler among them: the GPU that waits least while its peers wait most (exporter/gpuwarden/health/collective.py
+    judges one node; this compares the nodes). Jobs keyed `local/...` are one node's only and are left out."""
+
+    async def jobs(self) -> dict[str, Any]:
+        sel, node_label = self.selector, self.node_label
+        job_sel = f'{sel}, job_id!~"local/.*"' if sel else 'job_id!~"local/.*"'
+        waits, classes = await self.many(
+            f"max by ({node_label}, gpu, uuid, job_id, rank) "
+            f"(rate(gpuwarden_job_collective_wait_seconds_total{{{job_sel}}}[{JOB_WINDOW}]))",
+            f"max by ({node_label}, uuid, class) (gpuwarden_bottleneck_info{{{sel}}}) and on ({node_label}, uuid) "
+            f"max by ({node_label}, uuid) (gpuwarden_job_collective_wait_seconds_total{{{job_sel}}})",
+        )
+        class_of = {(self.node(s), s.labels.get("uuid", "")): s.labels.get("class", "") for s in classes}
+        members: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in waits:
+            node, uuid = self.node(row), row.labels.get("uuid", "")
+            members[row.labels.get("job_id", "")].append(
+                {
+                    "node": node,
+                    "gpu": row.labels.get("gpu", ""),
+                    "uuid": uuid,
+                    "rank": row.labels.get("rank", "unknown"),
+                    "wait_share": round(min(max(row.value, 0.0), 1.0), 3),
+                    "class": class_of.get((node, uuid), ""),
+                }
+            )
+        jobs = []
+        for job, gpus in sorted(members.items()):
+            nodes = sorted({g["node"] for g in gpus})
+            gpus.sort(key=lambda g: (g["node"], g["gpu"]))
+            most, least = max(g["wait_share"] for g in gpus), min(gpus, key=lambda g: g["wait_share"])
+            straggler = None
+            if len(gpus) > 1 and most >= WAITING_SHARE and least["wait_share"] <= STRAGGLER_SHARE:
+                waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE]
+                straggler = {
+                    **least,
+                    "waiting_gpus": len(waiting),
+                    "waiting_nodes": sorted({g["node"] for g in waiting}),
+                }
+            jobs.append({"job_id": job, "nodes": nodes, "gpus": gpus, "straggler": straggler})
+        jobs.sort(key=lambda j: (j["straggler"] is None, -len(j["gpus"]), j["job_id"]))
+        return {
+            "window": JOB_WINDOW,
+            "jobs": jobs,
+            "source": "raw series: gpuwarden_job_collective_wait_seconds_total and gpuwarden_bottleneck_info",
+        }
+
+
 @dataclass(frozen=True)
-class Fleet(InventoryView, HealthView, UtilizationView):
+class Fleet(InventoryView, HealthView, UtilizationView, JobsView):
     """Every fleet view, for one selector and node label (what the HTTP app calls)."""
 
 
