@@ -442,6 +442,21 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             ],
         ),
         Group(
+            "gpuwarden-jobs",
+            [
+                Rule(
+                    "GpuwardenCollectiveHang",
+                    f'gpuwarden_job_finding{{{s},kind="collective_hang"}} == 1',
+                    "warning",
+                    "A training job is hung in a collective.",
+                    f"Job {{{{ $labels.job_id }}}} on {NODE} spins in a collective and nothing has moved over its "
+                    "links for collective_hang_for_s{{ if $labels.gpu }}; GPU {{ $labels.gpu }} (rank "
+                    "{{ $labels.rank }}) stopped first{{ end }}. Tell the job's owner: dump every rank's stacks "
+                    "(py-spy dump), the odd one out first, and restart from the last checkpoint. The GPUs are fine.",
+                ),
+            ],
+        ),
+        Group(
             "gpuwarden-configuration",
             [
                 Rule(
