@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from docs.series_budget import BUDGET, POD_SERIES, default_series
+from docs.series_budget import BUDGET, JOB_SERIES, POD_SERIES, default_series
 from gpuwarden.commandline import ConfigError
 from gpuwarden.config.settings import load_settings
 from gpuwarden.health import rules
@@ -26,7 +26,19 @@ def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: Fake
     scenario = load_scenario("training")
     uuids = [DeviceSymbols.uuid(type("S", (), {"scenario": scenario})(), i) for i in range(scenario.node.count)]
     kubelet.pods = [("ml", f"trainer-{i}", [("worker", [("nvidia.com/gpu", [u])])]) for i, u in enumerate(uuids)]
-    counts = default_series(pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1})
+    # and the host's /proc showing the eight processes as the ranks of one torchrun job (the job view's series)
+    proc = kubelet.socket_path.parent / "proc"
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    for rank in range(8):
+        pid = 4000 + 100 * rank  # the simulator's PIDs on the training scenario
+        (proc / str(pid)).mkdir()
+        variables = f"MASTER_ADDR=10.0.0.1\0MASTER_PORT=29500\0RANK={rank}\0WORLD_SIZE=8\0"
+        (proc / str(pid) / "environ").write_text(variables)
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) S 3999 3999 3999 0 -1\n")
+    counts = default_series(
+        pods={"resources_socket": str(kubelet.socket_path), "refresh_interval": 1},
+        processes={"proc_root": str(proc)},
+    )
     total = sum(counts.values())
     assert counts["gpuwarden_gpu_allocation"] == 8  # the pods were seen: their series are inside the budget
     assert counts["gpuwarden_bottleneck_info"] == 8 and counts["gpuwarden_container_gpu_memory_used_bytes"] == 8
@@ -34,7 +46,8 @@ def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: Fake
     assert total <= BUDGET, (total, counts.most_common(10))
     # what the README says pod attribution adds, to its figure without it (test_docs holds that figure to the code)
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert total == int(re.search(r"\*\*(\d+)\*\* of the budget", readme).group(1)) + POD_SERIES
+    assert counts["gpuwarden_job_collective_wait_seconds_total"] == JOB_SERIES
+    assert total == int(re.search(r"\*\*(\d+)\*\* of the budget", readme).group(1)) + POD_SERIES + JOB_SERIES
 
 
 def _referenced(expr: str) -> set[str]:
