@@ -14,27 +14,34 @@ from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import HostEvidence
 
 
-def waiting_gpus(draft: Draft) -> set[str]:
-    """GPUs the health step classed `waiting` that hold at least one process, and every GPU of a job with peers:
-    the job view (health/collective.py) names a straggler's cause from what its main process does."""
+def waiting_gpus(draft: Draft, suspects: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
+    """GPUs the health step classed `waiting` that hold at least one process, and the job view's suspects (GPUs its
+    peers wait for, health/collective.py): their cause is what their main process does. Only suspects: sampling
+    every rank of every job cost 12 ms of CPU a poll for one 8-rank job on the simulator."""
     waiting = {
         uuid
         for uuid, verdicts in draft.health.items()
         if any(v.check == "bottleneck" and v.detail == "waiting" for v in verdicts) and draft.processes.get(uuid)
     }
-    return waiting | {uuid for uuid, member in draft.jobs.items() if member.peers and draft.processes.get(uuid)}
+    return waiting | {uuid for uuid in suspects if draft.processes.get(uuid)}
 
 
 class HostEvidenceStep:
     """Fills draft.host_evidence; samples each waiting GPU's main process at most every activity.SAMPLE_EVERY_S."""
 
-    def __init__(self, proc_root: Path | None, job_window: Callable[[], float] = lambda: float("inf")) -> None:
+    def __init__(
+        self,
+        proc_root: Path | None,
+        job_window: Callable[[], float] = lambda: float("inf"),
+        suspects: Callable[[], set[str]] = set,
+    ) -> None:
         self._proc_root = proc_root  # None: the host's /proc is not mounted, nothing to look at
         self._job_window = job_window  # seconds the job view judges over (health collective_window_s), per snapshot
+        self._suspects = suspects  # the job view's suspects as of the last snapshot
         self._activity: dict[str, tuple[int, activity.ActivityTally]] = {}  # waiting GPU → (its main PID, tally)
 
     def __call__(self, draft: Draft) -> None:
-        waiting = waiting_gpus(draft)
+        waiting = waiting_gpus(draft, self._suspects())
         self._activity = {uuid: entry for uuid, entry in self._activity.items() if uuid in waiting}
         if self._proc_root is None:
             draft.host_evidence = {}

@@ -57,6 +57,8 @@ class CollectiveStep:
         self._last_at: float | None = None
         self._since: dict[tuple[str, str, str | None], float] = {}  # (job, kind, straggler) → first seen
         self._job_seen: dict[str, float] = {}  # job → when its GPUs were first seen together
+        # GPUs that others of their job wait for, as of the last snapshot: host evidence samples these
+        self.suspects: set[str] = set()
 
     def __call__(self, draft: Draft) -> None:
         evaluator = self._evaluator()
@@ -68,6 +70,7 @@ class CollectiveStep:
             if member.peers:
                 jobs[member.job].append(uuid)
         findings: list[CollectiveFinding] = []
+        suspects: set[str] = set()
         seen: set[tuple[str, str, str | None]] = set()
         totals: dict[tuple[str, str], float] = {}
         self._job_seen = {job: self._job_seen.get(job, now) for job in jobs}
@@ -85,6 +88,7 @@ class CollectiveStep:
             finding = self._judge(draft, limits, job, uuids, waiting, activity)  # type: ignore[arg-type]
             if finding is None:
                 continue
+            suspects |= set(uuids) - waiting
             # a hung rank is a straggler first; once the links have been quiet for collective_hang_for_s, a hang
             quiet = finding.kind == "collective_hang"
             disagree = (job, "disagree", finding.straggler)
@@ -103,6 +107,7 @@ class CollectiveStep:
                 shares = self._shares(finding.waiting, job, totals, now, limits.collective_window_s)
                 findings.append(replace(finding, since=since, waiting=shares))
         self._since = {k: v for k, v in self._since.items() if k in seen}
+        self.suspects = suspects
         self._wait_total = totals
         self._record(totals, now, limits.collective_window_s)
         draft.collective_wait_seconds = {uuid: total for (uuid, _), total in totals.items()}
