@@ -54,6 +54,12 @@ def ten_thousand_nodes() -> dict[str, Any]:
                                "wasted_gpu_hours": 7.2, "wasted_cost": 18.0} for i in range(20)],
                   "totals": {"wasted_gpu_hours": 41_000.0, "wasted_cost": 102_500.0, "idle_gpus": 9_000,
                              "starved_gpus": 3_000}, "currency": "USD", "idle_ratio": 0.05},
+        # 300 multi-node jobs of 32 GPUs, 120 of them with a straggler: the page lists PAGE_ROWS["stale"] of those
+        "jobs": {"jobs": [{"job_id": f"10.0.{i // 250}.{i % 250}:29500/run-{i}",
+                           "straggler": {"node": f"gpu-node-{4 * i:05d}", "gpu": "3", "rank": "3", "wait_share": 0.02,
+                                         "class": "waiting", "waiting_gpus": 31,
+                                         "waiting_nodes": [f"gpu-node-{4 * i + k:05d}" for k in range(4)]}
+                           if i < 120 else None} for i in range(300)]},
     }  # fmt: skip
 
 
@@ -69,10 +75,12 @@ def test_the_page_at_ten_thousand_nodes_is_small_and_reads_top_down() -> None:
     )
     assert len(page.encode()) < 200_000, len(page.encode())
     sections = re.findall(r'<section id="(\w+)"', page)
-    assert sections == ["cordon", "health", "utilization", "inventory", "stale"]
+    assert sections == ["cordon", "health", "jobs", "utilization", "inventory", "stale"]
+    assert f"{PAGE_ROWS['stale']} of 120 shown" in page and "/api/v1/fleet/jobs" in page
     assert page.index('class="stats"') < page.index('<section id="cordon"')  # the cards first
     assert "20 of 390 nodes shown" in page and "/api/v1/fleet/cordon-candidates" in page
     assert page.count("<tr><td>gpu-node-") <= PAGE_ROWS["cordon"] + 10 + PAGE_ROWS["stale"]
+    assert page.count("<tr><td>10.0.") == PAGE_ROWS["stale"]  # the stragglers' rows, bounded
     assert "50 of " in page and "(5684 GPUs)" in page  # health: nodes, grouped by check, with the count
 
 
