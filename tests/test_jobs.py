@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.attribution import launcher
@@ -161,12 +162,19 @@ def write_ranks(root: Path, environ: bool = True, running: tuple[str, ...] = ("R
     return root
 
 
-def run_job(sim, tmp_path: Path, scenario: dict[str, Any], seconds: float, **proc: Any) -> tuple[Pipeline, list]:
-    """Poll every second of the manual clock; return the pipeline and (t, findings) after each poll."""
+def run_job(
+    sim, tmp_path: Path, scenario: dict[str, Any], seconds: float, health: dict[str, Any] | None = None, **proc: Any
+) -> tuple[Pipeline, list]:
+    """Poll every second of the manual clock; return the pipeline and (t, findings) after each poll. `health`:
+    thresholds to set (a thresholds file)."""
     clock = ManualClock(0.0)
     sim(scenario, clock=clock)
     root = write_ranks(tmp_path / "proc", **proc)
-    pipeline = Pipeline(settings(processes={"proc_root": str(root)}), wall_clock=clock)
+    sections: dict[str, Any] = {"processes": {"proc_root": str(root)}}
+    if health:
+        (tmp_path / "thresholds.yaml").write_text(yaml.safe_dump(health))
+        sections["health"] = {"thresholds_file": str(tmp_path / "thresholds.yaml")}
+    pipeline = Pipeline(settings(**sections), wall_clock=clock)
     timeline = []
     try:
         while clock.now <= seconds:
@@ -293,3 +301,19 @@ def test_a_rank_that_stops_is_a_straggler_first_and_then_the_hang_names_it(sim, 
     _, findings, _ = timeline[-1]
     (finding,) = findings
     assert finding.gpu == 2 and finding.job["straggler"]["rank"] == "2" and finding.check == "collective_hang"
+
+
+@pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
+def test_a_sleeping_straggler_is_never_told_it_waits_on_its_peers(sim, tmp_path):
+    """Its GPU reads `waiting` and every thread sleeps, which alone reads "waiting on others: find the slowest
+    rank"; but it is the slowest rank, as the job finding says: its own advice must not contradict that."""
+    scenario = job_scenario({0: WAITER, 1: CPU_BOUND, 2: WAITER, 3: WAITER})
+    _, timeline = run_job(sim, tmp_path, scenario, ONSET + 60, health={"bottleneck_window_s": 20},
+                          running=("R", "S", "R", "R"))  # fmt: skip
+    _, _, snapshot = timeline[-1]
+    findings = diagnose(snapshot)
+    (straggler,) = [f for f in findings if f.check == "straggler"]
+    assert straggler.gpu == 1 and straggler.job["cause"] == "unknown"  # asleep: no CPU, input or I/O cause
+    (own,) = [f for f in findings if f.check == "bottleneck" and f.gpu == 1]
+    assert own.observed.startswith("waiting") and own.likely_cause.startswith("Asleep while the other ranks")
+    assert "slowest rank" not in own.recommended_action, own.recommended_action

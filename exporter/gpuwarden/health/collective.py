@@ -29,22 +29,15 @@ from gpuwarden.model.snapshot import CollectiveFinding, HostEvidence, JobMember
 
 MAX_CREDIT_S = 30.0  # a longer gap between two snapshots (a stall, a restart) is not credited as waiting
 HANG_LINK_BYTES_PER_SECOND = 1e7  # links this quiet carry no collective's data: nothing moves
-HOST_CAUSES = (("io_wait", 0.3, "io"), ("workers_running", 0.6, "input"), ("main_running", 0.7, "cpu"))
+# what a straggler's main process did (HostEvidence.dominant) → the straggler's cause; asleep is no cause of its own
+HOST_CAUSES = {"checkpoint": "io", "io_wait": "io", "workers_running": "input", "main_running": "cpu"}
 SLOWER_GPU_CHECKS = ("thermal_throttling", "power", "performance_state", "temperature")
 
 
 def _host_cause(evidence: HostEvidence | None) -> tuple[str, str]:
-    if evidence is None or evidence.samples < 3:
+    if evidence is None or not evidence.sampled:
         return "unknown", "no host evidence (the host's /proc is not mounted, or not yet sampled)"
-    numbers = (
-        f"main thread running {evidence.main_running:.0%}, I/O wait {evidence.io_wait:.0%}, workers running "
-        f"{evidence.workers_running:.0%} ({evidence.workers} workers), all asleep {evidence.asleep:.0%} over "
-        f"{evidence.samples} samples of PID {evidence.pid}"
-    )
-    for share, limit, cause in HOST_CAUSES:
-        if getattr(evidence, share) >= limit:
-            return cause, numbers
-    return "unknown", numbers
+    return HOST_CAUSES.get(evidence.dominant() or "", "unknown"), evidence.describe()
 
 
 class CollectiveStep:

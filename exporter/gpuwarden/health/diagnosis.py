@@ -171,76 +171,72 @@ class Finding:
     job: dict[str, object] | None = None  # a job finding's structure: the job, straggler, cause, waiters
 
 
-# What a waiting GPU's main process does on the host → the cause and action (shares of the samples; docs/diagnosis.md)
-CHECKPOINT_BYTES_PER_SECOND = 50e6  # a main process writing this fast to storage while its GPU waits: a checkpoint
-CHECKPOINT = (
-    "Checkpointing: the job's main process writes to storage while the GPU waits (the training loop stops for "
-    "the save).",
-    "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save, FSDP sharded state dicts), "
-    "checkpoint less often, or write to faster local storage and copy off in the background.",
-)
+# What a waiting GPU's main process does on the host (HostEvidence.dominant) → the cause and action
+WAITING_CAUSES: dict[str, tuple[str, str]] = {
+    "checkpoint": (
+        "Checkpointing: the job's main process writes to storage while the GPU waits (the training loop stops for "
+        "the save).",
+        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save, FSDP sharded state dicts), "
+        "checkpoint less often, or write to faster local storage and copy off in the background.",
+    ),
+    "io_wait": (
+        "I/O stall: the job's threads wait on storage (D state) while the GPU idles: a checkpoint being written, or "
+        "data read from slow or remote storage.",
+        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint async_save), checkpoint less often, "
+        "faster or local storage for the data set.",
+    ),
+    "workers_running": (
+        "Input-bound: the DataLoader worker processes are busy nearly all the time and the GPU waits for batches.",
+        "More DataLoader workers (num_workers), pin_memory, cheaper or GPU-side preprocessing, a local cache of "
+        "the decoded data set.",
+    ),
+    "main_running": (
+        "Host-bound: the job's main thread runs on the CPU nearly all the time while the GPU waits: Python work "
+        "between steps (preprocessing, logging, metrics) or launching kernels one by one.",
+        "Move the work off the training loop or onto the GPU; CUDA graphs or torch.compile for the launches; "
+        "profile the step on the CPU side (py-spy).",
+    ),
+    "asleep": (
+        "Waiting on others: every thread of the job sleeps while the GPU idles: it waits on other ranks (a "
+        "straggler, a collective), a parameter server or the network.",
+        "Find the slowest rank (compare this job's GPUs on other nodes in the fleet view); check the network and "
+        "NCCL settings.",
+    ),
+}
+# asleep, with no peers in any job: nobody to wait on
 IDLE_HOLDER = (
     "An idle holder: a process with no peers in any job holds the GPU's memory and sleeps (a notebook kernel, "
     "a finished or stuck job, a debugger).",
     "Ask its owner to release it, or end it; schedule notebooks on shared or fractional GPUs, and set an idle "
     "timeout on interactive sessions.",
 )
-WAITING_CAUSES: tuple[tuple[str, float, str, str], ...] = (
-    (
-        "io_wait",
-        0.3,
-        "I/O stall: the job's threads wait on storage (D state) while the GPU idles: a checkpoint being written, or "
-        "data read from slow or remote storage.",
-        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint async_save), checkpoint less often, "
-        "faster or local storage for the data set.",
-    ),
-    (
-        "workers_running",
-        0.6,
-        "Input-bound: the DataLoader worker processes are busy nearly all the time and the GPU waits for batches.",
-        "More DataLoader workers (num_workers), pin_memory, cheaper or GPU-side preprocessing, a local cache of "
-        "the decoded data set.",
-    ),
-    (
-        "main_running",
-        0.7,
-        "Host-bound: the job's main thread runs on the CPU nearly all the time while the GPU waits: Python work "
-        "between steps (preprocessing, logging, metrics) or launching kernels one by one.",
-        "Move the work off the training loop or onto the GPU; CUDA graphs or torch.compile for the launches; "
-        "profile the step on the CPU side (py-spy).",
-    ),
-    (
-        "asleep",
-        0.7,
-        "Waiting on others: every thread of the job sleeps while the GPU idles: it waits on other ranks (a "
-        "straggler, a collective), a parameter server or the network.",
-        "Find the slowest rank (compare this job's GPUs on other nodes in the fleet view); check the network and "
-        "NCCL settings.",
-    ),
+# asleep, while its job's other ranks wait for it (the job view named it): it sleeps in its own code
+ASLEEP_STRAGGLER = (
+    "Asleep while the other ranks of its job wait for it in a collective (the job's straggler finding): its "
+    "threads sleep in its own code (a sleep, a lock, a blocking call outside the collectives), not on its peers.",
+    "`py-spy dump --pid PID` on this rank shows where it sleeps; the other ranks need no change.",
 )
 
 
-def waiting_cause(evidence: HostEvidence | None, cause: str, action: str, peers: int | None = None) -> tuple[str, str]:
+def waiting_cause(
+    evidence: HostEvidence | None, cause: str, action: str, peers: int | None = None, straggler: bool = False
+) -> tuple[str, str]:
     """The cause of a `waiting` GPU from the host's evidence where /proc shows its process; the GPU-side text
     (which lists the candidates) otherwise, saying what could not be seen. `peers`: other ranks of the GPU's job
-    (None: unknown); a sleeping process with none waits on no one."""
-    if evidence is None or evidence.samples < 3:
+    (None: unknown); a sleeping process with none waits on no one, and one its peers wait for (`straggler`) is not
+    waiting on them."""
+    if evidence is None or not evidence.sampled:
         return cause + " Host evidence: none (the host's /proc is not mounted, or not yet sampled).", action
-    written = evidence.write_bytes_per_second
-    seen = (
-        f" Host evidence (PID {evidence.pid}, {evidence.samples} samples): main thread running "
-        f"{evidence.main_running:.0%}, I/O wait {evidence.io_wait:.0%}, workers running "
-        f"{evidence.workers_running:.0%} ({evidence.workers} workers), all asleep {evidence.asleep:.0%}"
-        + ("." if written is None else f", writing {written / 1e6:.0f} MB/s to storage.")
-    )
-    if written is not None and written >= CHECKPOINT_BYTES_PER_SECOND:
-        return CHECKPOINT[0] + seen, CHECKPOINT[1]
-    for share, limit, found_cause, found_action in WAITING_CAUSES:
-        if getattr(evidence, share) >= limit:
-            if share == "asleep" and peers == 0:
-                return IDLE_HOLDER[0] + seen, IDLE_HOLDER[1]
-            return found_cause + seen, found_action
-    return cause + f" Host evidence (PID {evidence.pid}) shows no single cause.", action
+    seen = f" Host evidence ({evidence.describe()})."
+    found = evidence.dominant()
+    if found is None:
+        return cause + f" Host evidence (PID {evidence.pid}) shows no single cause.", action
+    if found == "asleep" and straggler:
+        return ASLEEP_STRAGGLER[0] + seen, ASLEEP_STRAGGLER[1]
+    if found == "asleep" and peers == 0:
+        return IDLE_HOLDER[0] + seen, IDLE_HOLDER[1]
+    found_cause, found_action = WAITING_CAUSES[found]
+    return found_cause + seen, found_action
 
 
 # Findings that name the processes (and pods) on the GPU: whose job is at risk or already failed.
@@ -268,6 +264,7 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             )
         findings.append(Finding(None, None, "driver", "critical", error, "nvml up", cause, action))
         return findings
+    stragglers = {found.straggler for found in snapshot.collective if found.straggler}
     for gpu in snapshot.gpus:
         for verdict in snapshot.health.get(gpu.uuid, ()):
             if verdict.severity == "ok":
@@ -277,7 +274,8 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
                 if verdict.detail == "waiting":
                     member = snapshot.jobs.get(gpu.uuid)
                     peers = None if member is None else member.peers
-                    cause, action = waiting_cause(snapshot.host_evidence.get(gpu.uuid), cause, action, peers)
+                    evidence = snapshot.host_evidence.get(gpu.uuid)
+                    cause, action = waiting_cause(evidence, cause, action, peers, gpu.uuid in stragglers)
             else:  # a check's own detail where it has advice of its own (page retirement under row_remap)
                 cause, action = ADVICE.get(verdict.detail) or ADVICE[verdict.check]
             observed, holders = verdict.observed, ()

@@ -176,6 +176,35 @@ class HostEvidence:
     workers: int
     write_bytes_per_second: float | None = None  # to storage, over the samples (None: /proc/PID/io unreadable)
 
+    # What the shares say, strongest first (docs/diagnosis.md): read both by a waiting GPU's advice
+    # (health/diagnosis.py) and by a straggler's cause (health/collective.py), so the two never disagree.
+    MIN_SAMPLES = 3
+    CHECKPOINT_BYTES_PER_SECOND = 50e6  # writing this fast to storage while the GPU waits: a checkpoint
+    LIMITS = (("io_wait", 0.3), ("workers_running", 0.6), ("main_running", 0.7), ("asleep", 0.7))
+
+    @property
+    def sampled(self) -> bool:
+        return self.samples >= self.MIN_SAMPLES
+
+    def dominant(self) -> str | None:
+        """checkpoint, io_wait, workers_running, main_running or asleep: what the process did most of the time;
+        None where no single activity dominates or too few samples were taken."""
+        if not self.sampled:
+            return None
+        written = self.write_bytes_per_second
+        if written is not None and written >= self.CHECKPOINT_BYTES_PER_SECOND:
+            return "checkpoint"
+        return next((share for share, limit in self.LIMITS if getattr(self, share) >= limit), None)
+
+    def describe(self) -> str:
+        """The numbers behind `dominant`, as the findings quote them."""
+        written = self.write_bytes_per_second
+        return (
+            f"PID {self.pid}, {self.samples} samples: main thread running {self.main_running:.0%}, I/O wait "
+            f"{self.io_wait:.0%}, workers running {self.workers_running:.0%} ({self.workers} workers), all asleep "
+            f"{self.asleep:.0%}" + ("" if written is None else f", writing {written / 1e6:.0f} MB/s to storage")
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class JobMember:
