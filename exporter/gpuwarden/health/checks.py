@@ -113,7 +113,11 @@ class _History:
     def add(self, now: float, values: dict[tuple[str, tuple[str, ...]], float]) -> None:
         """Keep the first reading of each `spacing`-long slot of the clock: the slots are fixed in time, so a history
         resized by a reload keeps the points a fresh start with the new settings would have kept."""
-        self.latest = _history_values(values)
+        self.add_kept(now, _history_values(values))
+
+    def add_kept(self, now: float, kept: dict[tuple[str, tuple[str, ...]], float]) -> None:
+        """`add` for readings already reduced to the kept counters (another history's `latest`)."""
+        self.latest = kept
         if not self.points or now // self.spacing > self.points[-1][0] // self.spacing:
             self.points.append((now, self.latest))
             while self.points[0][0] < now - self.keep:
@@ -393,7 +397,7 @@ def check_memory_pressure(c: CheckContext) -> Verdict:
 def check_utilization(c: CheckContext) -> Verdict:
     limits = c.thresholds
     busy = c.history.ratio(BUSY, SAMPLED, c.now, limits.utilization_for_s)
-    running = c.values.get((PROCESSES.name, ()), 0) > 0
+    running = _running(c.values)
     if running and busy is not None and busy < limits.utilization_low_ratio:
         return c.verdict(WARNING, f"{busy:.0%} busy with a job running", f">= {limits.utilization_low_ratio:.0%}")
     return c.verdict(OK, "n/a" if busy is None else f"{busy:.0%} busy", "")
@@ -499,11 +503,13 @@ def bottleneck_class(limits: Thresholds, activity: WindowActivity, peers: int = 
     return "mixed"
 
 
-def window_activity(
-    history: _History, values: Values, now: float, window: float
-) -> tuple[WindowActivity, float, float] | None:
-    """What the GPU did over the last `window` seconds (GPM and the driver's busy ratio), with the NVLink and PCIe
-    rates; None where the GPU has no GPM readings yet."""
+def _running(values: Values) -> bool:
+    return values.get((PROCESSES.name, ()), 0) > 0
+
+
+def window_activity(history: _History, running: bool, now: float, window: float) -> WindowActivity | None:
+    """What the GPU did over the last `window` seconds (GPM, the driver's busy ratio, NVLink and PCIe rates); None
+    where the GPU has no GPM readings yet. `running`: a process holds the GPU now."""
     sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
     if sm is None:
         return None
@@ -514,19 +520,17 @@ def window_activity(
     dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
     nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
     pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
-    running = values.get((PROCESSES.name, ()), 0) > 0
     busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
-    activity = WindowActivity(running, sm, pipe("tensor"), pipe("fp32"), pipe("fp16"), dram, nvlink, pcie_rx, busy)
-    return activity, nvlink, pcie_rx
+    return WindowActivity(running, sm, pipe("tensor"), pipe("fp32"), pipe("fp16"), dram, nvlink, pcie_rx, busy)
 
 
 def check_bottleneck(c: CheckContext) -> Verdict:
     """Information, never paged: the class and the numbers behind it (GPM; "n/a" on GPUs without it)."""
     window = c.thresholds.bottleneck_window_s
-    found = window_activity(c.history, c.values, c.now, window)
-    if found is None:
+    activity = window_activity(c.history, _running(c.values), c.now, window)
+    if activity is None:
         return c.verdict(OK, "n/a", "")
-    activity, nvlink, pcie_rx = found
+    nvlink, pcie_rx = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
     kind = bottleneck_class(c.thresholds, activity, c.peers)
     busy = activity.busy
     busy_text = "n/a" if busy is None else f"{busy:.0%}"
@@ -569,18 +573,19 @@ class HealthEvaluator:
         self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
         self.links_seen_up: dict[str, set[str]] = {}
-        # a short history per GPU for the job view (collective_window_s, ten points): the long one keeps a point
-        # per 15 s at the defaults, too coarse to name a straggler within a minute
-        self._short: dict[str, _History] = {}
-        self._values: dict[str, Values] = {}
+        # a short history, with whether a process runs, for each GPU of a multi-GPU job (the job view's window,
+        # collective_window_s, ten points): the long one keeps a point per 15 s at the defaults, too coarse to name
+        # a straggler within a minute
+        self._short: dict[str, tuple[_History, bool]] = {}
+
+    def _short_shape(self) -> tuple[float, float]:
+        window = self.thresholds.collective_window_s
+        return max(window / 10, 0.5), window * 1.2 + 1
 
     def collective_activity(self, uuid: str, now: float) -> WindowActivity | None:
-        """What the GPU did over the last collective_window_s (None until that window has been watched)."""
-        history, values = self._short.get(uuid), self._values.get(uuid)
-        if history is None or values is None:
-            return None
-        found = window_activity(history, values, now, self.thresholds.collective_window_s)
-        return None if found is None else found[0]
+        """What a GPU of a multi-GPU job did over the last collective_window_s (None until it has been watched)."""
+        history, running = self._short.get(uuid, (None, False))
+        return None if history is None else window_activity(history, running, now, self.thresholds.collective_window_s)
 
     def history_shape(self) -> tuple[float, float]:
         """(spacing, keep) of each GPU's history: one point per spacing, kept for the longest window the checks
@@ -614,7 +619,10 @@ class HealthEvaluator:
         self._began = previous._began
         self._since = previous._since
         self.links_seen_up = previous.links_seen_up
-        self._short, self._values = previous._short, previous._values
+        spacing, keep = self._short_shape()
+        for history, _ in previous._short.values():
+            history.spacing, history.keep = spacing, keep
+        self._short = previous._short
 
     def held_for(self, uuid: str, key: str, now: float) -> float:
         """Seconds the condition under `key` has held continuously (0 when it does not hold)."""
@@ -645,18 +653,17 @@ class HealthEvaluator:
             values = _values(gpu)
             history = self._history.get(gpu.uuid) or self._history.setdefault(gpu.uuid, self._new_history())
             history.add(now, values)
-            window = limits.collective_window_s
-            short = self._short.get(gpu.uuid) or self._short.setdefault(
-                gpu.uuid, _History(max(window / 10, 0.5), window * 1.2 + 1)
-            )
-            short.spacing, short.keep = max(window / 10, 0.5), window * 1.2 + 1  # a reload may change the window
-            short.add(now, values)
-            self._values[gpu.uuid] = values
+            member = (jobs or {}).get(gpu.uuid)
+            peers = member.peers if member is not None else 0
+            if peers:  # the same kept readings as the long history, one point per short slot
+                short = self._short.get(gpu.uuid, (None, False))[0] or _History(*self._short_shape())
+                short.add_kept(now, history.latest)
+                self._short[gpu.uuid] = (short, _running(values))
+            else:
+                self._short.pop(gpu.uuid, None)
             exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
             nvlink = gpu.info.nvlink
             wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
-            member = (jobs or {}).get(gpu.uuid)
-            peers = member.peers if member is not None else 0
             result[gpu.uuid] = tuple(
                 check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired, peers))
                 for name, check in CHECK_FUNCTIONS.items()
