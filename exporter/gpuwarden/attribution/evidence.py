@@ -6,7 +6,7 @@ of those stages knows this one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from gpuwarden.attribution import activity
@@ -14,7 +14,7 @@ from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import HostEvidence
 
 
-def waiting_gpus(draft: Draft, suspects: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
+def waiting_gpus(draft: Draft, suspects: Collection[str] = ()) -> set[str]:
     """GPUs the health step classed `waiting` that hold at least one process, and the job view's suspects (GPUs its
     peers wait for, health/collective.py): their cause is what their main process does. Only suspects: sampling
     every rank of every job cost 12 ms of CPU a poll for one 8-rank job on the simulator."""

@@ -14,7 +14,7 @@ with the PID.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,35 +58,35 @@ class JobsStep:
             if views:
                 main[gpu.uuid] = views[0]  # sorted by memory, largest first
         self._seen = {pid: seen for pid, seen in self._seen.items() if pid in {v.pid for v in main.values()}}
-        keyed: dict[str, tuple[str, str]] = {uuid: self._key(view, main) for uuid, view in main.items()}
+        # each PID looked at once per snapshot, however many GPUs it holds (an invisible one is not cached)
+        looked = {view.pid: self._look(view) for view in main.values()}
+        gpus_of_pid = Counter(view.pid for view in main.values())
+        trees = [seen.tree for seen in looked.values() if seen.tree is not None]
+        parents, sessions = Counter(t.ppid for t in trees), Counter(t.session for t in trees)
+        keyed = {uuid: self._key(view, looked[view.pid], gpus_of_pid, parents, sessions) for uuid, view in main.items()}
         members: dict[str, list[str]] = defaultdict(list)
         for uuid, (key, _) in keyed.items():
             members[key].append(uuid)
         draft.jobs = {}
         for uuid, view in main.items():
             key, source = keyed[uuid]
-            launch = self._look(view).launch
-            local = tuple(members[key])
-            if key.startswith("pid/"):  # one process: its GPUs are its job, known on this node only
-                key = f"local/pid-{view.pid}"
-            draft.jobs[uuid] = JobMember(key, launch.rank, launch.world_size, source, view.pid, local)
+            launch = looked[view.pid].launch
+            draft.jobs[uuid] = JobMember(key, launch.rank, launch.world_size, source, view.pid, tuple(members[key]))
 
-    def _key(self, view: ProcessView, main: dict[str, ProcessView]) -> tuple[str, str]:
-        """(grouping key, source) for one GPU's main process, the strongest evidence first."""
-        seen = self._look(view)
+    @staticmethod
+    def _key(
+        view: ProcessView, seen: _Seen, gpus_of_pid: Counter[int], parents: Counter[int], sessions: Counter[int]
+    ) -> tuple[str, str]:
+        """(job key, source) for one GPU's main process, the strongest evidence first."""
         if seen.launch.job:
             return seen.launch.job, seen.launch.source
-        if sum(1 for other in main.values() if other.pid == view.pid) > 1:
-            return f"pid/{view.pid}", "process"
+        if gpus_of_pid[view.pid] > 1:  # one process: its GPUs are its job, known on this node only
+            return f"local/pid-{view.pid}", "process"
         if view.pod:
             return f"local/pod/{view.namespace}/{view.pod}", "pod"
-        if seen.tree is not None:
-            siblings = [o for o in main.values() if (t := self._look(o).tree) is not None and t.ppid == seen.tree.ppid]
-            if len(siblings) > 1 and seen.tree.ppid > 1:
-                return f"local/ppid-{seen.tree.ppid}", "tree"
-            same_session = [
-                o for o in main.values() if (t := self._look(o).tree) is not None and t.session == seen.tree.session
-            ]
-            if len(same_session) > 1 and seen.tree.session > 1:
-                return f"local/session-{seen.tree.session}", "tree"
-        return f"pid/{view.pid}", "lone"
+        tree = seen.tree
+        if tree is not None and tree.ppid > 1 and parents[tree.ppid] > 1:
+            return f"local/ppid-{tree.ppid}", "tree"
+        if tree is not None and tree.session > 1 and sessions[tree.session] > 1:
+            return f"local/session-{tree.session}", "tree"
+        return f"local/pid-{view.pid}", "lone"
