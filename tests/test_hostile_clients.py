@@ -414,6 +414,62 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
     assert values(series, "gpuwarden_http_rejected_total", reason="evicted")[0] >= 2  # two closers made room
 
 
+def test_a_probe_accepted_in_one_burst_with_idle_connections_is_answered(tmp_path):
+    """At the limit, a burst accepted in one turn of the loop (the server stopped while clients connected, as a
+    loaded node delays it) holds a probe whose request is already sent but not yet read. Before: each newcomer of
+    the burst evicted the oldest connection waiting for a request, and the probe was one (CI, 2026-11-28: a reset
+    /healthz under 1,100 clients); and every newcomer after the first "evicted" the same connection again, aborted
+    but not yet reported lost, so the counter said 22 where one connection was closed. Now a connection is
+    evictable only with nothing in its socket, the burst past the probe reserve is refused, and the counter
+    counts connections closed."""
+    from gpuwarden.web.server import PROBE_RESERVE
+    from tests.helpers.common import wait_for
+
+    limit, past_reserve = 16, 9
+    with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "30") as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        httpx.get(url + "/healthz", timeout=30)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            before = [socket.create_connection(("127.0.0.1", port)) for _ in range(limit)]
+            probe = socket.create_connection(("127.0.0.1", port))
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            after = [socket.create_connection(("127.0.0.1", port)) for _ in range(PROBE_RESERVE + past_reserve)]
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        probe.settimeout(30)
+        answer = b""
+        with suppress(ConnectionResetError):
+            while chunk := probe.recv(65536):
+                answer += chunk
+        idle = (*before, *after)
+
+        def closed() -> int:
+            count = 0
+            for sock in idle:
+                try:
+                    count += sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    pass
+                except ConnectionResetError:
+                    count += 1
+            return count
+
+        with httpx.Client(timeout=30) as scraper:  # one connection: it may evict one idle connection, no more
+
+            def evicted() -> float:
+                return values(
+                    parse_exposition(scraper.get(url + "/metrics").text),
+                    "gpuwarden_http_rejected_total",
+                    reason="evicted",
+                )[0]
+
+            wait_for(lambda: closed() >= past_reserve and closed() == evicted(), timeout=30, step=0.2)
+        for sock in (*idle, probe):
+            sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
 def test_clients_aborted_at_the_pipeline_limit_over_tls_log_no_traceback(tmp_path):
     """Over TLS, a client aborted at the pipeline limit while its queued responses were being made logged a
     traceback per connection (asyncio's TLS transport raises on a write after abort): 1.69 MB of log in 20 s."""

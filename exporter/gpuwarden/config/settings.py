@@ -87,7 +87,7 @@ class WebSettings:
         ge=16,
         le=100_000,
         description="Open connections; at the limit one whose response its client leaves unread is closed, else "
-        "the oldest one still sending headers (capped below the open-file limit).",
+        "the oldest one that has sent nothing (capped below the open-file limit).",
     )
 
     @property

@@ -3,10 +3,10 @@ uvicorn), and their counters.
 
 An idle or slowloris connection, a 100 MB header or a flood of requests must never take the probes or an
 authorised scrape down with it. The limits: a deadline for each request to arrive; a header size limit counted as
-bytes arrive (431, then close, before the bytes pile up); admission (at the connection limit the oldest connection
-still waiting for a request is closed, so a new connection — a probe, a scrape — always gets in); shedding (past
-the request limit new requests get 503, except the probes); one counter per reason instead of a log line per
-rejected request (`gpuwarden_http_rejected_total`).
+bytes arrive (431, then close, before the bytes pile up); admission (at the connection limit one closing with its
+answer unread is closed, else the oldest one that has sent nothing, so a new connection — a probe, a scrape — gets
+in); shedding (past the request limit new requests get 503, except the probes); one counter per reason instead of a
+log line per rejected request (`gpuwarden_http_rejected_total`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class ConnectionGuard:
     rejected: Counter[str] = field(default_factory=Counter)
     parked: int = 0  # requests waiting out a refusal delay: they cost nothing and must not cause shedding
     waiting: dict[Any, float] = field(default_factory=dict)  # connections awaiting a request → since (ordered)
+    aborting: int = 0  # connections aborted and not yet reported lost: still in the server's set, holding nothing
     max_handshakes: int = 256  # TLS connections accepted and still in their handshake (webserver.HandshakeLimiter)
     # how long a handshake may wait on its client before its slot goes to a waiting one: ClientHello still
     # incomplete, or the server's answer unfinished (web/server.py; tests that starve their own clients lengthen them)

@@ -11,8 +11,8 @@ what it lacks, per connection, with the limits of gpuwarden.web.limits.Connectio
   does not read is aborted after the header timeout (`_abort_closed_connections`): asyncio's close waits to flush
   for ever, and 1,032 such connections held for good refused 121 of 134 probes (TLS: an OOM kill at 256 MiB);
 - admission: at the connection limit a connection closing with its response unsent is aborted, else the oldest
-  one waiting for a request, and up to `PROBE_RESERVE` connections past the limit get in, so a probe is never the
-  one refused;
+  one waiting for a request with nothing in its socket (one whose request has arrived unread may be a probe), and
+  up to `PROBE_RESERVE` connections past the limit get in, so a probe is not the one refused;
 - shedding: past the request limit new requests get 503, except the probes and the scrape (`unshed_paths`);
 - TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
 - one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
@@ -27,10 +27,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import fcntl
+import itertools
 import json
 import logging
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +49,7 @@ from gpuwarden.web.limits import ConnectionGuard
 MAX_PIPELINE = 16  # requests queued behind the one being answered
 MAX_BODY_BYTES = 64 * 1024  # gpuwarden's endpoints take no body: anything larger is refused (413)
 PROBE_RESERVE = 32  # connections let in past the limit when none can be evicted
+EVICTION_SCAN = 64  # waiting connections looked at for one with nothing sent, oldest first, per newcomer at the limit
 QUIET_MESSAGES = ("Invalid HTTP request received.", "Unsupported upgrade request.")
 
 # Attributes and methods of uvicorn's HttpToolsProtocol that GuardedHttpProtocol reads or overrides.
@@ -126,6 +131,28 @@ class _CoalescedWrites:
         return getattr(self._transport, name)
 
 
+def _bytes_unread(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes in the connection's socket the loop has not read yet (FIONREAD); a closed socket counts as none."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.fileno() < 0:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def _closing_unsent(connection: Any) -> bool:
+    """A connection the server has closed whose response its client has not read (and not aborted yet)."""
+    transport = connection.transport
+    return (
+        transport is not None
+        and transport.is_closing()
+        and not connection._writes.aborted
+        and transport.get_write_buffer_size() > 0
+    )
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the limits in the module docstring."""
 
@@ -148,12 +175,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if len(self.connections) > self.guard.max_connections:
-            self._admit()
+        self._admit()
         self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        if self._writes.aborted:
+            self.guard.aborting -= 1
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
@@ -161,30 +189,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._park_writer(False)
 
     def _admit(self) -> None:
-        """Make room by closing a connection that is closing with its response unsent (worth least: the server is
-        done with it), else the one that has waited longest for a request; a newcomer is refused only past the
-        probe reserve. Closers go first because the oldest waiting connection may be one just accepted whose
-        request is still on its way: in a flood of clients that ask and never read, that was a kubelet probe
-        (a scan of at most `max_connections`, and only at the limit)."""
+        """Make room by aborting a connection closing with its response unsent (worth least: the server is done
+        with it), else the oldest one waiting for a request with nothing in its socket; a newcomer is refused only
+        past the probe reserve. A connection whose request has arrived but is not read yet (accepted in the same
+        burst: the loop reads it next turn; in a flood that was a kubelet probe) is never the victim, nor one
+        already aborted (still in `connections` until asyncio reports it lost). At most the open connections and
+        `EVICTION_SCAN` waiting ones are looked at, and only at the limit."""
+        if len(self.connections) - self.guard.aborting <= self.guard.max_connections:
+            return
         for other in self.connections:
-            if other is not self and other.transport is not None and other.transport.is_closing():
+            if other is not self and _closing_unsent(other):
                 self.guard.reject("evicted")
                 other._abort()
                 return
-        for oldest in self.guard.waiting:
-            if oldest is not self:
+        for oldest in itertools.islice(self.guard.waiting, EVICTION_SCAN):
+            if oldest is not self and _bytes_unread(oldest.transport) == 0:
                 self.guard.reject("evicted")
                 oldest._abort()
                 return
-        if len(self.connections) > self.guard.max_connections + PROBE_RESERVE:
+        if len(self.connections) - self.guard.aborting > self.guard.max_connections + PROBE_RESERVE:
             self.guard.reject("evicted")
             self._abort()
 
     def _abort(self) -> None:
         self._cancel_deadline()
+        if not self._writes.aborted:
+            self._writes.aborted = True
+            self.guard.aborting += 1  # until connection_lost
         # no graceful TLS close: an attacker never sends its close_notify; and a transport already closing (uvicorn
         # closed it after a Connection: close response) is aborted too, or it waits to flush for ever
-        self._writes.aborted = True
         self.transport.abort()
 
     # -- a request's deadline and size -----------------------------------------------------------------------------
@@ -528,7 +561,11 @@ async def _abort_closed_connections(connections: set[Any], guard: ConnectionGuar
     while True:
         await asyncio.sleep(CLOSE_SWEEP_S)
         now = loop.time()
-        closing = {c for c in list(connections) if c.transport is not None and c.transport.is_closing()}
+        closing = {
+            c
+            for c in list(connections)
+            if c.transport is not None and c.transport.is_closing() and not c._writes.aborted
+        }
         closing_since = {c: closing_since.get(c, now) for c in closing}
         for connection, since in closing_since.items():
             if now - since >= guard.header_timeout_s:
