@@ -258,6 +258,44 @@ def test_a_slower_gpu_is_named_with_its_clock(sim, tmp_path):
     assert "SM clock 1200 MHz against 1980 MHz" in finding.observed, finding.observed
 
 
+# a co-located bf16 matmul on rank 1's GPU, as measured on 2x H200 (docs/validation/2026-11-28-h200x2-stragglers):
+# the other rank only half waits (busy 77 %, SM 43 %, tensor 9 %), so the spin signature alone never fired
+PARTIAL_WAITER = {"utilization": 77, "sm_active": 43, "tensor_active": 9, "fp32_active": 1, "dram_active": 18}
+SHARED = {"utilization": 99, "sm_active": 88, "tensor_active": 52, "fp32_active": 1, "dram_active": 35}
+
+
+@pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
+@pytest.mark.parametrize("hog_sm", [60, 0])
+def test_a_process_computing_on_a_ranks_gpu_makes_it_the_straggler(sim, tmp_path, hog_sm):
+    """Another process that computes on rank 1's GPU: rank 1 is the straggler, cause a slower GPU, with that process
+    named and the others' wait estimated from its share of the GPU. One that only holds memory (SM 0) is not."""
+    scenario = job_scenario({0: PARTIAL_WAITER, 1: SHARED, 2: PARTIAL_WAITER, 3: PARTIAL_WAITER})
+    scenario["processes"].append(
+        {
+            "gpu": 1,
+            "pid": 6001,
+            "name": "bench",
+            "memory_gib": {"constant": 4},
+            "sm": {"constant": hog_sm},
+            "at": ONSET,
+        }  # fmt: skip
+    )
+    for process in scenario["processes"][:4]:
+        process["sm"] = {"constant": 40}
+    _, timeline = run_job(sim, tmp_path, scenario, ONSET + 60)
+    named = first(timeline, "straggler")
+    if hog_sm == 0:
+        assert named is None and first(timeline, "collective_hang") is None
+        return
+    assert named is not None and named - ONSET <= 60, named
+    _, findings, _ = timeline[-1]
+    (finding,) = findings
+    assert finding.gpu == 1 and finding.job["cause"] == "slower_gpu", finding.observed
+    assert "pid 6001 (unknown, SM 60%)" in finding.observed, finding.observed  # no /proc entry written for it
+    assert [w["gpu"] for w in finding.job["waiting"]] == [0, 2, 3]
+    assert {w["wait_share"] for w in finding.job["waiting"]} == {0.6}  # 60 of the 100 SM points on GPU 1
+
+
 @pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
 def test_mp_spawn_ranks_are_one_job_by_their_parent_with_ranks_unknown(sim, tmp_path):
     _, timeline = run_job(sim, tmp_path, job_scenario({0: WAITER, 1: CPU_BOUND, 2: WAITER, 3: WAITER}),

@@ -7,6 +7,10 @@ Per job with GPUs on this node (attribution/jobs.py), over `collective_window_s`
 - some wait and one does not, for `collective_straggler_for_s`: that one is the **straggler**, with its cause:
   a slower GPU where it computes (its clocks, throttling or power cap, another process on it), else what its main
   process does on the host (CPU-bound main thread, input-bound loader workers, I/O), else unknown;
+- none waits outright, but one rank's GPU is shared with a process outside the job that computes on it (time
+  slicing: the rank's kernels queue behind the other's), while the others are busy with less SM work than it: that
+  rank is the straggler, cause a slower GPU. On 2x H200 a co-located bf16 matmul took the waiter only to busy 77 %,
+  SM 43 % (half its time waiting, half computing): the spin signature alone missed it;
 - all of the job's GPUs here wait: where the job has ranks on other nodes (its world size says so) the straggler is
   elsewhere (the fleet view names it); where it has none, and the links have carried nothing for
   `collective_hang_for_s`, it is a **collective hang**. A rank that stops (a deadlock in its host code) is named a
@@ -32,6 +36,11 @@ HANG_LINK_BYTES_PER_SECOND = 1e7  # links this quiet carry no collective's data:
 # what a straggler's main process did (HostEvidence.dominant) → the straggler's cause; asleep is no cause of its own
 HOST_CAUSES = {"checkpoint": "io", "io_wait": "io", "workers_running": "input", "main_running": "cpu"}
 SLOWER_GPU_CHECKS = ("thermal_throttling", "power", "performance_state", "temperature")
+SHARING_SM_RATIO = 0.05  # a process outside the job using this share of a rank's GPU's SMs computes on it
+
+
+def _sm(ratio: float | None) -> str:
+    return "" if ratio is None else f", SM {ratio:.0%}"
 
 
 def _host_cause(evidence: HostEvidence | None) -> tuple[str, str]:
@@ -50,6 +59,7 @@ class CollectiveStep:
         self._last_at: float | None = None
         self._since: dict[tuple[str, str, str | None], float] = {}  # (job, kind, straggler) → first seen
         self._job_seen: dict[str, float] = {}  # job → when its GPUs were first seen together
+        self._computing: dict[tuple[str, int], float] = {}  # (uuid, pid outside its job) → last seen computing
         # GPUs that others of their job wait for, as of the last snapshot: host evidence samples these
         self.suspects: set[str] = set()
 
@@ -76,9 +86,12 @@ class CollectiveStep:
             for uuid in uuids:
                 key = (uuid, job)
                 totals[key] = self._wait_total.get(key, 0.0) + (elapsed if uuid in waiting else 0.0)
-            if any(a is None for a in activity.values()) or not waiting:
+            if any(a is None for a in activity.values()):
                 continue
-            finding = self._judge(draft, limits, job, uuids, waiting, activity)  # type: ignore[arg-type]
+            if waiting:
+                finding = self._judge(draft, limits, job, uuids, waiting, activity)  # type: ignore[arg-type]
+            else:
+                finding = self._shared(draft, limits, job, uuids, activity, now)  # type: ignore[arg-type]
             if finding is None:
                 continue
             suspects |= set(uuids) - waiting
@@ -97,9 +110,13 @@ class CollectiveStep:
                 else:
                     since = quiet_since
             if now - since >= limits.collective_straggler_for_s:
-                shares = self._shares(finding.waiting, job, totals, now, limits.collective_window_s)
+                # the waiting counter's share; the sharing estimate (_shared) where larger: a partial wait
+                counted = self._shares(finding.waiting, job, totals, now, limits.collective_window_s)
+                shares = tuple((u, max(c, e)) for (u, c), (_, e) in zip(counted, finding.waiting, strict=True))
                 findings.append(replace(finding, since=since, waiting=shares))
         self._since = {k: v for k, v in self._since.items() if k in seen}
+        window = limits.collective_window_s
+        self._computing = {k: t for k, t in self._computing.items() if now - t <= window}
         self.suspects = suspects
         self._wait_total = totals
         self._record(totals, now, limits.collective_window_s)
@@ -160,6 +177,40 @@ class CollectiveStep:
         kind = "collective_hang" if quiet and cause != "slower_gpu" else "straggler"
         return CollectiveFinding(job, kind, straggler, cause, detail, waiters, 0.0)
 
+    def _shared(
+        self, draft: Draft, limits: Thresholds, job: str, uuids: list[str], activity: dict[str, WindowActivity],
+        now: float,
+    ) -> CollectiveFinding | None:  # fmt: skip
+        """The one GPU of the job that a process outside it has computed on within the window, where the others are
+        busy (waiting or computing: `collective_busy_ratio`) with fewer SMs active than it."""
+        ours = {draft.jobs[u].pid for u in uuids}
+        for uuid in uuids:
+            for process in draft.processes.get(uuid, ()):
+                if (
+                    process.pid not in ours
+                    and "compute" in process.kind
+                    and (process.sm_ratio or 0) >= SHARING_SM_RATIO
+                ):
+                    self._computing[(uuid, process.pid)] = now
+        shared = {u for u, _ in self._computing if u in uuids}
+        if len(shared) != 1:
+            return None
+        (straggler,) = shared
+        peers = [u for u in uuids if u != straggler]
+        mine = activity[straggler]
+        if not all(
+            (activity[u].busy or 0.0) >= limits.collective_busy_ratio and activity[u].sm < mine.sm for u in peers
+        ):
+            return None
+        _, detail = self._cause(draft, limits, straggler, set(peers), activity)
+        # ranks in lockstep wait while the shared GPU runs the other process: its share of the GPU's SM time
+        sm = {p.pid: p.sm_ratio or 0.0 for p in draft.processes.get(straggler, ())}
+        foreign = sum(v for pid, v in sm.items() if pid not in ours)
+        total = foreign + sm.get(draft.jobs[straggler].pid, 0.0)
+        estimate = round(foreign / total, 3) if total > 0 else 0.0
+        waiters = tuple((u, estimate) for u in peers)
+        return CollectiveFinding(job, "straggler", straggler, "slower_gpu", detail, waiters, 0.0)
+
     @staticmethod
     def _cause(
         draft: Draft, limits: Thresholds, straggler: str, waiting: set[str], activity: dict[str, WindowActivity]
@@ -191,7 +242,7 @@ class CollectiveStep:
         if others:
             reasons.append(
                 "another process computes on it: "
-                + ", ".join(f"pid {p.pid} ({p.name or 'unknown'})" for p in others[:3])
+                + ", ".join(f"pid {p.pid} ({p.name or 'unknown'}{_sm(p.sm_ratio)})" for p in others[:3])
             )
         detail = gpu_numbers + (
             "; " + "; ".join(reasons) if reasons else "; no clock, power or co-located process seen"
