@@ -15,6 +15,7 @@ from gpuwarden.health.thresholds import DEFAULT, Thresholds
 
 RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
 SELECTOR = 'job="gpuwarden"'
+HOLD_MARGIN_S = 60  # past a finding's own warm-up after a restart: the new target found and scraped, a rule evaluated
 
 
 @dataclass(frozen=True)
@@ -446,13 +447,16 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             [
                 Rule(
                     "GpuwardenCollectiveHang",
-                    f'gpuwarden_job_finding{{{s},kind="collective_hang"}} == 1',
+                    # held across an exporter restart: the new exporter needs the window and the hang's duration
+                    # again before it can say so (collective_window_s + collective_hang_for_s), plus a scrape or two
+                    held(f'gpuwarden_job_finding{{{s},kind="collective_hang"}} == 1'),
                     "warning",
                     "A training job is hung in a collective.",
                     f"Job {{{{ $labels.job_id }}}} on {NODE} spins in a collective and nothing has moved over its "
                     "links for collective_hang_for_s{{ if $labels.gpu }}; GPU {{ $labels.gpu }} (rank "
                     "{{ $labels.rank }}) stopped first{{ end }}. Tell the job's owner: dump every rank's stacks "
                     "(py-spy dump), the odd one out first, and restart from the last checkpoint. The GPUs are fine.",
+                    keep_firing_s=t.collective_window_s + t.collective_hang_for_s + HOLD_MARGIN_S,
                 ),
             ],
         ),
