@@ -470,6 +470,46 @@ def test_a_probe_accepted_in_one_burst_with_idle_connections_is_answered(tmp_pat
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
+def _status(sock: socket.socket) -> bytes:
+    """The status line of the one response a connection gets ('' where it was reset or closed unanswered)."""
+    sock.settimeout(30)
+    answer = b""
+    with suppress(ConnectionResetError):
+        while b"\r\n" not in answer and (chunk := sock.recv(65536)):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def test_past_the_reserve_a_burst_of_requests_is_refused_except_the_probe_among_them(tmp_path):
+    """Every connection of a burst past the limit and the probe reserve has sent its request, none is idle, so no
+    one can be evicted: the loop had to refuse a connection before reading it, and the probe in the burst was reset
+    (CI, 2026-11-28: the same failure as above, under load, after the burst's fix). Now each newcomer past the
+    reserve is read: the probe is answered 200, the others 503, and those within limit and reserve 200."""
+    from gpuwarden.web.server import PROBE_RESERVE
+
+    limit, past = 16, 6
+    request = b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "30") as (url, proc):
+        port = int(url.rsplit(":", 1)[1])
+        httpx.get(url + "/healthz", timeout=30)
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            within = [socket.create_connection(("127.0.0.1", port)) for _ in range(limit + PROBE_RESERVE)]
+            beyond = [socket.create_connection(("127.0.0.1", port)) for _ in range(past)]
+            probe = socket.create_connection(("127.0.0.1", port))
+            for sock in (*within, *beyond):
+                sock.sendall(request)
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        statuses = [_status(sock) for sock in within], [_status(sock) for sock in beyond], _status(probe)
+        for sock in (*within, *beyond, probe):
+            sock.close()
+    assert statuses[2] == b"HTTP/1.1 200 OK", statuses[2]
+    assert statuses[1] == [b"HTTP/1.1 503 Service Unavailable"] * past, statuses[1]
+    assert statuses[0] == [b"HTTP/1.1 200 OK"] * (limit + PROBE_RESERVE), statuses[0]
+
+
 def test_clients_aborted_at_the_pipeline_limit_over_tls_log_no_traceback(tmp_path):
     """Over TLS, a client aborted at the pipeline limit while its queued responses were being made logged a
     traceback per connection (asyncio's TLS transport raises on a write after abort): 1.69 MB of log in 20 s."""

@@ -166,6 +166,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._parked_writer = False  # counted in guard.parked: its answer waits for the client to read
+        self._past_limit = False  # let in past the probe reserve: its request is answered only if a probe's
 
     # -- connection --------------------------------------------------------------------------------------------
 
@@ -190,9 +191,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _admit(self) -> None:
         """Make room by aborting a connection closing with its response unsent (worth least: the server is done
-        with it), else the oldest one waiting for a request with nothing in its socket; a newcomer is refused only
-        past the probe reserve. A connection whose request has arrived but is not read yet (accepted in the same
-        burst: the loop reads it next turn; in a flood that was a kubelet probe) is never the victim, nor one
+        with it), else the oldest one waiting for a request with nothing in its socket. Past the probe reserve
+        a newcomer that has sent nothing is refused, and one whose request has arrived is read and answered 503
+        unless it asks for a probe. A connection whose request has arrived but is not read yet (accepted in the
+        same burst: the loop reads it next turn; in a flood that was a kubelet probe) is never the victim, nor one
         already aborted (still in `connections` until asyncio reports it lost). At most the open connections and
         `EVICTION_SCAN` waiting ones are looked at, and only at the limit."""
         if len(self.connections) - self.guard.aborting <= self.guard.max_connections:
@@ -207,9 +209,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self.guard.reject("evicted")
                 oldest._abort()
                 return
-        if len(self.connections) - self.guard.aborting > self.guard.max_connections + PROBE_RESERVE:
+        if len(self.connections) - self.guard.aborting <= self.guard.max_connections + PROBE_RESERVE:
+            return
+        # past the reserve with no one to evict: every connection is busy or its request is on its way. One that
+        # has sent nothing is refused; one whose request has arrived may be a probe, which cannot be told before
+        # the request is read: it is read (next turn), and refused then unless it is a probe's (on_headers_complete)
+        if _bytes_unread(self.transport) == 0:
             self.guard.reject("evicted")
             self._abort()
+        else:
+            self._past_limit = True
 
     def _abort(self) -> None:
         self._cancel_deadline()
@@ -305,18 +314,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.guard.reject("pipeline")
             self._abort()
             return
+        if self._past_limit and not self._unshed():
+            self.guard.reject("evicted")
+            self._past_limit = False
+            self._serve_unavailable()
+            return
         if len(self.tasks) - self.guard.parked >= self.guard.max_requests and not self._unshed():
             self.guard.reject("shed")
-            app, self.app = self.app, service_unavailable
-            try:
-                super().on_headers_complete()
-            finally:
-                self.app = app
-            self._coalesce_writes()
+            self._serve_unavailable()
             return
         super().on_headers_complete()
         self._coalesce_writes()
         self._park_writer()
+
+    def _serve_unavailable(self) -> None:
+        """503 and close, through uvicorn's own response for it."""
+        app, self.app = self.app, service_unavailable
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
+        self._coalesce_writes()
 
     def _coalesce_writes(self) -> None:
         if self.cycle is not None and self.cycle.transport is self.transport:
