@@ -164,21 +164,21 @@ class GpmSymbols:
         return shares[slot] if slot is not None and slot < len(shares) else 1.0
 
     def _gpm_mean(self, index: int, key: str, start: float, end: float) -> float:
-        steady = end <= start or self._gpm_steady(index, key)
+        steady = end <= start or self._gpm_steady(index, key, start, end)
         points = [end] if steady else [start + (end - start) * (k + 0.5) / 16 for k in range(16)]
         values = [self._gpm_value(index, key, t) for t in points]
         mean = sum(values) / len(values)
         return mean / _MIB if key.endswith("bytes_per_second") else min(max(mean, 0.0), 100.0)
 
-    def _gpm_steady(self, index: int, key: str) -> bool:
-        """Whether every value `_gpm_value` reads for `key` is the same at every instant."""
+    def _gpm_steady(self, index: int, key: str, start: float, end: float) -> bool:
+        """Whether every value `_gpm_value` reads for `key` is the same at every instant of [start, end]."""
         scenario = self.scenario
         if scenario.sets(index, key):
-            return scenario.steady(index, key)
+            return scenario.steady_between(index, key, start, end)
         if key in _FROM_UTILIZATION:
-            return scenario.steady(index, "utilization")
+            return scenario.steady_between(index, "utilization", start, end)
         if key == "dram_active":
-            return scenario.steady(index, "memory_utilization")
+            return scenario.steady_between(index, "memory_utilization", start, end)
         return True  # the model's idle value, or 0: the scenario sets none for it
 
     def _gpm_value(self, index: int, key: str, t: float) -> float:

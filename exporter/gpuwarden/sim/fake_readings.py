@@ -116,7 +116,7 @@ class ReadingSymbols:
         )
 
     def _window_mean(self, index: int, key: str, end: float) -> float:
-        if self.scenario.steady(index, key):
+        if self.scenario.steady_between(index, key, end - SAMPLE_PERIOD_S, end):
             return min(max(self.scenario.value(index, key, end), 0.0), 100.0)
         points = [self.scenario.value(index, key, end - SAMPLE_PERIOD_S * (k + 0.5) / 8) for k in range(8)]
         return min(max(sum(points) / len(points), 0.0), 100.0)
@@ -159,11 +159,13 @@ class ReadingSymbols:
             return pynvml.NVML_ERROR_NOT_SUPPORTED
         newest = int(self.now() / SAMPLE_PERIOD_S)
         since_us = _val(last_seen)
-        ks = [
-            k
-            for k in range(max(1, newest - SAMPLE_BUFFER + 1), newest + 1)
-            if _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6) > since_us
-        ]
+        first = max(1, newest - SAMPLE_BUFFER + 1)
+        # the first sample newer than `since_us`: computed, then corrected for rounding (the buffer is 71 long and
+        # a poll wants the last few: scanning it all per call was the simulator's costliest line)
+        k = max(first, int((since_us - _EPOCH_US) / (SAMPLE_PERIOD_S * 1e6)) - 1)
+        while k <= newest and _EPOCH_US + round(k * SAMPLE_PERIOD_S * 1e6) <= since_us:
+            k += 1
+        ks = list(range(k, newest + 1))
         if not ks:
             return pynvml.NVML_ERROR_NOT_FOUND
         _out(value_type).value = _UINT

@@ -153,10 +153,15 @@ class Trajectory(_Strict):
             raise ValueError("give exactly one of constant, ramp, square (or a bare number)")
         return self
 
-    @property
-    def steady(self) -> bool:
-        """The same value at every instant."""
-        return self.constant is not None and not self.noise
+    def steady_between(self, start: float, end: float) -> bool:
+        """The same value at every instant of [start, end]: a constant, or a ramp before it begins or after it
+        ends (so a window's mean is one reading: a job's scenario ramps once and is flat for minutes)."""
+        if self.noise:
+            return False
+        if self.constant is not None:
+            return True
+        r = self.ramp
+        return r is not None and (end <= r.begin or start >= r.begin + r.duration)
 
     def at(self, t: float, seed: str) -> float:
         if self.constant is not None:
@@ -392,11 +397,11 @@ class Scenario(_Strict):
         """Whether the scenario sets `key` on `gpu` (else the caller derives or defaults it)."""
         return self._resolved(gpu, key)[0] is not None
 
-    def steady(self, gpu: int, key: str) -> bool:
-        """Whether `key` on `gpu` is the same at every instant (a noiseless constant, or the model's idle value):
-        a window's mean of it is then its value, with no need to sample the window."""
+    def steady_between(self, gpu: int, key: str, start: float, end: float) -> bool:
+        """Whether `key` on `gpu` is the same at every instant of [start, end] (a noiseless constant, a ramp outside
+        its change, or the model's idle value): a window's mean of it is then one reading."""
         trajectory, _ = self._resolved(gpu, key)
-        return trajectory is None or trajectory.steady
+        return trajectory is None or trajectory.steady_between(start, end)
 
     @functools.cached_property
     def lookups(self) -> dict[tuple[int, str], tuple[Trajectory | None, str]]:
