@@ -29,7 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--phase",
         choices=("all", "parallel", "serial"),
         default="all",
-        help="parallel: the tests not marked serial (-n 4); serial: those (-n 3 --dist loadgroup); .ci/test runs both",
+        help="parallel: the tests not marked serial (-n 4); serial: those (-n 2 --dist loadfile); .ci/test runs both",
     )
 
 

@@ -28,7 +28,6 @@ ROUTING_KEY = "gpuwarden-test-routing-key"
 FOR_SCALE = 1 / 240
 
 pytestmark = [
-    pytest.mark.xdist_group("alerting_e2e"),  # its module's servers on one worker
     pytest.mark.serial,  # real Prometheus and Alertmanager on their own clocks: the serial phase
     pytest.mark.slow,
     pytest.mark.skipif(

@@ -21,11 +21,7 @@ from tests.helpers.kubelet import FakeKubelet
 from tests.helpers.stack import PROMETHEUS
 from tests.helpers.stack import stack as running_stack
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.xdist_group("dashboards"),
-]  # end-to-end, and measured under load or against real clocks
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "grafana_dashboards"

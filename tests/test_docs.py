@@ -56,7 +56,7 @@ def test_ci_runs_the_readme_test_command():
     assert "python -m ruff check ." in script and "python -m ruff format --check ." in script
     assert "lint-imports" in script  # the layer contracts
     assert 'python -m pytest -q -n 4 --dist loadgroup --phase parallel "$@"' in script  # on 4 workers, then
-    assert 'python -m pytest -q -n 3 --dist loadgroup --phase serial "$@"' in script  # the load-sensitive ones apart
+    assert 'python -m pytest -q -n 2 --dist loadfile --phase serial "$@"' in script  # the load-sensitive ones apart
     assert script.rstrip().endswith('exit "$status"')  # failing if either phase failed
     # in a venv of its own: Debian's Python refuses pip outside one (PEP 668)
     assert "python3 -m venv .venv" in script and 'PATH="$PWD/.venv/bin:$PATH"' in script

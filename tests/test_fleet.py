@@ -30,11 +30,7 @@ from tests.helpers.kubelet import FakeKubelet
 from tests.helpers.stack import PROMETHEUS, late_nvlink_down, stack
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.xdist_group("fleet"),
-]  # end-to-end, and measured under load or against real clocks
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
 SHORT = {
     "utilization_for_s": 8,

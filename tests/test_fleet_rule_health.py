@@ -23,11 +23,7 @@ from tests.helpers.common import free_port, wait_for
 from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.stack import PROMETHEUS, stack, wait_ready
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.xdist_group("fleet_rule_health"),
-]  # real Prometheus and vmalert on their own clocks: the serial phase
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real Prometheus and vmalert on their own clocks: the serial phase
 
 
 def broken_health_rules(tmp: Path) -> Path:

@@ -19,7 +19,6 @@ from tests.helpers.slurm import SlurmCluster, missing
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("slurm_healthcheck"),  # its module's servers on one worker
     pytest.mark.serial,  # a real slurmctld, and drains that race each other on purpose: the serial phase
     pytest.mark.skipif(bool(missing()), reason=f"Slurm not installed ({', '.join(missing())}; the test command does)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="slurmctld and slurmd run as root here (CI runs as root)"),
