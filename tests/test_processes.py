@@ -59,6 +59,10 @@ def poll(sim, scenario: dict[str, Any], seconds: int, **sections: Any) -> tuple[
     return poll_series(sim, scenario, seconds, **sections)
 
 
+def _labelled(series: dict, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(labels), value) for (n, labels), value in series.items() if n == name]
+
+
 SHARED = {
     "name": "shared",
     "node": {"count": 2},
@@ -282,6 +286,59 @@ def test_mig_processes_are_summed_per_gpu_instance_in_the_api(live_server) -> No
     gpu = server.get("/api/v1/gpus/0").json()
     assert gpu["memory_by_gpu_instance"] == {"7": 9 * GIB, "8": 9 * GIB}
     assert {p["pid"]: p["gpu_instance"] for p in gpu["processes"]} == {4301: 7, 4302: 7, 4303: 8}
+
+
+def test_each_mig_slice_reports_its_own_memory_and_profile(sim) -> None:
+    """A slice runs out of memory at its own total: 9 of 9.75 GiB in GPU instance 7 is nearly full while the GPU
+    is at 18 of 80. Each slice's profile is named as nvidia-smi names it (the by-ID profile call)."""
+    scenario = {
+        "name": "mig-memory",
+        "node": {"count": 2, "mig_instances": {0: 2}},
+        "processes": [
+            {"gpu": 0, "pid": 4301, "memory_gib": {"constant": 6}, "gpu_instance": 7},
+            {"gpu": 0, "pid": 4302, "memory_gib": {"constant": 3}, "gpu_instance": 7},
+            {"gpu": 0, "pid": 4303, "memory_gib": {"constant": 9}, "gpu_instance": 8},
+            {"gpu": 1, "pid": 4304, "memory_gib": {"constant": 9}},
+        ],
+    }
+    _, series = poll(sim, scenario, 2)
+    last = series[-1]
+    used = {labels["gpu_instance"]: v for labels, v in _labelled(last, "gpuwarden_mig_memory_used_bytes")}
+    total = {labels["gpu_instance"]: v for labels, v in _labelled(last, "gpuwarden_mig_memory_total_bytes")}
+    assert used == {"7": 9 * GIB, "8": 9 * GIB}
+    assert total == {"7": 9984 * 2**20, "8": 9984 * 2**20}
+    info = [labels for labels, _ in _labelled(last, "gpuwarden_mig_instance_info")]
+    assert {(i["gpu"], i["gpu_instance"], i["profile"], i["profile_id"]) for i in info} == {
+        ("0", "7", "1g.10gb", "19"),
+        ("0", "8", "1g.10gb", "19"),
+    }
+    assert all(i["mig_uuid"].startswith("MIG-") for i in info)
+    assert values(last, "gpuwarden_memory_used_bytes", gpu="0") == [18 * GIB]  # the GPU's own reading is unchanged
+
+
+def test_the_simulated_profile_call_is_as_strict_as_the_header(sim) -> None:
+    """The v2 structure with its version unset is refused (nvml.h: the caller sets nvmlGpuInstanceProfileInfo_v2;
+    pynvml's structure does it in its constructor), and one passed by value fails loudly, as it would corrupt the
+    real library's memory."""
+    import ctypes
+
+    import pynvml
+
+    from gpuwarden.sim.fakecommon import SimulatedMemoryCorruption
+
+    sim({"name": "mig-version", "node": {"count": 1, "mig_instances": {0: 1}}})
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetGpuInstanceProfileInfoById(handle, 19).name == "MIG 1g.10gb"  # pynvml decodes
+        function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstanceProfileInfoByIdV")
+        unset = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        unset.version = 0
+        assert function(handle, 19, ctypes.byref(unset)) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        with pytest.raises(SimulatedMemoryCorruption):
+            function(handle, 19, pynvml.c_nvmlGpuInstanceProfileInfo_v2_t())
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def test_a_driver_that_cannot_list_processes_loses_only_the_process_series(sim) -> None:

@@ -239,6 +239,34 @@ MIG_GPM_DRAM_ACTIVE_SECONDS_TOTAL = _f(
     "mig_uuid",
     unit="seconds",
 )
+# per MIG slice (its MIG device handle): what its workload sees as its GPU
+MIG_MEMORY_USED_BYTES = _f(
+    "gpuwarden_mig_memory_used_bytes",
+    "gauge",
+    "Memory used in the MIG GPU instance (nvmlDeviceGetMemoryInfo on its MIG device): a slice runs out of memory "
+    "at its own total, not the GPU's.",
+    "gpu_instance",
+    "mig_uuid",
+    unit="bytes",
+)
+MIG_MEMORY_TOTAL_BYTES = _f(
+    "gpuwarden_mig_memory_total_bytes",
+    "gauge",
+    "Memory of the MIG GPU instance (its profile's share of the GPU).",
+    "gpu_instance",
+    "mig_uuid",
+    unit="bytes",
+)
+MIG_INSTANCE_INFO = _f(
+    "gpuwarden_mig_instance_info",
+    "gauge",
+    "1 per MIG GPU instance, with its profile as nvidia-smi names it (1g.10gb; unknown where the driver cannot "
+    "say) and its NVML profile ID.",
+    "gpu_instance",
+    "mig_uuid",
+    "profile",
+    "profile_id",
+)
 GPM_UNAVAILABLE_INFO = _f(
     "gpuwarden_gpm_unavailable_info",
     "gauge",

@@ -134,6 +134,12 @@ nvmlGpuInstanceGetInfo = _op(
     pynvml.nvmlGpuInstanceGetInfo, "slow", READ + "; profile ID and placement start: the slice's name under DRA"
 )
 
+nvmlDeviceGetGpuInstanceProfileInfoById = _op(
+    pynvml.nvmlDeviceGetGpuInstanceProfileInfoById,
+    "slow",
+    READ + "; a MIG profile's name (1g.10gb): the slice's profile label",
+)
+
 # -- GPM, profiling-class activity (gpuwarden.nvml.gpm, fast tier; Hopper and newer) ------------------------------
 GPM = (
     "unsupported or no_permission: no profiling series for that GPU (a gauge says why); not retried until re-discovery"

@@ -112,8 +112,8 @@ class DeviceSymbols:
         index, code = self._device(handle, "nvmlDeviceGetGpuInstanceId")
         if code != OK:
             return code
-        slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1
-        if slot < 0:
+        slot = mig_slot_of(handle)
+        if slot is None:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT  # a whole GPU is not a GPU instance
         _out(ref).value = mig_gpu_instance_id(slot)
         return OK
@@ -146,6 +146,27 @@ class DeviceSymbols:
         info.profileId = MIG_1G_PROFILE_ID
         info.placement.start = slot
         info.placement.size = 1
+        return OK
+
+    def nvmlDeviceGetGpuInstanceProfileInfoByIdV(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        """The 1g.10gb profile of an H100 80GB, as the driver fills the v2 structure; refused, as nvml.h says, when
+        the caller left its version unset, and loudly when the structure is passed by value."""
+        if not hasattr(ref, "_obj"):
+            raise SimulatedMemoryCorruption("nvmlDeviceGetGpuInstanceProfileInfoByIdV: the structure passed by value")
+        index, code = self._device(handle, "nvmlDeviceGetGpuInstanceProfileInfoByIdV")
+        if code != OK:
+            return code
+        if mig_slot_of(handle) is not None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT  # a MIG handle is not a parent GPU
+        info = _out(ref)
+        if info.version != pynvml.nvmlGpuInstanceProfileInfo_v2:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if index not in self.scenario.node.mig_instances:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        if _val(profile_id) != MIG_1G_PROFILE_ID:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        info.id, info.sliceCount, info.instanceCount, info.multiprocessorCount = MIG_1G_PROFILE_ID, 1, 7, 16
+        info.memorySizeMB, info.name = MIG_1G_MEMORY_MIB, b"MIG 1g.10gb"
         return OK
 
     def mig_uuid(self, index: int, slot: int) -> str:
@@ -251,6 +272,13 @@ class DeviceSymbols:
 
 _GI_HANDLE_BASE = 0x7F0000A00000  # GPU instance handles: apart from device handles, so a mix-up fails loudly
 MIG_1G_PROFILE_ID = 19  # nvidia-smi mig -lgip: 1g.10gb on H100 80GB
+MIG_1G_MEMORY_MIB = 9984  # its memory (nvmlGpuInstanceProfileInfo_v2.memorySizeMB; nvidia-smi: 9.75 GiB)
+
+
+def mig_slot_of(handle: Any) -> int | None:
+    """The MIG slot a device handle names, or None for a whole GPU's handle."""
+    slot = (_pointer_value(handle) - _HANDLE_BASE) % 0x100 - 1
+    return None if slot < 0 else slot
 
 
 def mig_gpu_instance_id(slot: int) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pynvml
 
+from gpuwarden.sim.fake_device import MIG_1G_MEMORY_MIB, mig_gpu_instance_id, mig_slot_of
 from gpuwarden.sim.fakecommon import _EPOCH_US, _UINT, OK, SAMPLE_BUFFER, SAMPLE_PERIOD_S, _out, _val
 
 
@@ -22,10 +23,22 @@ class ReadingSymbols:
         used = int(usable * ratio)
         return self.model.memory_total, self.model.memory_reserved, used, usable - used
 
+    def _memory_of(self, handle: Any, index: int) -> tuple[int, int, int, int]:
+        """The GPU's memory, or, on a MIG device handle, its slice's (a 1g.10gb slice's total and what the
+        processes in its GPU instance hold; no reserve of its own is modelled)."""
+        slot = mig_slot_of(handle)
+        if slot is None:
+            return self._memory(index)
+        instance = mig_gpu_instance_id(slot)
+        used = sum(self.process_memory(spec) for _, spec in self.running(index) if spec.gpu_instance == instance)
+        total = MIG_1G_MEMORY_MIB * 1024**2
+        used = min(used, total)
+        return total, 0, used, total - used
+
     def nvmlDeviceGetMemoryInfo(self, handle: Any, ref: Any) -> int:
         index, code = self._device(handle, "nvmlDeviceGetMemoryInfo")
         if code == OK:
-            total, reserved, used, free = self._memory(index)
+            total, reserved, used, free = self._memory_of(handle, index)
             mem = _out(ref)
             mem.total, mem.used, mem.free = total, used + reserved, free
         return code
@@ -36,7 +49,7 @@ class ReadingSymbols:
             mem = _out(ref)
             if mem.version != pynvml.nvmlMemory_v2:
                 return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
-            mem.total, mem.reserved, mem.used, mem.free = self._memory(index)
+            mem.total, mem.reserved, mem.used, mem.free = self._memory_of(handle, index)
         return code
 
     def nvmlDeviceGetTemperatureV(self, handle: Any, ref: Any) -> int:

@@ -57,6 +57,7 @@ def all_readers() -> list[Reader]:
         utilization.FAST,
         utilization.VIDEO,
         memory.FAST,
+        mig.FAST,
         thermal.FAST,
         power.FAST,
         clocks.FAST,
