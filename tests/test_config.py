@@ -51,6 +51,10 @@ def test_precedence_defaults_file_env_flags(tmp_path):
         ({"web": {"telemetry_path": "/healthz"}}, "web.telemetry_path: must start with '/' and not clash"),
         ({"poll": {"slow_interval": 2, "fast_interval": 5}}, "poll.slow_interval must be >= poll.fast_interval"),
         ({"nvml": {"scenario": "healthy"}}, "nvml.scenario needs nvml.backend: sim"),
+        (
+            {"nvml": {"devices": ["0", "gpu1"]}},
+            "nvml.devices: 'gpu1' is neither a GPU index (0, 1, ...) nor a GPU UUID",
+        ),
         (["not", "a", "mapping"], "top level must be a mapping"),
     ],
 )

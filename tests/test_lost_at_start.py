@@ -111,3 +111,26 @@ def test_a_gpu_this_container_may_not_open_stays_skipped(live_server) -> None:
     server = live_server(scenario)
     wait_for(lambda: server.get("/api/v1/health").json()["gpus_skipped"] == {"2": "no_permission"})
     assert 'gpu="2"' not in server.get("/metrics").text
+
+
+def test_an_exporter_watches_only_the_gpus_its_devices_select(sim, caplog: pytest.LogCaptureFixture) -> None:
+    """nvml.devices (dcgm-exporter's --devices): a node split between two exporters, by index or by UUID. The others
+    are neither opened nor served, not even as lost; a lost GPU that is selected stays in view; a selector that
+    names no GPU is said once."""
+    from tests.helpers.common import poll_series
+
+    def watched(devices: list[str]) -> tuple[list[tuple[int, bool]], list]:
+        pipeline, series = poll_series(sim, LOST_FROM_START, 2, nvml={"devices": devices})
+        return [(g.index, g.up) for g in pipeline.snapshot.gpus], series
+
+    everything, _ = watched([])
+    assert everything == [(0, True), (1, True), (2, False), (3, True)]
+    by_index, series = watched(["2", "3"])
+    assert by_index == [(2, False), (3, True)]  # the lost one selected: served as lost, GPU 0 and 1 not at all
+    gpu_labels = {dict(labels)["gpu"] for (name, labels), _ in series[-1].items() if name == "gpuwarden_gpu_up"}
+    assert gpu_labels == {"2", "3"}  # NVML's own indexes, as nvidia-smi shows them
+    pipeline, _ = poll_series(sim, LOST_FROM_START, 1)
+    second = pipeline.snapshot.gpus[1].uuid
+    by_uuid, _ = watched([second, "7"])
+    assert by_uuid == [(1, True)]
+    assert "nvml.devices: no GPU opened for 7 (NVML counts 4)" in caplog.text

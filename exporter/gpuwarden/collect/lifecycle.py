@@ -53,8 +53,10 @@ class NvmlLifecycle:
         deadline: Callable[[], float],
         on_missing: Callable[[], str],
         started_init: concurrent.futures.Future[Any] | None = None,
+        devices: Callable[[], tuple[str, ...]] = lambda: (),
     ) -> None:
         self._pool, self._runner, self.ledger = pool, runner, ledger
+        self._devices = devices  # the GPUs watched (index or UUID), read at each discovery; empty: all
         self._started_init = started_init  # start_init()'s future: NVML began while the rest was imported
         self._deadline = deadline  # read at each use: a reload may change it
         self._on_missing = on_missing
@@ -122,11 +124,14 @@ class NvmlLifecycle:
         return self.nvml_up
 
     def _discover(self, count: int) -> None:
-        """Open every GPU concurrently, each under the deadline; a GPU that hangs or refuses is skipped."""
+        """Open every GPU concurrently (those `devices` selects), each under the deadline; a GPU that hangs or
+        refuses is skipped."""
         deadline = self._deadline()
+        selection = Selection.of(self._devices(), count)
         futures = {
             index: self._pool.submit(f"discover-{index}", lambda i=index: session.open_index(i))
             for index in range(count)
+            if selection.may_be(index)
         }
         waiting = [future for future in futures.values() if future is not None]
         concurrent.futures.wait(waiting, timeout=deadline)
@@ -151,12 +156,14 @@ class NvmlLifecycle:
             except NvmlDownError as exc:
                 self.library_down(exc.reason)
                 return
-            found.append(self._register(index, uuid, handle))
+            if selection.wants(index, uuid):
+                found.append(self._register(index, uuid, handle))
+        selection.warn_unmatched({state.device.uuid for state in found})
         self.apply(Tier.STATIC, self._runner.run(Tier.STATIC, [s.device for s in found], deadline, deadline))
-        self._keep_unopened_in_view(found)
+        self._keep_unopened_in_view(found, selection)
         self.probe_topology()
 
-    def _keep_unopened_in_view(self, found: list[GpuState]) -> None:
+    def _keep_unopened_in_view(self, found: list[GpuState], selection: Selection) -> None:
         """Serve each GPU NVML counts but discovery could not open as lost (gpu_up 0), named by the kernel
         driver's list where it can be (a restarted exporter kept a lost GPU out of view: issue 36). One this
         container may not open (no_permission) is not ours to watch: it stays in `skipped`."""
@@ -168,8 +175,10 @@ class NvmlLifecycle:
         now = time.monotonic()
         with self.lock:
             for index in unopened:
-                reason = self.skipped.pop(index)
                 known = named.get(index)
+                if not selection.wants(index, known.uuid if known else None):
+                    continue  # another exporter's GPU, or one no selector can be matched to
+                reason = self.skipped.pop(index)
                 uuid = known.uuid if known else f"{UNKNOWN_UUID_PREFIX}{index}"
                 state = self.gpus.get(uuid)
                 if state is None:
@@ -348,3 +357,36 @@ class NvmlLifecycle:
         call = session.in_flight(self._pool.thread_id(key)) or default_call
         self.ledger.timeout(call)
         return call
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The GPUs `nvml.devices` selects, by NVML index or UUID (empty: every GPU)."""
+
+    indices: frozenset[int]
+    uuids: frozenset[str]
+    count: int
+
+    @classmethod
+    def of(cls, devices: tuple[str, ...], count: int) -> Selection:
+        return cls(
+            frozenset(int(d) for d in devices if d.isdigit()), frozenset(d for d in devices if not d.isdigit()), count
+        )
+
+    @property
+    def everything(self) -> bool:
+        return not self.indices and not self.uuids
+
+    def may_be(self, index: int) -> bool:
+        """Whether the GPU at `index` is to be opened (a UUID is known only once it is)."""
+        return self.everything or bool(self.uuids) or index in self.indices
+
+    def wants(self, index: int, uuid: str | None) -> bool:
+        return self.everything or index in self.indices or (uuid is not None and uuid in self.uuids)
+
+    def warn_unmatched(self, opened: set[str]) -> None:
+        """One line for the selectors that name no GPU: an index past NVML's count, a UUID no GPU opened has (a
+        GPU that could not be opened is served as lost where the driver's list names it)."""
+        unmatched = [str(i) for i in sorted(self.indices) if i >= self.count] + sorted(self.uuids - opened)
+        if unmatched:
+            log.warning("nvml.devices: no GPU opened for %s (NVML counts %d)", ", ".join(unmatched), self.count)

@@ -53,6 +53,7 @@ class PollPlan:
     call_deadline: float
     on_missing: str  # stay_up | exit: when NVML cannot be loaded at start
     xid_events: bool
+    devices: tuple[str, ...] = ()  # the GPUs watched, by index or UUID; empty: every GPU
 
 
 class Poller:
@@ -81,6 +82,7 @@ class Poller:
             deadline=lambda: self.plan.call_deadline,
             on_missing=lambda: self.plan.on_missing,
             started_init=started_init,
+            devices=lambda: self.plan.devices,
         )
         self._topology = TopologyStep(lambda: self.nvml.pairs)
         self.assembler = SnapshotAssembler((self._topology, *steps))

@@ -31,6 +31,15 @@ def check_probe_listen_address(value: str) -> str:
     return check_listen_address(value) if value else value
 
 
+def _check_devices(value: tuple[str, ...]) -> tuple[str, ...]:
+    if len(value) > 1024:
+        raise ValueError("at most 1024 GPUs")
+    for entry in value:
+        if not (entry.isdigit() or (entry.startswith("GPU-") and len(entry) <= 64 and entry.isprintable())):
+            raise ValueError(f"'{entry}' is neither a GPU index (0, 1, ...) nor a GPU UUID (GPU-...)")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -170,6 +179,13 @@ class NvmlSettings:
         le=86400,
         description="Seconds GPM stays off after repeated crashes before one new child is tried; doubles after each "
         "failed try, up to an hour.",
+    )
+    devices: tuple[str, ...] = setting(
+        (),
+        description="GPUs this exporter watches, by NVML index or UUID (dcgm-exporter's --devices): empty, every "
+        "GPU. For a node split between exporters (two jobs' GPUs, a test of two nodes on one host); the others are "
+        "neither opened nor served. Applied at discovery (start, or NVML's re-initialisation).",
+        check=_check_devices,
     )
     expected_gpus: int = setting(
         0,

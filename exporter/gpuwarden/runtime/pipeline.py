@@ -65,6 +65,7 @@ def poll_plan(settings: Settings) -> PollPlan:
         call_deadline=poll.call_deadline,
         on_missing=settings.nvml.on_missing,
         xid_events=settings.nvml.xid_events,
+        devices=settings.nvml.devices,
     )
 
 
