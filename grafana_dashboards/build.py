@@ -940,6 +940,23 @@ def _fleet_hot_failing_and_disconnected(layout: Layout) -> None:
         unit="none",
         w=8,
     )
+    layout.add(
+        kind="table",
+        title="NVSwitch fabric problems",
+        description="GPUs whose NVSwitch fabric is not set up (state not_started or in_progress: Fabric Manager "
+        "down, CUDA cannot start) or has a health condition (condition: route_unhealthy, degraded_bandwidth, ...). "
+        "Nodes without NVSwitch never appear. Runbook: GpuwardenFabricNotReady.",
+        targets=[
+            target(
+                f'(gpuwarden_fabric_state{{{NODE_SELECTOR},state!="completed"}} == 1) '
+                f"or (gpuwarden_fabric_health{{{NODE_SELECTOR}}} == 1)",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        unit="none",
+        w=24,
+    )
 
 
 def _fleet_versions(layout: Layout) -> None:

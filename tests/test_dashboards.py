@@ -30,7 +30,15 @@ build = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(build)
 XID_EVENTS = build.xid_events(build.GPU_SELECTOR)
 UNITS = {"percentunit", "bytes", "Bps", "celsius", "watt", "hertz", "joule", "s", "ops", "none"}
-SCENARIOS = ["healthy", "thermal-throttling", "ecc-uncorrectable", "nvlink-down", "gpu-lost", "mig-inference"]
+SCENARIOS = [
+    "healthy",
+    "thermal-throttling",
+    "ecc-uncorrectable",
+    "nvlink-down",
+    "gpu-lost",
+    "mig-inference",
+    "fabric-degraded",
+]
 # what a query may reference beyond the exporter's families
 EXTERNAL = {"ALERTS", "up"}
 

@@ -788,7 +788,7 @@ def test_npd_is_off_by_default_and_on_renders_the_shipped_config_with_a_token_fo
     objects = render(VARIANTS["npd"])
     config = npd_config(objects)
     assert config == json.loads((ROOT / "deploy" / "npd" / "gpuwarden-npd.json").read_text())  # one config
-    assert check_npd_config(config) == {"hardware", "nvlink", "thermal", "driver"}
+    assert check_npd_config(config) == {"hardware", "nvlink", "fabric", "thermal", "driver"}
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     npd = container(objects, "node-problem-detector")
     assert npd["image"] == container(objects)["image"]  # NPD runs where `gpuwarden npd-plugin` exists

@@ -18,6 +18,8 @@ from gpuwarden.model.families import (
     BUSY_SECONDS_TOTAL,
     CLOCK_EVENT_ACTIVE,
     ECC_ERRORS_TOTAL,
+    FABRIC_HEALTH,
+    FABRIC_STATE,
     GPM_DRAM_ACTIVE_SECONDS_TOTAL,
     GPM_PIPE_ACTIVE_SECONDS_TOTAL,
     GPM_SM_ACTIVE_SECONDS_TOTAL,
@@ -52,6 +54,7 @@ CHECKS = (
     "row_remap",
     "xid",
     "nvlink",
+    "fabric",
     "temperature",
     "thermal_throttling",
     "power",
@@ -305,6 +308,38 @@ def check_nvlink(c: CheckContext) -> Verdict:
     return c.verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
 
 
+FABRIC_FAULTS = ("route_unhealthy", "incorrect_configuration", "registration_failed")  # CUDA jobs fail: critical
+FABRIC_DEGRADED = ("degraded_bandwidth", "route_recovery", "access_timeout_recovery", "gfm_disconnected")
+
+
+def check_fabric(c: CheckContext) -> Verdict:
+    """The NVSwitch fabric (readers/fabric.py): not set up for fabric_setup_for_s, or an unhealthy route, a wrong
+    configuration or a failed registration, is critical (CUDA cannot start or jobs fail on the GPU); degraded
+    bandwidth or a recovery for fabric_degraded_for_s is a warning. A GPU without NVSwitch has no fabric rows."""
+    limits = c.thresholds
+    states = [labels[0] for (name, labels), value in c.values.items() if name == FABRIC_STATE.name and value]
+    held = {labels[0] for (name, labels), value in c.values.items() if name == FABRIC_HEALTH.name and value}
+    if not states:
+        return c.verdict(OK, "no NVSwitch fabric", "")
+    faults = [f for f in FABRIC_FAULTS if f in held]
+    if faults:
+        return c.verdict(CRITICAL, f"fabric {', '.join(faults)}", "a healthy fabric")
+    state = states[0]
+    unready = state != "completed"
+    if c.sustained("fabric_unready", unready, limits.fabric_setup_for_s):
+        return c.verdict(CRITICAL, f"fabric {state}: CUDA cannot start on this GPU", "fabric completed")
+    if unready:
+        return c.pending("fabric_unready", f"fabric {state}", "fabric completed", limits.fabric_setup_for_s)
+    degraded = [d for d in FABRIC_DEGRADED if d in held]
+    if c.sustained("fabric_degraded", bool(degraded), limits.fabric_degraded_for_s):
+        return c.verdict(WARNING, f"fabric {', '.join(degraded)}", "a healthy fabric")
+    if degraded:
+        return c.pending(
+            "fabric_degraded", f"fabric {', '.join(degraded)}", "a healthy fabric", limits.fabric_degraded_for_s
+        )
+    return c.verdict(OK, "fabric completed, healthy", "")
+
+
 def check_temperature(c: CheckContext) -> Verdict:
     limits = c.thresholds
     temp = c.values.get((TEMPERATURE_CELSIUS.name, ()))
@@ -551,6 +586,7 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
     "row_remap": check_row_remap,
     "xid": check_xid,
     "nvlink": check_nvlink,
+    "fabric": check_fabric,
     "temperature": check_temperature,
     "thermal_throttling": check_thermal_throttling,
     "power": check_power,

@@ -41,6 +41,13 @@ ADVICE: dict[str, tuple[str, str]] = {
         "Drain the node, check `nvidia-smi nvlink -s` and `nvidia-smi topo -m`, reset or reboot; replace the "
         "baseboard if it recurs.",
     ),
+    "fabric": (
+        "The NVSwitch fabric is not set up for this GPU, or is unhealthy or degraded: Fabric Manager is stopped, "
+        "failed, mismatched with the driver, or reports a route or configuration fault. CUDA cannot start (not set "
+        "up) or jobs fail or slow down, while the GPU's own readings look healthy.",
+        "Check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log; start or restart it (its "
+        "version must match the driver's); drain and reboot if the fabric does not complete.",
+    ),
     "temperature": (
         "The GPU runs hot: cooling (fans, airflow, inlet temperature, blanking panels) or a bad heatsink.",
         "Check the chassis' cooling and the GPU's neighbours; drain before it reaches its shutdown temperature.",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuwarden.health.checks import FABRIC_DEGRADED, FABRIC_FAULTS
 from gpuwarden.health.thresholds import DEFAULT, Thresholds
 
 RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
@@ -413,6 +414,42 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.nvlink_down_for_s,
                     "cordon",
                     t.page_hold_s,
+                ),
+                Rule(
+                    "GpuwardenFabricNotReady",
+                    held(f'gpuwarden_fabric_state{{{s},state!="completed"}} == 1'),
+                    "critical",
+                    "A GPU's NVSwitch fabric is not set up: CUDA cannot start on it.",
+                    f"{gpu}: its NVSwitch fabric is {{{{ $labels.state }}}}, so no CUDA job can start there, though "
+                    "every other reading looks healthy. Check `systemctl status nvidia-fabricmanager` and "
+                    "/var/log/fabricmanager.log; start or restart Fabric Manager (its version must match the "
+                    "driver's); drain the node if the fabric does not complete.",
+                    t.fabric_setup_for_s,
+                    "cordon",
+                    t.page_hold_s,
+                ),
+                Rule(
+                    "GpuwardenFabricUnhealthy",
+                    held(f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_FAULTS)}"}} == 1'),
+                    "critical",
+                    "A GPU's NVSwitch fabric is unhealthy: jobs that use it fail.",
+                    f"{gpu}: fabric {{{{ $labels.condition }}}} (route_unhealthy, incorrect_configuration or a failed "
+                    "registration with Fabric Manager). Drain the node, read /var/log/fabricmanager.log and "
+                    "`nvidia-smi -q` (Fabric), restart Fabric Manager, then reboot if it persists; an NVSwitch or "
+                    "baseboard fault needs the vendor.",
+                    0,
+                    "cordon",
+                    t.page_hold_s,
+                ),
+                Rule(
+                    "GpuwardenFabricDegraded",
+                    f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_DEGRADED)}"}} == 1',
+                    "warning",
+                    "A GPU's NVSwitch fabric runs degraded.",
+                    f"{gpu}: fabric {{{{ $labels.condition }}}}: all-reduce over NVSwitch runs slower (degraded "
+                    "bandwidth: a trunk link lost) or recovers routes. Check /var/log/fabricmanager.log and "
+                    "`nvidia-smi nvlink -s`; plan a drain and an NVSwitch check at the next window.",
+                    t.fabric_degraded_for_s,
                 ),
                 Rule(
                     "GpuwardenNvlinkCrcErrorsHigh",

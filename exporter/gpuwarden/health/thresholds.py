@@ -97,6 +97,11 @@ class Thresholds:
     nvlink_down_for_s: int = setting(300, ge=0)
     nvlink_crc_per_second: float = setting(100, gt=0)
     nvlink_crc_for_s: int = setting(600, ge=0)
+    # an NVSwitch fabric not set up this long is a fault (Fabric Manager sets it up within a minute or two of boot:
+    # the exporter starting with the node must not call the first minutes critical); degraded bandwidth, a route
+    # recovering or an access timeout recovering this long is a warning
+    fabric_setup_for_s: int = setting(300, ge=0)
+    fabric_degraded_for_s: int = setting(300, ge=0)
     pcie_replays_per_minute: float = setting(8, gt=0)
     pcie_replays_for_s: int = setting(600, ge=0)
     # configuration and availability

@@ -267,6 +267,33 @@ MIG_INSTANCE_INFO = _f(
     "profile",
     "profile_id",
 )
+# NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV): on HGX/NVL systems CUDA cannot start on a GPU whose fabric Fabric
+# Manager has not set up, while every other reading looks healthy
+FABRIC_STATE = _f(
+    "gpuwarden_fabric_state",
+    "gauge",
+    "1 for the GPU's NVSwitch fabric state: not_started (Fabric Manager has not set it up), in_progress or "
+    "completed; no series on a GPU without NVSwitch. Default: only the states other than completed (group "
+    "fabric_detail for every state).",
+    "state",
+)
+FABRIC_HEALTH = _f(
+    "gpuwarden_fabric_health",
+    "gauge",
+    "1 while a fabric health condition holds (degraded_bandwidth, route_recovery, route_unhealthy, "
+    "access_timeout_recovery, incorrect_configuration, gfm_disconnected, registration_failed), else 0. Default: "
+    "only those that hold (group fabric_detail for all).",
+    "condition",
+)
+FABRIC_INFO = _f(
+    "gpuwarden_fabric_info",
+    "gauge",
+    "1 per GPU with an NVSwitch fabric: its clique ID, cluster UUID and the driver's health summary (healthy, "
+    "limited_capacity, unhealthy, not_supported). Group fabric_detail.",
+    "clique_id",
+    "cluster_uuid",
+    "summary",
+)
 GPM_UNAVAILABLE_INFO = _f(
     "gpuwarden_gpm_unavailable_info",
     "gauge",
@@ -755,6 +782,18 @@ GROUPS: dict[str, Group] = {
             "Encoder and decoder utilization as busy seconds (gpuwarden_video_busy_seconds_total{engine}): for "
             "transcoding and video inference nodes; its NVML reads run only with the group on.",
             (Member(VIDEO_BUSY_SECONDS_TOTAL),),
+        ),
+        Group(
+            "fabric_detail",
+            "Every NVSwitch fabric state and health condition, the completed and false ones too, and "
+            "gpuwarden_fabric_info (clique, cluster, health summary). Default: only a fabric that is not set up or "
+            "a condition that holds.",
+            (
+                Member(FABRIC_STATE, "state", frozenset({"completed"})),
+                Member(FABRIC_STATE, zero_rows=True),  # the states the GPU is not in
+                Member(FABRIC_HEALTH, zero_rows=True),
+                Member(FABRIC_INFO),
+            ),
         ),
         Group(
             "container_detail",

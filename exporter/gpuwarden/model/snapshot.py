@@ -67,6 +67,7 @@ class GpuInfo:
     compute_mode: str | None = None
     nvlink_links: int | None = None
     mig_uuids: tuple[str, ...] | None = None  # MIG instances of a MIG-enabled GPU
+    fabric: dict[str, Any] | None = None  # NVSwitch fabric state, status, clique, health (readers/fabric.py)
     minor_number: int | None = None  # /dev/nvidia<minor>: NVIDIA's DRA driver names the GPU gpu-<minor>
     # (MIG UUID, GPU instance profile ID, placement start) per slice: how DRA names it
     mig_placements: tuple[tuple[str, int, int], ...] | None = field(default=None, metadata={"json": False})

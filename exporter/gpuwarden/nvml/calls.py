@@ -8,6 +8,7 @@ table is printed in docs/nvml.md (tests/test_boundaries.py keeps the two in step
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -120,6 +121,30 @@ nvmlDeviceGetPcieReplayCounter = _op(pynvml.nvmlDeviceGetPcieReplayCounter, "slo
 nvmlDeviceGetFanSpeed = _op(pynvml.nvmlDeviceGetFanSpeed, "slow")
 nvmlDeviceGetComputeMode = _op(pynvml.nvmlDeviceGetComputeMode, "slow")
 nvmlDeviceGetMigMode = _op(pynvml.nvmlDeviceGetMigMode, "slow")
+
+
+def _gpu_fabric_info(handle: Any) -> Any:
+    """The GPU's NVSwitch fabric info in the newest structure the driver takes (v3 with the health summary, else
+    v2), passed by pointer: pynvml's nvmlDeviceGetGpuFabricInfoV hands the driver whatever it is given, and a
+    structure passed by value crashed a process inside libnvidia-ml on a lent H200 (issue 39)."""
+    for structure, version in (
+        (pynvml.c_nvmlGpuFabricInfo_v3_t, pynvml.nvmlGpuFabricInfo_v3),
+        (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.nvmlGpuFabricInfo_v2),
+    ):
+        info = structure()
+        info.version = version
+        try:
+            pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError_ArgumentVersionMismatch:
+            continue
+        return info
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+
+
+_gpu_fabric_info.__name__ = "nvmlDeviceGetGpuFabricInfoV"
+nvmlDeviceGetGpuFabricInfoV = _op(
+    _gpu_fabric_info, "slow", READ + "; v3 first, v2 on argument_version_mismatch; state 0 on GPUs without a fabric"
+)
 nvmlDeviceGetMaxMigDeviceCount = _op(pynvml.nvmlDeviceGetMaxMigDeviceCount, "slow")
 nvmlDeviceGetMigDeviceHandleByIndex = _op(
     pynvml.nvmlDeviceGetMigDeviceHandleByIndex, "slow", READ + "; not_found is an empty MIG slot"

@@ -30,6 +30,7 @@ import yaml
 FAMILIES: dict[str, tuple[str, ...]] = {
     "hardware": ("gpu_lost", "ecc", "row_remap", "xid", "pcie"),
     "nvlink": ("nvlink",),
+    "fabric": ("fabric",),
     "thermal": ("temperature", "thermal_throttling"),
     "driver": ("persistence_mode",),  # and NVML itself: see evaluate()
 }

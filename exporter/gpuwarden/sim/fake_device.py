@@ -169,6 +169,58 @@ class DeviceSymbols:
         info.memorySizeMB, info.name = MIG_1G_MEMORY_MIB, b"MIG 1g.10gb"
         return OK
 
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, ref: Any) -> int:
+        """The NVSwitch fabric's state for the GPU, as an H200 HGX node answers it once Fabric Manager has set it
+        up (state 3 completed, status success, clique 0, health mask all false, summary healthy); state 0 (not
+        supported) on a node without NVSwitch. The structure must be passed by pointer (by value, the real library
+        crashed the process on a lent H200) with version v3 or v2."""
+        if not hasattr(ref, "_obj"):
+            raise SimulatedMemoryCorruption("nvmlDeviceGetGpuFabricInfoV: the structure passed by value, not a pointer")
+        index, code = self._device(handle, "nvmlDeviceGetGpuFabricInfoV")
+        if code != OK:
+            return code
+        info = _out(ref)
+        if info.version not in (pynvml.nvmlGpuFabricInfo_v3, pynvml.nvmlGpuFabricInfo_v2):
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        v3 = info.version == pynvml.nvmlGpuFabricInfo_v3
+        if self.scenario.node.nvlink != "nvswitch":
+            info.state, info.status, info.healthMask = pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, OK, 0
+            if v3:
+                info.healthSummary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+            return OK
+        state, degraded, unhealthy = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, False, False
+        if self._active("fabric_not_started", index):
+            state = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+        elif self._active("fabric_in_progress", index):
+            state = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
+        degraded, unhealthy = (
+            bool(self._active("fabric_degraded", index)),
+            bool(self._active("fabric_unhealthy", index)),
+        )
+        info.state = state
+        info.status = OK if state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED else pynvml.NVML_ERROR_NOT_READY
+        info.cliqueId = 0
+        digest = hashlib.blake2b(f"{self.scenario.name}:fabric".encode(), digest_size=16).digest()
+        for position, byte in enumerate(digest):
+            info.clusterUuid[position] = byte
+        flag = {True: 1, False: 2}  # the mask's two-bit fields: 1 true, 2 false (0: not supported)
+        info.healthMask = (
+            flag[degraded] << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW
+            | flag[False] << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY
+            | flag[unhealthy] << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY
+            | flag[False] << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY
+            | pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NONE
+            << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_INCORRECT_CONFIGURATION
+        )
+        if v3:
+            summary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+            if unhealthy:
+                summary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+            elif degraded:
+                summary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
+            info.healthSummary = summary
+        return OK
+
     def mig_uuid(self, index: int, slot: int) -> str:
         digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
         return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"

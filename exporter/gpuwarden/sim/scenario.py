@@ -88,6 +88,12 @@ FaultKind = Literal[
     "remap_pending",
     "remap_failed",
     "retired_pages_pending",
+    # NVSwitch fabric (nvlink: nvswitch nodes): Fabric Manager not started, set-up still in progress, set up with
+    # degraded bandwidth (a trunk link lost), or with an unhealthy route
+    "fabric_not_started",
+    "fabric_in_progress",
+    "fabric_degraded",
+    "fabric_unhealthy",
     # events: fire at `at` (and every `every` seconds), adding `count` each time
     "xid",
     "ecc",
@@ -109,6 +115,10 @@ _WINDOW_KINDS = {
     "remap_pending",
     "remap_failed",
     "retired_pages_pending",
+    "fabric_not_started",
+    "fabric_in_progress",
+    "fabric_degraded",
+    "fabric_unhealthy",
 }
 _GLOBAL_KINDS = {"driver_unloaded", "library_missing", "version_mismatch"}
 

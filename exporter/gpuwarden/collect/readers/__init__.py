@@ -31,6 +31,7 @@ def all_readers() -> list[Reader]:
     from gpuwarden.collect.readers import (
         clocks,
         ecc,
+        fabric,
         gpm,
         identity,
         memory,
@@ -71,6 +72,7 @@ def all_readers() -> list[Reader]:
         pcie.SLOW,
         nvlink.SLOW,
         nvlink.ERRORS,
+        fabric.SLOW,
         modes.SLOW,
         mig.SLOW,
     ]
