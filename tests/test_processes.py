@@ -271,16 +271,16 @@ def test_the_api_lists_each_process_with_its_pod_largest_first(live_server, tmp_
     assert server.get("/openapi.json").json()["paths"]["/api/v1/processes"]
 
 
+# GPU 0 split in two 1g.10gb slices: 9 GiB in GPU instance 7 (two processes), 9 GiB in 8
+MIG_PROCESSES = [
+    {"gpu": 0, "pid": 4301, "memory_gib": {"constant": 6}, "gpu_instance": 7},
+    {"gpu": 0, "pid": 4302, "memory_gib": {"constant": 3}, "gpu_instance": 7},
+    {"gpu": 0, "pid": 4303, "memory_gib": {"constant": 9}, "gpu_instance": 8},
+]
+
+
 def test_mig_processes_are_summed_per_gpu_instance_in_the_api(live_server) -> None:
-    scenario = {
-        "name": "mig-procs",
-        "node": {"count": 1, "mig_instances": {0: 2}},
-        "processes": [
-            {"gpu": 0, "pid": 4301, "memory_gib": {"constant": 6}, "gpu_instance": 7},
-            {"gpu": 0, "pid": 4302, "memory_gib": {"constant": 3}, "gpu_instance": 7},
-            {"gpu": 0, "pid": 4303, "memory_gib": {"constant": 9}, "gpu_instance": 8},
-        ],
-    }
+    scenario = {"name": "mig-procs", "node": {"count": 1, "mig_instances": {0: 2}}, "processes": MIG_PROCESSES}
     server = live_server(scenario)
     wait_for(lambda: len(server.get("/api/v1/gpus/0").json()["processes"]) == 3)
     gpu = server.get("/api/v1/gpus/0").json()
@@ -294,12 +294,7 @@ def test_each_mig_slice_reports_its_own_memory_and_profile(sim) -> None:
     scenario = {
         "name": "mig-memory",
         "node": {"count": 2, "mig_instances": {0: 2}},
-        "processes": [
-            {"gpu": 0, "pid": 4301, "memory_gib": {"constant": 6}, "gpu_instance": 7},
-            {"gpu": 0, "pid": 4302, "memory_gib": {"constant": 3}, "gpu_instance": 7},
-            {"gpu": 0, "pid": 4303, "memory_gib": {"constant": 9}, "gpu_instance": 8},
-            {"gpu": 1, "pid": 4304, "memory_gib": {"constant": 9}},
-        ],
+        "processes": [*MIG_PROCESSES, {"gpu": 1, "pid": 4304, "memory_gib": {"constant": 9}}],
     }
     _, series = poll(sim, scenario, 2)
     last = series[-1]
