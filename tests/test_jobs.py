@@ -265,10 +265,11 @@ SHARED = {"utilization": 99, "sm_active": 88, "tensor_active": 52, "fp32_active"
 
 
 @pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
-@pytest.mark.parametrize("hog_sm", [60, 0])
-def test_a_process_computing_on_a_ranks_gpu_makes_it_the_straggler(sim, tmp_path, hog_sm):
+@pytest.mark.parametrize(("hog_sm", "same_slurm_job"), [(60, False), (0, False), (60, True)])
+def test_a_process_computing_on_a_ranks_gpu_makes_it_the_straggler(sim, tmp_path, hog_sm, same_slurm_job):
     """Another process that computes on rank 1's GPU: rank 1 is the straggler, cause a slower GPU, with that process
-    named and the others' wait estimated from its share of the GPU. One that only holds memory (SM 0) is not."""
+    named and the others' wait estimated from its share of the GPU. One that only holds memory (SM 0) is not, nor
+    one of the job's own (in its Slurm job: an asynchronous checkpoint writer)."""
     scenario = job_scenario({0: PARTIAL_WAITER, 1: SHARED, 2: PARTIAL_WAITER, 3: PARTIAL_WAITER})
     scenario["processes"].append(
         {
@@ -282,9 +283,17 @@ def test_a_process_computing_on_a_ranks_gpu_makes_it_the_straggler(sim, tmp_path
     )
     for process in scenario["processes"][:4]:
         process["sm"] = {"constant": 40}
+    if same_slurm_job:  # the ranks and the other process in one Slurm job's cgroup
+        root = write_ranks(tmp_path / "proc")
+        for pid in (*PIDS, 6001):
+            (root / str(pid) / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+            (root / str(pid) / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_812/step_0/user/task_0\n")
+        (root / "6001" / "stat").write_text("6001 (python) S 5001 4990 4990 0 -1\n")
+        (root / "6001" / "task" / "6001" / "stat").write_text("6001 (python) S 5001 1 2\n")
+        (root / "6001" / "environ").write_bytes(b"HOME=/root\0")
     _, timeline = run_job(sim, tmp_path, scenario, ONSET + 60)
     named = first(timeline, "straggler")
-    if hog_sm == 0:
+    if hog_sm == 0 or same_slurm_job:
         assert named is None and first(timeline, "collective_hang") is None
         return
     assert named is not None and named - ONSET <= 60, named

@@ -29,7 +29,7 @@ from gpuwarden.health.checks import HealthEvaluator, WindowActivity, collective_
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.families import CLOCK_HERTZ
-from gpuwarden.model.snapshot import CollectiveFinding, HostEvidence, JobMember
+from gpuwarden.model.snapshot import CollectiveFinding, HostEvidence, JobMember, ProcessView
 
 MAX_CREDIT_S = 30.0  # a longer gap between two snapshots (a stall, a restart) is not credited as waiting
 HANG_LINK_BYTES_PER_SECOND = 1e7  # links this quiet carry no collective's data: nothing moves
@@ -37,6 +37,14 @@ HANG_LINK_BYTES_PER_SECOND = 1e7  # links this quiet carry no collective's data:
 HOST_CAUSES = {"checkpoint": "io", "io_wait": "io", "workers_running": "input", "main_running": "cpu"}
 SLOWER_GPU_CHECKS = ("thermal_throttling", "power", "performance_state", "temperature")
 SHARING_SM_RATIO = 0.05  # a process outside the job using this share of a rank's GPU's SMs computes on it
+
+
+def _same_owner(process: ProcessView, main: ProcessView | None) -> bool:
+    """Whether a process belongs where the rank's main process does (its pod, or its Slurm job): the job's own
+    helpers (an asynchronous checkpoint writer, a compile worker) are not another tenant on the GPU."""
+    if main is None or not (main.pod or main.slurm_job):
+        return False
+    return (process.namespace, process.pod, process.slurm_job) == (main.namespace, main.pod, main.slurm_job)
 
 
 def _sm(ratio: float | None) -> str:
@@ -185,9 +193,12 @@ class CollectiveStep:
         busy (waiting or computing: `collective_busy_ratio`) with fewer SMs active than it."""
         ours = {draft.jobs[u].pid for u in uuids}
         for uuid in uuids:
-            for process in draft.processes.get(uuid, ()):
+            on_gpu = draft.processes.get(uuid, ())
+            main = next((p for p in on_gpu if p.pid == draft.jobs[uuid].pid), None)
+            for process in on_gpu:
                 if (
                     process.pid not in ours
+                    and not _same_owner(process, main)
                     and "compute" in process.kind
                     and (process.sm_ratio or 0) >= SHARING_SM_RATIO
                 ):
