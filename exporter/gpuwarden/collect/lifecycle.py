@@ -127,7 +127,7 @@ class NvmlLifecycle:
         """Open every GPU concurrently (those `devices` selects), each under the deadline; a GPU that hangs or
         refuses is skipped."""
         deadline = self._deadline()
-        selection = Selection.of(self._devices(), count)
+        selection = DeviceSelection.of(self._devices(), count)
         futures = {
             index: self._pool.submit(f"discover-{index}", lambda i=index: session.open_index(i))
             for index in range(count)
@@ -163,7 +163,7 @@ class NvmlLifecycle:
         self._keep_unopened_in_view(found, selection)
         self.probe_topology()
 
-    def _keep_unopened_in_view(self, found: list[GpuState], selection: Selection) -> None:
+    def _keep_unopened_in_view(self, found: list[GpuState], selection: DeviceSelection) -> None:
         """Serve each GPU NVML counts but discovery could not open as lost (gpu_up 0), named by the kernel
         driver's list where it can be (a restarted exporter kept a lost GPU out of view: issue 36). One this
         container may not open (no_permission) is not ours to watch: it stays in `skipped`."""
@@ -360,7 +360,7 @@ class NvmlLifecycle:
 
 
 @dataclass(frozen=True)
-class Selection:
+class DeviceSelection:
     """The GPUs `nvml.devices` selects, by NVML index or UUID (empty: every GPU)."""
 
     indices: frozenset[int]
@@ -368,7 +368,7 @@ class Selection:
     count: int
 
     @classmethod
-    def of(cls, devices: tuple[str, ...], count: int) -> Selection:
+    def of(cls, devices: tuple[str, ...], count: int) -> DeviceSelection:
         return cls(
             frozenset(int(d) for d in devices if d.isdigit()), frozenset(d for d in devices if not d.isdigit()), count
         )
