@@ -176,10 +176,30 @@ def launch_single(out: Path, name: str, gpu: int, extra: list[str], seconds: flo
     return [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`: torchrun starts its ranks in sessions of their own, so killing the launcher's
+    process group left a hung job's ranks on the GPUs into the next call's runs (2x H200, 2026-11-28)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -188,11 +208,13 @@ def held_gpus() -> list[int]:
 
 
 def wait_free() -> None:
-    """A new job never shares a GPU with a dying one (NVML lists killed processes for a few seconds)."""
+    """A new job never shares a GPU with a dying one (NVML lists killed processes for a few seconds); a GPU still
+    held after a minute ends the call: what follows would judge someone else's job."""
     for _ in range(60):
         if not held_gpus():
             return
         time.sleep(1)
+    raise SystemExit(f"GPUs {held_gpus()} are still held by processes of an earlier run")
 
 
 def wait_held(count: int, limit: float = 150) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.model.snapshot import HostEvidence
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings, sweep, write_yaml
 from tests.helpers.thresholds import SHORT
@@ -271,3 +272,23 @@ def test_without_the_hosts_proc_a_waiting_gpu_says_what_could_not_be_seen(sim, t
     finally:
         pipeline.stop(timeout=0.2)
     assert "Host evidence: none" in finding.likely_cause
+
+
+# (main thread running, I/O wait, all asleep, MB/s written) → what the host evidence says; the first two are real
+# readings from a lent 2x H200 (docs/validation/2026-11-28-h200x2-jobs and issue 37's hidden checkpoint job)
+@pytest.mark.parametrize(
+    ("main", "io_wait", "asleep", "written_mb", "expected"),
+    [
+        (0.88, 0.0, 0.0, 111, "main_running"),  # a CPU-bound rank that saved one checkpoint in the window
+        (0.75, 0.25, 0.0, 300, "checkpoint"),  # a loop that checkpoints every 5 steps
+        (0.40, 0.0, 0.55, 200, "checkpoint"),  # writes to the page cache while the loop waits on them
+        (0.88, 0.0, 0.0, 10, "main_running"),
+        (0.10, 0.0, 0.90, 0, "asleep"),
+    ],
+)
+def test_a_checkpoint_is_the_cause_only_where_the_writes_hold_the_loop(main, io_wait, asleep, written_mb, expected):
+    evidence = HostEvidence(
+        pid=1, samples=8, main_running=main, io_wait=io_wait, workers_running=0.0, asleep=asleep, workers=4,
+        write_bytes_per_second=written_mb * 1e6,
+    )  # fmt: skip
+    assert evidence.dominant() == expected

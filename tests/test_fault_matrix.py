@@ -5,10 +5,12 @@ while it lasts and after it clears, that the other GPUs keep reporting fresh dat
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from tests.helpers.common import free_port, parse_exposition, values, wait_for, write_yaml
@@ -119,6 +121,35 @@ def test_driver_library_version_mismatch_exits_for_a_restart(tmp_path):
     )
     assert result.returncode == 3
     assert "lib_rm_version_mismatch" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_native_abort_in_the_daemon_leaves_every_threads_python_stack(tmp_path):
+    """glibc's abort on a corrupted heap (SIGABRT, as one exporter died on a lent H200) prints each thread's stack:
+    without faulthandler the process dies with one line and nothing says which NVML call was running."""
+    port = free_port()
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _answers(port), timeout=60)
+        daemon.send_signal(signal.SIGABRT)
+        _, stderr = daemon.communicate(timeout=30)
+    finally:
+        daemon.kill()
+    assert daemon.returncode == -signal.SIGABRT
+    assert "Fatal Python error: Aborted" in stderr
+    threads = stderr.count("Thread 0x") + stderr.count("Current thread 0x")
+    assert threads >= 2 and "gpuwarden" in stderr  # the poller's and the server's threads, in our frames
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_xid_storm(live_server):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -179,4 +180,8 @@ def _load_and_serve(argv: list[str]) -> int:
         return EXIT_CONFIG
     from gpuwarden.runtime.service import serve
 
+    # A native crash in the parent (the driver's library corrupting the heap: "malloc(): corrupted top size" killed
+    # one on a lent 2x H200, docs/validation/2026-11-28-h200x2-jobs) leaves every thread's Python stack on stderr,
+    # so the NVML call each thread was in is known; the GPM child runs with -X faulthandler for the same reason.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     return serve(settings, lambda: settings_from_argv(argv))

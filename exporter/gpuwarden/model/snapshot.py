@@ -180,7 +180,8 @@ class HostEvidence:
     # What the shares say, strongest first (docs/diagnosis.md): read both by a waiting GPU's advice
     # (health/diagnosis.py) and by a straggler's cause (health/collective.py), so the two never disagree.
     MIN_SAMPLES = 3
-    CHECKPOINT_BYTES_PER_SECOND = 50e6  # writing this fast to storage while the GPU waits: a checkpoint
+    CHECKPOINT_BYTES_PER_SECOND = 50e6  # writing this fast to storage while the GPU waits: a checkpoint...
+    CHECKPOINT_IO_WAIT = 0.1  # ...if the writes stall a thread this share of the samples, or the main thread idles
     LIMITS = (("io_wait", 0.3), ("workers_running", 0.6), ("main_running", 0.7), ("asleep", 0.7))
 
     @property
@@ -193,7 +194,14 @@ class HostEvidence:
         if not self.sampled:
             return None
         written = self.write_bytes_per_second
-        if written is not None and written >= self.CHECKPOINT_BYTES_PER_SECOND:
+        # a checkpoint where the writes hold the loop up (threads in D state) or the main thread is not busy on its
+        # own: a CPU-bound rank that also saves a checkpoint now and then read "writing 111 MB/s" with its main
+        # thread running 88 % and no I/O wait on a lent H200 (docs/validation/2026-11-28-h200x2-jobs): cpu
+        if (
+            written is not None
+            and written >= self.CHECKPOINT_BYTES_PER_SECOND
+            and (self.io_wait >= self.CHECKPOINT_IO_WAIT or self.main_running < dict(self.LIMITS)["main_running"])
+        ):
             return "checkpoint"
         return next((share for share, limit in self.LIMITS if getattr(self, share) >= limit), None)
 
