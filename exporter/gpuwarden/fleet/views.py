@@ -617,11 +617,29 @@ class UtilizationView(FleetQueries):
         return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
 
 
-# a job's GPUs compared across nodes: a GPU waiting at least this share of the window while another of the job's
-# waits at most STRAGGLER_SHARE names that other one (and its node) the straggler
-WAITING_SHARE = 0.5
+# a job's GPUs compared across nodes: GPUs that wait at least WAITING_SHARE of the window and spin in a collective
+# now, while another of the job's waits at most STRAGGLER_SHARE and does not, name that other one (and its node).
+# On a lent 2x H200 (two exporters, one GPU each) a waiter's share over 1m rose 0.04, 0.13, 0.29, 0.38 at 24-42 s
+# after the onset and settled at 0.52-0.65: 0.5 named the straggler at 54 s and 0.3 at 42 s. The counter's 1m rate
+# outlives the straggle by up to a minute; the waiters' class (the exporter's 20 s window) ends it sooner, and kept
+# the last straggler from being named at the start of the next (docs/validation/2026-11-28-h200x2-jobs).
+WAITING_SHARE = 0.3
 STRAGGLER_SHARE = 0.2
+WAITING_CLASS = "collective_wait"
 JOB_WINDOW = "1m"  # four scrapes at the chart's 15 s; the exporter's own judgement takes 20-30 s before it
+
+
+def straggler_of(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The GPU the others of one job wait for, from each GPU's wait share and class; None where none stands out."""
+    # a class not (yet) exported ("": the exporter's bottleneck window not filled, or the family dropped) leaves the
+    # shares alone to decide
+    waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g["class"] in (WAITING_CLASS, "")]
+    if len(gpus) < 2 or not waiting:
+        return None
+    least = min((g for g in gpus if g["class"] != WAITING_CLASS), key=lambda g: g["wait_share"], default=None)
+    if least is None or least["wait_share"] > STRAGGLER_SHARE:
+        return None
+    return {**least, "waiting_gpus": len(waiting), "waiting_nodes": sorted({g["node"] for g in waiting})}
 
 
 class JobsView(FleetQueries):
@@ -656,16 +674,7 @@ class JobsView(FleetQueries):
         for job, gpus in sorted(members.items()):
             nodes = sorted({g["node"] for g in gpus})
             gpus.sort(key=lambda g: (g["node"], g["gpu"]))
-            most, least = max(g["wait_share"] for g in gpus), min(gpus, key=lambda g: g["wait_share"])
-            straggler = None
-            if len(gpus) > 1 and most >= WAITING_SHARE and least["wait_share"] <= STRAGGLER_SHARE:
-                waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE]
-                straggler = {
-                    **least,
-                    "waiting_gpus": len(waiting),
-                    "waiting_nodes": sorted({g["node"] for g in waiting}),
-                }
-            jobs.append({"job_id": job, "nodes": nodes, "gpus": gpus, "straggler": straggler})
+            jobs.append({"job_id": job, "nodes": nodes, "gpus": gpus, "straggler": straggler_of(gpus)})
         jobs.sort(key=lambda j: (j["straggler"] is None, -len(j["gpus"]), j["job_id"]))
         return {
             "window": JOB_WINDOW,
