@@ -17,6 +17,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from gpuwarden.fleet.views import straggler_of
+
 JOB_CHECKS = ("straggler", "collective_hang", "waiting_elsewhere")
 # what a right diagnosis says the cause is, per injected kind (a sleeping rank's threads are all asleep: the cause is
 # not one of the four, and the finding says so: "unknown" with every thread asleep)
@@ -37,9 +39,13 @@ def injections(folder: Path) -> tuple[list[dict], list[dict]]:
     events, samples = load(folder)
     onsets = [e for e in events if e.get("what") == "onset"]
     rows = []
-    for onset in onsets:
+    for number, onset in enumerate(onsets):
         start, end, rank = onset["onset"], onset["end"], onset["rank"]
         window = [s for s in samples if start <= s["wall"] <= end]
+        # the fleet reads 1m rates of scraped counters: it may name the straggler after the injection ended, up to
+        # the 120 s (or the next onset)
+        later = onsets[number + 1]["onset"] if number + 1 < len(onsets) else float("inf")
+        fleet_window = [s for s in samples if start <= s["wall"] <= min(start + 120, later)]
         row: dict = {"folder": folder.parent.name, "kind": onset["kind"], "rank": rank, "samples": len(window)}
         wrong, classes, named = Counter(), Counter(), None
         fleet_at = None
@@ -58,12 +64,22 @@ def injections(folder: Path) -> tuple[list[dict], list[dict]]:
                     named = {"t": round(t, 1), "check": finding["check"], "cause": job.get("cause"),
                              "waiting": sorted(w["gpu"] for w in job.get("waiting", [])),
                              "shares": [w.get("wait_share") for w in job.get("waiting", [])]}  # fmt: skip
+        fleet_replayed: dict = {}
+        for sample in fleet_window:
             fleet = sample.get("fleet_jobs") or {}
             for job in fleet.get("jobs", []) if isinstance(fleet, dict) else []:
                 straggler = job.get("straggler") or {}
                 if fleet_at is None and straggler and str(straggler.get("gpu")) == str(rank):
+                    t = sample["wall"] - start
                     fleet_at = {"t": round(t, 1), "node": straggler.get("node"), "gpu": straggler.get("gpu")}
-        row.update(named=named, wrong=dict(wrong), waiter_classes=dict(classes), fleet=fleet_at)
+                replayed = straggler_of(job.get("gpus", []))  # this checkout's rule over the same answer
+                if replayed and str(replayed["gpu"]) == str(rank) and "t" not in fleet_replayed:
+                    fleet_replayed.update(t=round(sample["wall"] - start, 1), node=replayed["node"])
+                elif replayed and str(replayed["gpu"]) != str(rank):
+                    fleet_replayed["wrong"] = fleet_replayed.get("wrong", 0) + 1
+        row.update(
+            named=named, wrong=dict(wrong), waiter_classes=dict(classes), fleet=fleet_at, fleet_replayed=fleet_replayed
+        )
         expected = EXPECTED_CAUSE[onset["kind"]]
         others = sorted({g for s in window for f in s["findings"] if (g := f.get("gpu")) is not None} - {rank})
         row["right_gpu"] = named is not None and named["t"] <= 60
