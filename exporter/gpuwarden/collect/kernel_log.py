@@ -1,0 +1,140 @@
+"""The kernel log's GPU faults: what NVML's event API never saw (issue 39).
+
+NVML reports XIDs only while a process is subscribed; the kernel log keeps every `NVRM: Xid` line since boot (as far
+as its ring holds), NVSwitch `SXid` errors, "GPU has fallen off the bus", and the traps of processes that crash
+inside libnvidia-ml or libcuda. This module turns /dev/kmsg records into those events and keeps a bounded tally:
+counters per (GPU PCI address, XID), per (switch, SXid), per library, and a ring of the latest events. It reads
+nothing itself; collect/kernel_log_follower.py feeds it.
+
+/dev/kmsg record format (Documentation/ABI/testing/dev-kmsg): `PRIO,SEQ,TIMESTAMP_US,FLAGS[,...];MESSAGE`, then
+continuation lines that start with a space (` SUBSYSTEM=pci`, ` DEVICE=+pci:0000:3b:00.0`). Lines written by
+`dmesg` (`[  123.456789] MESSAGE`) are accepted too, for a log handed over as a file.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+MAX_LINE_BYTES = 8192  # a kmsg record is at most ~1 KiB; anything longer is not a kernel record: counted, dropped
+RING_EVENTS = 256  # the latest events kept with their text, for the API; the counters keep the rest
+MAX_KEYS = 1024  # distinct (kind, device, code) counted; a log naming more devices than a node has is not trusted
+
+_KMSG = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+_DMESG = re.compile(rb"^\[\s*(\d+)\.(\d+)\]\s?(.*)$")
+# NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): (\d{1,4})\b")
+# nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 30 LTSSM Fault Up
+_SXID = re.compile(r"nvidia-nvswitch(\d+): SXid \(PCI:([0-9a-fA-F:.]{7,16})\): (\d{1,6})\b")
+# NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.  (also the tail of Xid 79's line)
+_FALLEN = re.compile(
+    r"NVRM: GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?: GPU has fallen off the bus"
+)
+# traps: python3[647] general protection fault ip:... in libnvidia-ml.so.580.159.04[7f..+..]
+# python3[1234]: segfault at 0 ip ... error 4 in libcuda.so.580.159.04[7f..+..]
+_TRAP = re.compile(
+    r"(?:traps: )?(\S{1,64})\[(\d+)\]:? (general protection fault|segfault at|trap [^ ]+)"
+    r".* in (libnvidia-ml|libcuda)\.so"
+)
+
+
+def pci_key(address: str) -> str:
+    """'0000:3b:00' or '00000000:3B:00.0' → '0000:3b:00': domain, bus and device, as the kernel log names a GPU
+    (no function) and NVML's bus ID does (eight-digit domain, upper case, with the function)."""
+    parts = address.lower().split(":")
+    if len(parts) != 3:
+        return address.lower()
+    domain, bus, device = parts
+    return f"{int(domain, 16):04x}:{bus}:{device.split('.')[0]}"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """One GPU fault the kernel logged. `seconds` is the record's time since boot."""
+
+    kind: str  # xid | sxid | fallen_off_bus | trap
+    device: str  # a GPU's pci_key, a switch's PCI address, or the library for a trap
+    code: int  # the XID or SXid number; 0 otherwise (a trap's PID stays in its text: PIDs would grow the counters)
+    seconds: float
+    text: str  # the message, at most 300 characters
+
+
+def parse_record(line: bytes) -> tuple[float, str] | None:
+    """(seconds since boot, message) of one kmsg or dmesg line; None for a continuation line or one that does not
+    parse (the caller counts those)."""
+    if line.startswith(b" "):
+        return None
+    kmsg = _KMSG.match(line)
+    if kmsg:
+        return int(kmsg.group(3)) / 1e6, kmsg.group(4).decode("utf-8", "replace")
+    dmesg = _DMESG.match(line)
+    if dmesg:
+        whole, fraction = dmesg.group(1), dmesg.group(2)
+        return int(whole) + int(fraction) / 10 ** len(fraction), dmesg.group(3).decode("utf-8", "replace")
+    return None
+
+
+def classify(seconds: float, message: str) -> list[KernelEvent]:
+    """The GPU faults in one message (Xid 79's line is both an XID and a GPU fallen off the bus)."""
+    if "NVRM" not in message and "nvswitch" not in message and " in lib" not in message:
+        return []  # the common case, cheap: most of a kernel log is not about GPUs
+    text = message[:300]
+    events = []
+    if xid := _XID.search(message):
+        events.append(KernelEvent("xid", pci_key(xid.group(1)), int(xid.group(2)), seconds, text))
+        if "fallen off the bus" in message:
+            events.append(KernelEvent("fallen_off_bus", pci_key(xid.group(1)), 0, seconds, text))
+    elif fallen := _FALLEN.search(message):
+        events.append(KernelEvent("fallen_off_bus", pci_key(fallen.group(1)), 0, seconds, text))
+    if sxid := _SXID.search(message):
+        events.append(KernelEvent("sxid", pci_key(sxid.group(2)), int(sxid.group(3)), seconds, text))
+    if trap := _TRAP.search(message):
+        events.append(KernelEvent("trap", trap.group(4), 0, seconds, text))
+    return events
+
+
+class KernelLogTally:
+    """Counters of every event seen and a ring of the latest; bounded whatever the log's length (thread-safe: the
+    follower writes, the poller reads)."""
+
+    def __init__(self, ring: int = RING_EVENTS) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str, int], int] = {}  # (kind, device, code) → count
+        self._last: dict[tuple[str, str, int], float] = {}  # → seconds since boot of the latest
+        self._ring: deque[KernelEvent] = deque(maxlen=ring)
+        self.records = 0  # records read
+        self.unparsed = 0  # lines that were neither a record nor a continuation, or too long
+        self.overflow = 0  # events past MAX_KEYS distinct keys: counted here only
+
+    def add_line(self, line: bytes) -> None:
+        if len(line) > MAX_LINE_BYTES:
+            with self._lock:
+                self.unparsed += 1
+            return
+        if line.startswith(b" ") or not line.strip():
+            return  # a record's continuation (SUBSYSTEM=, DEVICE=) or a blank line
+        parsed = parse_record(line)
+        with self._lock:
+            if parsed is None:
+                self.unparsed += 1
+                return
+            self.records += 1
+            for event in classify(*parsed):
+                key = (event.kind, event.device, event.code)
+                if key not in self._counts and len(self._counts) >= MAX_KEYS:
+                    self.overflow += 1
+                    continue
+                self._counts[key] = self._counts.get(key, 0) + 1
+                self._last[key] = event.seconds
+                self._ring.append(event)
+
+    def counts(self) -> dict[tuple[str, str, int], tuple[int, float]]:
+        """(kind, device, code) → (count, seconds since boot of the latest)."""
+        with self._lock:
+            return {key: (count, self._last[key]) for key, count in self._counts.items()}
+
+    def latest(self) -> list[KernelEvent]:
+        with self._lock:
+            return list(self._ring)

@@ -1,0 +1,113 @@
+"""Reads the kernel log from boot, then follows it, on a thread of its own (issue 39).
+
+`/dev/kmsg` hands one record per read, from the oldest the ring still holds; a reader that falls behind the ring
+gets EPIPE once and goes on from the oldest left (the records in between are lost: counted in `lost`). A regular
+file (a log handed over for a test, or `journalctl -k -o short-monotonic` written out) is read in chunks and split
+into lines, and followed as it grows. Where the log cannot be read (no /dev/kmsg, or `kernel.dmesg_restrict` = 1
+without CAP_SYSLOG) it says why once, in `unavailable`, and tries again every RETRY_S: the rest of the exporter
+serves as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import stat
+import threading
+from pathlib import Path
+
+from gpuwarden.collect.kernel_log import MAX_LINE_BYTES, KernelLogTally
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 16384  # larger than any kmsg record (a smaller buffer makes the read fail with EINVAL)
+WAIT_S = 1.0
+RETRY_S = 60.0
+
+
+class KernelLogFollower:
+    def __init__(self, path: Path, tally: KernelLogTally) -> None:
+        self.path = path
+        self.tally = tally
+        self.unavailable: str | None = None  # why the log cannot be read, once said
+        self.lost = 0  # times the kernel's ring overtook this reader (EPIPE)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuwarden-kernel-log", daemon=True)
+        self._pending = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES: dropped up to its end
+        self.caught_up = threading.Event()  # set once the log from boot has been read (the first empty read)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                self._say_unavailable(exc)
+                self._stop.wait(RETRY_S)
+                continue
+            self.unavailable = None
+            try:
+                self._follow(fd)
+            except OSError as exc:
+                self._say_unavailable(exc)
+                self._stop.wait(RETRY_S)
+            except Exception:  # a bug must not end the reading for the life of the process
+                log.exception("kernel log: reading %s failed; starting again", self.path)
+                self._stop.wait(RETRY_S)
+            finally:
+                os.close(fd)
+
+    def _say_unavailable(self, exc: OSError) -> None:
+        reason = f"{self.path}: {exc.strerror or exc}"
+        if exc.errno in (errno.EPERM, errno.EACCES):
+            reason += " (kernel.dmesg_restrict is 1: the exporter needs CAP_SYSLOG, or turn the kernel log off)"
+        if reason != self.unavailable:
+            log.warning("kernel log not read: %s; XIDs from before the start stay unknown", reason)
+        self.unavailable = reason
+
+    def _follow(self, fd: int) -> None:
+        device = stat.S_ISCHR(os.fstat(fd).st_mode)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while not self._stop.is_set():
+            try:
+                chunk = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                chunk = None
+            except BrokenPipeError:  # the ring overwrote records before they were read: go on from the oldest left
+                self.lost += 1
+                continue
+            if chunk:
+                self._feed(chunk)
+                continue
+            self.caught_up.set()
+            if device:
+                poller.poll(WAIT_S * 1000)  # the next record, or a second to look at the stop flag
+            else:
+                self._stop.wait(WAIT_S)  # a file at its end: look again for what was appended
+
+    def _feed(self, chunk: bytes) -> None:
+        data = self._pending + chunk
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            if self._skipping:  # the end of an overlong line
+                self._skipping = False
+                continue
+            self.tally.add_line(line)
+        if len(self._pending) > MAX_LINE_BYTES:  # a line longer than any record: drop it as it comes, count it once
+            if not self._skipping:
+                self.tally.add_line(self._pending)  # counted as unparsed (too long)
+            self._pending = b""
+            self._skipping = True
