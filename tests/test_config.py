@@ -55,6 +55,7 @@ def test_precedence_defaults_file_env_flags(tmp_path):
             {"nvml": {"devices": ["0", "gpu1"]}},
             "nvml.devices: 'gpu1' is neither a GPU index (0, 1, ...) nor a GPU UUID",
         ),
+        ({"nvml": {"kernel_log": "kmsg"}}, "nvml.kernel_log: 'kmsg' is neither auto, off nor an absolute path"),
         (["not", "a", "mapping"], "top level must be a mapping"),
     ],
 )

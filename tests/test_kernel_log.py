@@ -5,6 +5,7 @@ machine's is not ours to write into, and reading it would make the test depend o
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from gpuwarden.collect.kernel_log import MAX_KEYS, RING_EVENTS, KernelLogTally, classify, parse_record, pci_key
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
-from tests.helpers.common import wait_for
+from tests.helpers.common import parse_exposition, wait_for
 
 H200_BOOT = Path(__file__).parent / "data" / "kmsg" / "h200x2-boot.kmsg"
 # the driver's and the kernel's own formats (gpud's scans of dmesg show the XID lines; the trap is the one issue 39
@@ -148,3 +149,37 @@ def test_an_unreadable_log_is_said_once_and_the_reader_stays(tmp_path, kind, cap
     finally:
         reader.stop()
         reader.join(10)
+
+
+def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_before_the_start(live_server, tmp_path):
+    """Through the exporter (the simulator beneath the real pynvml, the kernel log a file): an XID 79 logged 5 s
+    ago, which NVML's events never report, is GPU 1's (PCI 0000:28:00) and makes its verdict critical; an XID 13 from
+    boot counts but is not recent; one appended while it runs counts at once; other lines change nothing."""
+    log = tmp_path / "kmsg"
+    now = time.monotonic()
+    log.write_bytes(
+        H200_BOOT.read_bytes()
+        + kmsg(900, 10.0, "NVRM: Xid (PCI:0000:28:00): 13, pid=77, name=python, Graphics Exception")
+        + kmsg(
+            901, now - 5, "NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+        )
+        + kmsg(902, now - 4, "NVRM: Xid (PCI:0000:f8:00): 79, pid=1, name=x, a GPU this node does not have")
+    )
+    server = live_server({"node": {"count": 2}}, nvml={"kernel_log": str(log)})
+
+    def xids() -> dict:
+        series = parse_exposition(server.get("/metrics").text)
+        return {(lab["gpu"], lab["xid"]): v for (_, lab), v in _labelled(series, "gpuwarden_xid_errors_total")}
+
+    wait_for(lambda: xids() == {("1", "13"): 1, ("1", "79"): 1}, timeout=30)
+    gpus = {gpu["index"]: gpu for gpu in server.get("/api/v1/health").json()["gpus"]}
+    xid = gpus[1]["checks"]["xid"]
+    assert xid["severity"] == "critical" and "79" in xid["observed"], xid  # XID 13 (at boot) is outside the window
+    assert gpus[0]["checks"]["xid"]["severity"] == "ok"
+    with log.open("ab") as handle:
+        handle.write(kmsg(903, time.monotonic(), "NVRM: Xid (PCI:0000:28:00): 13, pid=78, name=python, again"))
+    wait_for(lambda: xids() == {("1", "13"): 2, ("1", "79"): 1}, timeout=30)
+
+
+def _labelled(series: dict, name: str) -> list:
+    return [((key[0], dict(key[1])), value) for key, value in series.items() if key[0] == name]

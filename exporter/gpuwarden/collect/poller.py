@@ -18,9 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.collect.assembly import GpuView, SnapshotAssembler, TopologyStep
+from gpuwarden.collect.kernel_log import KernelLogTally, with_kernel_xids
+from gpuwarden.collect.kernel_log_follower import KernelLogFollower
 from gpuwarden.collect.lifecycle import NvmlLifecycle
 from gpuwarden.collect.readers import Reader
 from gpuwarden.collect.tiers import TierRunner
@@ -54,6 +57,7 @@ class PollPlan:
     on_missing: str  # stay_up | exit: when NVML cannot be loaded at start
     xid_events: bool
     devices: tuple[str, ...] = ()  # the GPUs watched, by index or UUID; empty: every GPU
+    kernel_log: str = ""  # the kernel log's path (/dev/kmsg), read for XIDs from boot on; empty: not read
 
 
 class Poller:
@@ -71,6 +75,8 @@ class Poller:
         self._wall = wall_clock
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
+        self.kernel = KernelLogTally()
+        self.kernel_reader: KernelLogFollower | None = None
         self.pool = pool or WorkerPool()
         self.runner = TierRunner(
             self.pool, lambda: self.plan.readers, lambda name: getattr(self.plan, name), wall_clock
@@ -112,7 +118,9 @@ class Poller:
         each swapped whole, so a cycle sees the old or the new ones, never a mix."""
         with self._publish_lock:
             self.assembler.steps = (self._topology, *rebuild_steps())
-        self.plan = plan
+        previous, self.plan = self.plan, plan
+        if plan.kernel_log != previous.kernel_log and self._threads:
+            self._follow_kernel_log(plan.kernel_log)
         if plan.xid_events != (self._watcher is not None):
             if self._watcher is not None:
                 self._watcher.stop()
@@ -129,9 +137,23 @@ class Poller:
             self._threads.append(thread)
         if self._watcher is not None:
             self._watcher.start()
+        self._follow_kernel_log(self.plan.kernel_log)
+
+    def _follow_kernel_log(self, path: str) -> None:
+        """Start (or restart on a reload that changed the path, or stop) the kernel log's reader; a new path is
+        read from boot into a fresh tally."""
+        if self.kernel_reader is not None:
+            self.kernel_reader.stop()
+            self.kernel_reader = None
+            self.kernel = KernelLogTally()
+        if path:
+            self.kernel_reader = KernelLogFollower(Path(path), self.kernel)
+            self.kernel_reader.start()
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the loops; shut NVML down only if no call is wedged (docs/nvml.md, Hangs)."""
+        if self.kernel_reader is not None:
+            self.kernel_reader.stop()
         self._stop.set()
         if self._watcher is not None:
             self._watcher.stop()
@@ -230,7 +252,7 @@ class Poller:
                 nvml_up=nvml.nvml_up,
                 nvml_error=nvml.nvml_error,
                 driver=dict(nvml.driver) if nvml.nvml_up else {},
-                xid=self.xid.snapshot(),
+                xid=with_kernel_xids(self.xid.snapshot(), self.kernel.counts(), _bus_ids(nvml.gpus.values())),
                 collect_errors=self.ledger.errors(),
                 collect_timeouts=self.ledger.timeouts(),
                 reinit_total=nvml.reinit_total,
@@ -240,3 +262,14 @@ class Poller:
             )
             self._snapshot = snapshot
             return snapshot
+
+
+def _bus_ids(states) -> dict[str, str]:  # noqa: ANN001 - the lifecycle's GPU states
+    """PCI bus ID (as NVML gives it) → UUID, for every GPU whose static readings name one (lost ones too)."""
+    out = {}
+    for state in states:
+        static = state.readings.get(Tier.STATIC)
+        bus_id = static.info.get("pci_bus_id") if static is not None else None
+        if bus_id:
+            out[bus_id] = state.device.uuid
+    return out

@@ -40,6 +40,12 @@ def _check_devices(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+def _check_kernel_log(value: str) -> str:
+    if value not in ("auto", "off") and not value.startswith("/"):
+        raise ValueError(f"'{value}' is neither auto, off nor an absolute path (/dev/kmsg)")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -156,6 +162,14 @@ class NvmlSettings:
         "stay_up", description="When NVML cannot be loaded at start: `stay_up` (serve nvml_up 0, retry) or `exit`."
     )
     xid_events: bool = setting(True, description="Watch NVML XID critical-error events.")
+    kernel_log: str = setting(
+        "auto",
+        description="The kernel log read for XIDs (from boot, so those logged before the start count), NVSwitch "
+        "SXids, GPUs fallen off the bus and traps in libnvidia-ml: `auto` (/dev/kmsg with the real driver, none with "
+        "the simulator), a path (/dev/kmsg, or a file in kmsg or dmesg format), or `off`. /dev/kmsg needs root or "
+        "CAP_SYSLOG where kernel.dmesg_restrict is 1; unreadable, it is said once and the rest is served.",
+        check=_check_kernel_log,
+    )
     gpm: bool = setting(
         True,
         description="Read profiling-class activity (SM, tensor, DRAM, NVLink, PCIe) from NVML GPM on GPUs that "

@@ -66,7 +66,16 @@ def poll_plan(settings: Settings) -> PollPlan:
         on_missing=settings.nvml.on_missing,
         xid_events=settings.nvml.xid_events,
         devices=settings.nvml.devices,
+        kernel_log=kernel_log_path(settings),
     )
+
+
+def kernel_log_path(settings: Settings) -> str:
+    """`auto`: /dev/kmsg under the real driver, nothing under the simulator (whose GPUs are not this host's)."""
+    chosen = settings.nvml.kernel_log
+    if chosen == "auto":
+        return "/dev/kmsg" if settings.nvml.backend == "nvml" else ""
+    return "" if chosen == "off" else chosen
 
 
 def configure_gpm(settings: Settings) -> None:
