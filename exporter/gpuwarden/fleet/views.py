@@ -630,15 +630,18 @@ JOB_WINDOW = "1m"  # four scrapes at the chart's 15 s; the exporter's own judgem
 
 
 def straggler_of(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The GPU the others of one job wait for, from each GPU's wait share and class; None where none stands out."""
+    """The GPU the others of one job wait for, from each GPU's wait share and class; None where none stands out.
+    Named only while some GPU that waited spins in a collective now; the waiters listed are every GPU that waited
+    (a GPU whose class is between two readings, in the window after the onset, still waited)."""
     # a class not (yet) exported ("": the exporter's bottleneck window not filled, or the family dropped) leaves the
     # shares alone to decide
-    waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g["class"] in (WAITING_CLASS, "")]
-    if len(gpus) < 2 or not waiting:
+    spinning = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g["class"] in (WAITING_CLASS, "")]
+    if len(gpus) < 2 or not spinning:
         return None
     least = min((g for g in gpus if g["class"] != WAITING_CLASS), key=lambda g: g["wait_share"], default=None)
     if least is None or least["wait_share"] > STRAGGLER_SHARE:
         return None
+    waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g is not least]
     return {**least, "waiting_gpus": len(waiting), "waiting_nodes": sorted({g["node"] for g in waiting})}
 
 

@@ -166,6 +166,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._parked_writer = False  # counted in guard.parked: its answer waits for the client to read
+        self._next_waits_for_reader = False  # a pipelined request not started while the client does not read
         self._past_limit = False  # let in past the probe reserve: its request is answered only if a probe's
 
     # -- connection --------------------------------------------------------------------------------------------
@@ -356,6 +357,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        if self.flow.write_paused and self.pipeline and not self.transport.is_closing():
+            # The client has not read this answer: its next pipelined request starts once it does (resume_writing),
+            # not now. uvicorn would make the next answer at once and hold it in send() until the transport drained:
+            # one more answer per connection in memory, and over TLS the transport's buffers grow with each. 300
+            # slow readers of 16 pipelined GET /api/v1/gpus (118 KB) took a TLS exporter to 340 MiB.
+            self._next_waits_for_reader = True
+            self._park_writer()
+            return
+        self._complete_response()
+
+    def _complete_response(self) -> None:
         super().on_response_complete()  # starts the next pipelined request, if any
         self._park_writer()
         if not self.transport.is_closing() and not self.pipeline:
@@ -375,6 +387,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._write_timer = None
         super().resume_writing()
         self._park_writer()
+        if self._next_waits_for_reader and not self.transport.is_closing():
+            self._next_waits_for_reader = False
+            self._complete_response()
 
     def _park_writer(self, parked: bool | None = None) -> None:
         """Count this connection's running request as parked (not load) while its client does not read.
@@ -386,7 +401,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         one running request, and it has one exactly when its newest request's answer is incomplete."""
         if parked is None:
             cycle = self.cycle
-            parked = self.flow.write_paused and cycle is not None and not cycle.response_complete
+            # `cycle` is the newest request's: a pipelined one not started yet (held back by on_response_complete)
+            # runs no task, so it must not be counted, or each such connection would free a place under max_requests
+            parked = (
+                self.flow.write_paused
+                and cycle is not None
+                and not cycle.response_complete
+                and not self._next_waits_for_reader
+            )
         if parked != self._parked_writer:
             self._parked_writer = parked
             self.guard.parked += 1 if parked else -1
