@@ -66,6 +66,15 @@ def nodeish(series: str) -> str:
     return f'(label_replace({series[:-1]},node=""}}, "node", "$1", "instance", "(.*)") or {series[:-1]},node!=""}})'
 
 
+def nodeish_over(series: str, window: str) -> str:
+    """max_over_time(`series`[window]) with a `node` label everywhere, as nodeish(): the range read from the raw
+    series (a range over label_replace needs a subquery, which evaluates the relabelling at every step)."""
+    return (
+        f'(label_replace(max_over_time({series[:-1]},node=""}}[{window}]), "node", "$1", "instance", "(.*)") '
+        f'or max_over_time({series[:-1]},node!=""}}[{window}]))'
+    )
+
+
 def held(expr: str) -> str:
     """`expr` as a page for a lasting fault: the same alert across an exporter restart.
 
@@ -161,9 +170,11 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     # against the node's expected count where it is set (a fact that survives restarts), else
                     # against the most GPUs the node showed in gpu_count_memory_s, grouped by node so that a
                     # restarted exporter (a new instance) does not forget the GPUs it never saw
+                    # (the most seen: max_over_time of the raw series, then the node label, not a [24h:1m] subquery
+                    # of the relabelled one: 2.2x less CPU and 426x fewer points held at 1,000 nodes, issue 38)
                     f"(gpuwarden_gpus_expected{{{s}}} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
-                    f"max by (node) (max_over_time({nodeish(f'gpuwarden_gpus{{{s}}}')}"
-                    f"[{duration(t.gpu_count_memory_s)}:1m])) - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
+                    f"max by (node) ({nodeish_over(f'gpuwarden_gpus{{{s}}}', duration(t.gpu_count_memory_s))})"
+                    f" - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
                     f"> 0 unless on (node) {nodeish(f'gpuwarden_gpus_expected{{{s}}}')})",
                     "warning",
                     "A GPU disappeared from a node.",
