@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collect.kernel_log import MAX_KEYS, RING_EVENTS, KernelLogTally, classify, parse_record, pci_key
+from gpuwarden.collect.kernel_log import MAX_KEYS, RING_EVENTS, KernelLogTally, classify, parse_record
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
+from gpuwarden.model.pci import pci_key
 from tests.helpers.common import parse_exposition, wait_for
 
 H200_BOOT = Path(__file__).parent / "data" / "kmsg" / "h200x2-boot.kmsg"
@@ -164,6 +165,8 @@ def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_be
             901, now - 5, "NVRM: Xid (PCI:0000:28:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
         )
         + kmsg(902, now - 4, "NVRM: Xid (PCI:0000:f8:00): 79, pid=1, name=x, a GPU this node does not have")
+        + kmsg(903, now - 3, SXID)
+        + kmsg(904, now - 2, TRAP)
     )
     server = live_server({"node": {"count": 2}}, nvml={"kernel_log": str(log)})
 
@@ -172,14 +175,31 @@ def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_be
         return {(lab["gpu"], lab["xid"]): v for (_, lab), v in _labelled(series, "gpuwarden_xid_errors_total")}
 
     wait_for(lambda: xids() == {("1", "13"): 1, ("1", "79"): 1}, timeout=30)
+    series = parse_exposition(server.get("/metrics").text)
+    kernel = {
+        (name, tuple(sorted(labels.items()))): v for (name, labels), v in _labelled_any(series, "gpuwarden_kernel_")
+    }
+    assert kernel == {
+        ("gpuwarden_kernel_fallen_off_bus_total", (("gpu", "1"), ("uuid", gpus_uuid(server, 1)))): 1,
+        ("gpuwarden_kernel_sxid_errors_total", (("switch", "0000:86:00"), ("sxid", "20034"))): 1,
+        ("gpuwarden_kernel_driver_traps_total", (("library", "libnvidia-ml"),)): 1,
+    }, kernel
     gpus = {gpu["index"]: gpu for gpu in server.get("/api/v1/health").json()["gpus"]}
     xid = gpus[1]["checks"]["xid"]
     assert xid["severity"] == "critical" and "79" in xid["observed"], xid  # XID 13 (at boot) is outside the window
     assert gpus[0]["checks"]["xid"]["severity"] == "ok"
     with log.open("ab") as handle:
-        handle.write(kmsg(903, time.monotonic(), "NVRM: Xid (PCI:0000:28:00): 13, pid=78, name=python, again"))
+        handle.write(kmsg(905, time.monotonic(), "NVRM: Xid (PCI:0000:28:00): 13, pid=78, name=python, again"))
     wait_for(lambda: xids() == {("1", "13"): 2, ("1", "79"): 1}, timeout=30)
 
 
 def _labelled(series: dict, name: str) -> list:
     return [((key[0], dict(key[1])), value) for key, value in series.items() if key[0] == name]
+
+
+def _labelled_any(series: dict, prefix: str) -> list:
+    return [((key[0], dict(key[1])), value) for key, value in series.items() if key[0].startswith(prefix)]
+
+
+def gpus_uuid(server, index: int) -> str:  # noqa: ANN001 - the live server
+    return server.get(f"/api/v1/gpus/{index}").json()["uuid"]

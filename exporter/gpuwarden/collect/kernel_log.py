@@ -19,6 +19,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from gpuwarden.model.pci import pci_key
+
 MAX_LINE_BYTES = 8192  # a kmsg record is at most ~1 KiB; anything longer is not a kernel record: counted, dropped
 RING_EVENTS = 256  # the latest events kept with their text, for the API; the counters keep the rest
 MAX_KEYS = 1024  # distinct (kind, device, code) counted; a log naming more devices than a node has is not trusted
@@ -39,16 +41,6 @@ _TRAP = re.compile(
     r"(?:traps: )?(\S{1,64})\[(\d+)\]:? (general protection fault|segfault at|trap [^ ]+)"
     r".* in (libnvidia-ml|libcuda)\.so"
 )
-
-
-def pci_key(address: str) -> str:
-    """'0000:3b:00' or '00000000:3B:00.0' → '0000:3b:00': domain, bus and device, as the kernel log names a GPU
-    (no function) and NVML's bus ID does (eight-digit domain, upper case, with the function)."""
-    parts = address.lower().split(":")
-    if len(parts) != 3:
-        return address.lower()
-    domain, bus, device = parts
-    return f"{int(domain, 16):04x}:{bus}:{device.split('.')[0]}"
 
 
 @dataclass(frozen=True, slots=True)

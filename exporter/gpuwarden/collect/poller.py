@@ -246,13 +246,15 @@ class Poller:
                 )
                 for state in sorted(nvml.gpus.values(), key=lambda st: st.device.index)
             ]
+            kernel = self.kernel.counts()
             snapshot = self.assembler.assemble(
                 views,
                 taken_at=self._wall(),
                 nvml_up=nvml.nvml_up,
                 nvml_error=nvml.nvml_error,
                 driver=dict(nvml.driver) if nvml.nvml_up else {},
-                xid=with_kernel_xids(self.xid.snapshot(), self.kernel.counts(), _bus_ids(nvml.gpus.values())),
+                xid=with_kernel_xids(self.xid.snapshot(), kernel, _bus_ids(nvml.gpus.values())),
+                kernel=kernel,
                 collect_errors=self.ledger.errors(),
                 collect_timeouts=self.ledger.timeouts(),
                 reinit_total=nvml.reinit_total,

@@ -42,6 +42,9 @@ from gpuwarden.model.families import (
     HEALTH_STATUS,
     JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
     JOB_FINDING,
+    KERNEL_DRIVER_TRAPS_TOTAL,
+    KERNEL_FALLEN_OFF_BUS_TOTAL,
+    KERNEL_SXID_ERRORS_TOTAL,
     LAST_COLLECT_TIMESTAMP_SECONDS,
     MIG_ALLOCATION,
     NVLINK_PEER_LINKS,
@@ -58,6 +61,7 @@ from gpuwarden.model.families import (
     XID_LAST_TIMESTAMP_SECONDS,
     Family,
 )
+from gpuwarden.model.pci import pci_key
 from gpuwarden.model.snapshot import Snapshot
 
 _BINDING_VERSION = nvml_binding_version()
@@ -82,6 +86,7 @@ class SnapshotCollector:
         _gpu_rows(self.snapshot, rows)
         _health_rows(self.snapshot, rows)
         _xid_rows(self.snapshot, rows)
+        _kernel_rows(self.snapshot, rows)
         _job_rows(self.snapshot, rows)
         for name, own_rows in self.own.items():
             rows[name].extend(own_rows)
@@ -211,6 +216,19 @@ def _xid_rows(snap: Snapshot, rows: Rows) -> None:
             ids = [index_of[uuid], uuid, str(xid)]
             rows[XID_ERRORS_TOTAL.name].append((ids, count))
             rows[XID_LAST_TIMESTAMP_SECONDS.name].append((ids, last))
+
+
+def _kernel_rows(snap: Snapshot, rows: Rows) -> None:
+    """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch, per library."""
+    by_bus = {pci_key(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
+    for (kind, device, code), (count, _) in sorted(snap.kernel.items()):
+        if kind == "sxid":
+            rows[KERNEL_SXID_ERRORS_TOTAL.name].append(([device, str(code)], count))
+        elif kind == "trap":
+            rows[KERNEL_DRIVER_TRAPS_TOTAL.name].append(([device], count))
+        elif kind == "fallen_off_bus" and device in by_bus:
+            gpu = by_bus[device]
+            rows[KERNEL_FALLEN_OFF_BUS_TOTAL.name].append(([str(gpu.index), gpu.uuid], count))
 
 
 _PROCESS = ProcessFamilies()  # process_* of the exporter itself, rendered with each snapshot

@@ -58,6 +58,7 @@ class Draft:
     jobs: dict[str, JobMember] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
+    kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
     # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

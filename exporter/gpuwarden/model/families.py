@@ -590,7 +590,8 @@ RETIRED_PAGES_PENDING = _f(
 XID_ERRORS_TOTAL = _f(
     "gpuwarden_xid_errors_total",
     "counter",
-    "XID critical-error events seen since this exporter started (NVML keeps no history).",
+    "XID critical errors: NVML's events since this exporter started or, where the kernel log is read "
+    "(nvml.kernel_log), its XID lines since boot, whichever counts more.",
     "xid",
 )
 XID_LAST_TIMESTAMP_SECONDS = _f(
@@ -599,6 +600,28 @@ XID_LAST_TIMESTAMP_SECONDS = _f(
     "Unix time of the last event of each XID.",
     "xid",
     unit="seconds",
+)
+# the kernel log (nvml.kernel_log): what NVML does not report
+KERNEL_SXID_ERRORS_TOTAL = _f(
+    "gpuwarden_kernel_sxid_errors_total",
+    "counter",
+    "NVSwitch SXid errors in the kernel log since boot, by switch (its PCI address) and SXid.",
+    "switch",
+    "sxid",
+    per_gpu=False,
+)
+KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
+    "gpuwarden_kernel_fallen_off_bus_total",
+    "counter",
+    "'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
+)
+KERNEL_DRIVER_TRAPS_TOTAL = _f(
+    "gpuwarden_kernel_driver_traps_total",
+    "counter",
+    "Processes the kernel logged as crashing inside the driver's libraries since boot, by library "
+    "(libnvidia-ml, libcuda).",
+    "library",
+    per_gpu=False,
 )
 # modes, processes, recovery
 PERSISTENCE_MODE_ENABLED = _f("gpuwarden_persistence_mode_enabled", "gauge", "1 when persistence mode is on.")
