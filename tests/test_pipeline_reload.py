@@ -12,7 +12,7 @@ from gpuwarden.exposition.render import Renderer
 from gpuwarden.health.checks import HealthEvaluator
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.runtime.pipeline import Pipeline
-from tests.helpers.common import ManualClock, settings, write_yaml
+from tests.helpers.common import ManualClock, settings, wait_for, write_yaml
 from tests.helpers.thresholds import SHORT
 
 # Every window a GPU's history serves, each set longer than the history the SHORT thresholds keep (900 s + slots).
@@ -118,5 +118,30 @@ def test_a_reload_rebuilds_the_stages_and_swaps_them_into_the_poller(sim, tmp_pa
         assert any(getattr(step, "evaluator", None) is pipeline.health for step in pipeline.poller.assembler.steps)
         assert not any(getattr(step, "evaluator", None) is before for step in pipeline.poller.assembler.steps)
         assert Renderer(lambda n: True).render(pipeline.poll_once())
+    finally:
+        pipeline.stop(0.5)
+
+
+def test_a_reload_that_changes_the_kernel_log_reads_the_new_one_from_its_start_or_none(sim, tmp_path):
+    """`nvml.kernel_log` changed by a reload: the reader of the old log stops, the new log is read from its start
+    into a fresh tally (its XIDs only), and `off` leaves no reader and no kernel-log XIDs."""
+    sim(SCENARIO)
+    first, second = tmp_path / "first.kmsg", tmp_path / "second.kmsg"
+    first.write_bytes(b"3,1,1000000,-;NVRM: Xid (PCI:0000:18:00): 13, pid=1, name=python, Graphics Exception\n")
+    second.write_bytes(b"3,1,2000000,-;NVRM: Xid (PCI:0000:18:00): 31, pid=2, name=python, MMU Fault\n")
+    pipeline = Pipeline(settings(nvml={"xid_events": False, "kernel_log": str(first)}))
+
+    def kernel_xids() -> set[int]:
+        return {xid for _, xid in pipeline.poll_once().xid}
+
+    try:
+        pipeline.start()
+        wait_for(lambda: kernel_xids() == {13}, timeout=30)
+        reader = pipeline.poller.kernel_reader
+        pipeline.reload(settings(nvml={"xid_events": False, "kernel_log": str(second)}))
+        wait_for(lambda: kernel_xids() == {31}, timeout=30)
+        assert pipeline.poller.kernel_reader is not reader and reader._stop.is_set()  # the old one was told to stop
+        pipeline.reload(settings(nvml={"xid_events": False, "kernel_log": "off"}))
+        assert pipeline.poller.kernel_reader is None and kernel_xids() == set()
     finally:
         pipeline.stop(0.5)
