@@ -397,6 +397,28 @@ def ssl_errors() -> type[Exception]:
     return ssl.SSLError
 
 
+def test_a_tls_connection_pauses_its_writer_where_a_plain_one_does():
+    """asyncio's TLS transport lets a writer run until 512 KiB is encrypted and unsent; a plain socket pauses it at
+    64 KiB. A client that stops reading thus held four answers and more over TLS (300 such clients: 301 MiB peak,
+    135 MiB with the plain limit). Every connection gets the plain limit."""
+    server, client = tls_pair()
+    live = ServedApp(echo, guard=ConnectionGuard(header_timeout_s=5.0), ssl_context=server)
+    live.start()
+    try:
+        raw_sock = socket.create_connection(("127.0.0.1", live.port))
+        tls_sock = client.wrap_socket(raw_sock, server_hostname="127.0.0.1")
+        try:
+            tls_sock.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert tls_sock.recv(4096).startswith(b"HTTP/1.1 200")
+            (connection,) = live.server.server.server_state.connections
+            assert connection.transport.get_extra_info("sslcontext") is not None  # the TLS transport itself
+            assert connection.transport.get_write_buffer_limits()[1] == 64 * 1024
+        finally:
+            tls_sock.close()
+    finally:
+        live.stop()
+
+
 def test_a_burst_of_tls_clients_past_the_handshake_limit_waits_and_every_one_is_answered():
     """More clients connecting at once than handshakes allowed in progress (16 here, 256 by default): the ones past
     the limit wait (up to 4 × the limit), before any TLS state is made, and start as slots free. Closing the

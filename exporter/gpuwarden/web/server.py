@@ -47,6 +47,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gpuwarden.web.limits import ConnectionGuard
 
 MAX_PIPELINE = 16  # requests queued behind the one being answered
+WRITE_HIGH_WATER_BYTES = 64 * 1024  # unsent bytes at which a connection's writer is paused (TLS too)
 MAX_BODY_BYTES = 64 * 1024  # gpuwarden's endpoints take no body: anything larger is refused (413)
 PROBE_RESERVE = 32  # connections let in past the limit when none can be evicted
 EVICTION_SCAN = 64  # waiting connections looked at for one with nothing sent, oldest first, per newcomer at the limit
@@ -174,6 +175,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._writes = _CoalescedWrites(transport, self.loop)
+        # asyncio's TLS transport lets the app write until 512 KiB per connection is encrypted and unsent
+        # (constants.FLOW_CONTROL_HIGH_WATER_SSL_WRITE) before it pauses it; a plain socket pauses at 64 KiB. 300
+        # TLS clients that stopped reading held ~0.8 MiB each (four answers and more): the plain limit for both.
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
