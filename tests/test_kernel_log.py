@@ -13,7 +13,7 @@ import pytest
 
 from gpuwarden.collect.kernel_log import MAX_KEYS, RING_EVENTS, KernelLogTally, classify, parse_record
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
-from gpuwarden.model.pci import pci_key
+from gpuwarden.model.pci import normalise_bus_id
 from tests.helpers.common import parse_exposition, wait_for
 
 H200_BOOT = Path(__file__).parent / "data" / "kmsg" / "h200x2-boot.kmsg"
@@ -42,11 +42,11 @@ def test_a_real_boot_log_reads_whole_and_holds_no_gpu_fault():
 @pytest.mark.parametrize(
     ("message", "expected"),
     [
-        (XID_79, {("xid", "0000:3b:00", 79), ("fallen_off_bus", "0000:3b:00", 0)}),
-        (XID_13, {("xid", "0000:cb:00", 13)}),
-        (XID_109, {("xid", "0000:cb:00", 109)}),
-        (SXID, {("sxid", "0000:86:00", 20034)}),
-        (FALLEN, {("fallen_off_bus", "0000:3b:00", 0)}),
+        (XID_79, {("xid", "00000000:3B:00.0", 79), ("fallen_off_bus", "00000000:3B:00.0", 0)}),
+        (XID_13, {("xid", "00000000:CB:00.0", 13)}),
+        (XID_109, {("xid", "00000000:CB:00.0", 109)}),
+        (SXID, {("sxid", "00000000:86:00.0", 20034)}),
+        (FALLEN, {("fallen_off_bus", "00000000:3B:00.0", 0)}),
         (TRAP, {("trap", "libnvidia-ml", 0)}),
         (
             "python3[1234]: segfault at 0 ip 00007f1 sp 00007ff error 4 in libcuda.so.580.159.04[7f1+2000]",
@@ -66,7 +66,7 @@ def test_records_and_dmesg_lines_and_bus_ids_agree():
     assert parse_record(b"[ 3878.917000] " + XID_13.encode()) == (3878.917, XID_13)
     assert parse_record(b" SUBSYSTEM=pci") is None and parse_record(b"garbage;") is None
     # NVML's bus ID and the kernel log's name the same GPU
-    assert pci_key("00000000:3B:00.0") == pci_key("0000:3b:00") == "0000:3b:00"
+    assert normalise_bus_id("00000000:3B:00.0") == normalise_bus_id("00000000:3B:00.0") == "00000000:3B:00.0"
 
 
 def test_a_long_log_keeps_memory_bounded_and_counts_every_fault(tmp_path):
@@ -87,8 +87,8 @@ def test_a_long_log_keeps_memory_bounded_and_counts_every_fault(tmp_path):
     tracemalloc.stop()
     assert tally.records == 200_000
     counts = tally.counts()
-    assert counts[("xid", "0000:cb:00", 13)][0] == 1000 and counts[("sxid", "0000:86:00", 20034)][0] == 1000
-    assert counts[("xid", "0000:cb:00", 13)][1] == pytest.approx(998.0)  # the latest's time since boot
+    assert counts[("xid", "00000000:CB:00.0", 13)][0] == 1000 and counts[("sxid", "00000000:86:00.0", 20034)][0] == 1000
+    assert counts[("xid", "00000000:CB:00.0", 13)][1] == pytest.approx(998.0)  # the latest's time since boot
     assert len(tally.latest()) == RING_EVENTS
     assert second - first < 64 * 1024  # nothing grows with the log's length
 
@@ -113,7 +113,7 @@ def test_the_follower_reads_from_boot_then_what_is_appended(tmp_path):
     reader, tally = follower(log)
     try:
         wait_for(lambda: reader.caught_up.is_set() and tally.records == 372, timeout=30)
-        assert tally.counts()[("xid", "0000:3b:00", 79)] == (1, 4000.0)  # an XID from before the start
+        assert tally.counts()[("xid", "00000000:3B:00.0", 79)] == (1, 4000.0)  # an XID from before the start
         with log.open("ab") as handle:
             handle.write(kmsg(901, 4100.0, TRAP) + b" SUBSYSTEM=pci\n")
         wait_for(lambda: ("trap", "libnvidia-ml", 0) in tally.counts(), timeout=30)
@@ -129,7 +129,10 @@ def test_a_10_mb_line_is_dropped_and_counted_once_and_reading_goes_on(tmp_path):
     reader, tally = follower(log)
     try:
         wait_for(lambda: reader.caught_up.is_set() and tally.records == 2, timeout=30)
-        assert tally.unparsed == 1 and set(tally.counts()) == {("xid", "0000:cb:00", 13), ("sxid", "0000:86:00", 20034)}
+        assert tally.unparsed == 1 and set(tally.counts()) == {
+            ("xid", "00000000:CB:00.0", 13),
+            ("sxid", "00000000:86:00.0", 20034),
+        }
     finally:
         reader.stop()
         reader.join(10)
@@ -181,7 +184,7 @@ def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_be
     }
     assert kernel == {
         ("gpuwarden_kernel_fallen_off_bus_total", (("gpu", "1"), ("uuid", gpus_uuid(server, 1)))): 1,
-        ("gpuwarden_kernel_sxid_errors_total", (("switch", "0000:86:00"), ("sxid", "20034"))): 1,
+        ("gpuwarden_kernel_sxid_errors_total", (("switch", "00000000:86:00.0"), ("sxid", "20034"))): 1,
         ("gpuwarden_kernel_driver_traps_total", (("library", "libnvidia-ml"),)): 1,
     }, kernel
     gpus = {gpu["index"]: gpu for gpu in server.get("/api/v1/health").json()["gpus"]}

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from gpuwarden.model.pci import pci_key
+from gpuwarden.model.pci import normalise_bus_id
 
 MAX_LINE_BYTES = 8192  # a kmsg record is at most ~1 KiB; anything longer is not a kernel record: counted, dropped
 RING_EVENTS = 256  # the latest events kept with their text, for the API; the counters keep the rest
@@ -48,7 +48,7 @@ class KernelEvent:
     """One GPU fault the kernel logged. `seconds` is the record's time since boot."""
 
     kind: str  # xid | sxid | fallen_off_bus | trap
-    device: str  # a GPU's pci_key, a switch's PCI address, or the library for a trap
+    device: str  # the GPU's or switch's PCI bus ID in NVML's form (normalise_bus_id), or a trap's library
     code: int  # the XID or SXid number; 0 otherwise (a trap's PID stays in its text: PIDs would grow the counters)
     seconds: float
     text: str  # the message, at most 300 characters
@@ -76,16 +76,16 @@ def classify(seconds: float, message: str) -> list[KernelEvent]:
     text = message[:300]
     events = []
     if xid := _XID.search(message):
-        events.append(KernelEvent("xid", pci_key(xid.group(1)), int(xid.group(2)), seconds, text))
+        events.append(KernelEvent("xid", normalise_bus_id(xid.group(1)) or "", int(xid.group(2)), seconds, text))
         if "fallen off the bus" in message:
-            events.append(KernelEvent("fallen_off_bus", pci_key(xid.group(1)), 0, seconds, text))
+            events.append(KernelEvent("fallen_off_bus", events[0].device, 0, seconds, text))
     elif fallen := _FALLEN.search(message):
-        events.append(KernelEvent("fallen_off_bus", pci_key(fallen.group(1)), 0, seconds, text))
+        events.append(KernelEvent("fallen_off_bus", normalise_bus_id(fallen.group(1)) or "", 0, seconds, text))
     if sxid := _SXID.search(message):
-        events.append(KernelEvent("sxid", pci_key(sxid.group(2)), int(sxid.group(3)), seconds, text))
+        events.append(KernelEvent("sxid", normalise_bus_id(sxid.group(2)) or "", int(sxid.group(3)), seconds, text))
     if trap := _TRAP.search(message):
         events.append(KernelEvent("trap", trap.group(4), 0, seconds, text))
-    return events
+    return [event for event in events if event.device]  # an address that is not one names no device
 
 
 class KernelLogTally:
@@ -146,7 +146,7 @@ def with_kernel_xids(
     if not kernel:
         return nvml
     boot = boot_wall if boot_wall is not None else boot_time()
-    by_key = {pci_key(bus_id): uuid for bus_id, uuid in bus_ids.items()}
+    by_key = {normalise_bus_id(bus_id): uuid for bus_id, uuid in bus_ids.items()}
     merged = dict(nvml)
     for (kind, device, code), (count, seconds) in kernel.items():
         uuid = by_key.get(device)

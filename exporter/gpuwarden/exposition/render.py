@@ -61,7 +61,7 @@ from gpuwarden.model.families import (
     XID_LAST_TIMESTAMP_SECONDS,
     Family,
 )
-from gpuwarden.model.pci import pci_key
+from gpuwarden.model.pci import normalise_bus_id
 from gpuwarden.model.snapshot import Snapshot
 
 _BINDING_VERSION = nvml_binding_version()
@@ -220,7 +220,7 @@ def _xid_rows(snap: Snapshot, rows: Rows) -> None:
 
 def _kernel_rows(snap: Snapshot, rows: Rows) -> None:
     """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch, per library."""
-    by_bus = {pci_key(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
+    by_bus = {normalise_bus_id(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
     for (kind, device, code), (count, _) in sorted(snap.kernel.items()):
         if kind == "sxid":
             rows[KERNEL_SXID_ERRORS_TOTAL.name].append(([device, str(code)], count))

@@ -11,14 +11,14 @@ identity is guessed.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuwarden.model.pci import normalise_bus_id
 
 log = logging.getLogger(__name__)
 
 DRIVER_PROC_ROOT = Path("/proc/driver/nvidia")
-_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,6 @@ class DriverGpu:
     bus_id: str  # NVML's form: 00000000:18:00.0
     uuid: str
     model: str = ""
-
-
-def normalise_bus_id(text: str) -> str | None:
-    """NVML's form of a PCI bus id (8-digit domain, upper case), from NVML's or the driver's (4-digit) spelling."""
-    match = _BUS_ID.match(text.strip())
-    if match is None:
-        return None
-    domain, bus, device, function = match.groups()
-    return f"{int(domain or '0', 16):08X}:{int(bus, 16):02X}:{int(device, 16):02X}.{function}"
 
 
 def parse_information(text: str) -> DriverGpu | None:
