@@ -3,7 +3,7 @@
 NVML reports XIDs only while a process is subscribed; the kernel log keeps every `NVRM: Xid` line since boot (as far
 as its ring holds), NVSwitch `SXid` errors, "GPU has fallen off the bus", and the traps of processes that crash
 inside libnvidia-ml or libcuda. This module turns /dev/kmsg records into those events and keeps a bounded tally:
-counters per (GPU PCI address, XID), per (switch, SXid), per library, and a ring of the latest events. It reads
+counters per (GPU PCI address, XID), per (switch, SXid), per library, with the time of the latest. It reads
 nothing itself; collect/kernel_log_follower.py feeds it.
 
 /dev/kmsg record format (Documentation/ABI/testing/dev-kmsg): `PRIO,SEQ,TIMESTAMP_US,FLAGS[,...];MESSAGE`, then
@@ -16,13 +16,11 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from gpuwarden.model.pci import normalise_bus_id
 
 MAX_LINE_BYTES = 8192  # a kmsg record is at most ~1 KiB; anything longer is not a kernel record: counted, dropped
-RING_EVENTS = 256  # the latest events kept with their text, for the API; the counters keep the rest
 MAX_KEYS = 1024  # distinct (kind, device, code) counted; a log naming more devices than a node has is not trusted
 
 _KMSG = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
@@ -49,9 +47,8 @@ class KernelEvent:
 
     kind: str  # xid | sxid | fallen_off_bus | trap
     device: str  # the GPU's or switch's PCI bus ID in NVML's form (normalise_bus_id), or a trap's library
-    code: int  # the XID or SXid number; 0 otherwise (a trap's PID stays in its text: PIDs would grow the counters)
+    code: int  # the XID or SXid number; 0 otherwise (not a trap's PID: PIDs would grow the counters without bound)
     seconds: float
-    text: str  # the message, at most 300 characters
 
 
 def parse_record(line: bytes) -> tuple[float, str] | None:
@@ -73,30 +70,28 @@ def classify(seconds: float, message: str) -> list[KernelEvent]:
     """The GPU faults in one message (Xid 79's line is both an XID and a GPU fallen off the bus)."""
     if "NVRM" not in message and "nvswitch" not in message and " in lib" not in message:
         return []  # the common case, cheap: most of a kernel log is not about GPUs
-    text = message[:300]
     events = []
     if xid := _XID.search(message):
-        events.append(KernelEvent("xid", normalise_bus_id(xid.group(1)) or "", int(xid.group(2)), seconds, text))
+        events.append(KernelEvent("xid", normalise_bus_id(xid.group(1)) or "", int(xid.group(2)), seconds))
         if "fallen off the bus" in message:
-            events.append(KernelEvent("fallen_off_bus", events[0].device, 0, seconds, text))
+            events.append(KernelEvent("fallen_off_bus", events[0].device, 0, seconds))
     elif fallen := _FALLEN.search(message):
-        events.append(KernelEvent("fallen_off_bus", normalise_bus_id(fallen.group(1)) or "", 0, seconds, text))
+        events.append(KernelEvent("fallen_off_bus", normalise_bus_id(fallen.group(1)) or "", 0, seconds))
     if sxid := _SXID.search(message):
-        events.append(KernelEvent("sxid", normalise_bus_id(sxid.group(2)) or "", int(sxid.group(3)), seconds, text))
+        events.append(KernelEvent("sxid", normalise_bus_id(sxid.group(2)) or "", int(sxid.group(3)), seconds))
     if trap := _TRAP.search(message):
-        events.append(KernelEvent("trap", trap.group(4), 0, seconds, text))
+        events.append(KernelEvent("trap", trap.group(4), 0, seconds))
     return [event for event in events if event.device]  # an address that is not one names no device
 
 
 class KernelLogTally:
-    """Counters of every event seen and a ring of the latest; bounded whatever the log's length (thread-safe: the
-    follower writes, the poller reads)."""
+    """Counters of every event seen, with the time of the latest; bounded whatever the log's length (thread-safe:
+    the follower writes, the poller reads)."""
 
-    def __init__(self, ring: int = RING_EVENTS) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str, int], int] = {}  # (kind, device, code) → count
         self._last: dict[tuple[str, str, int], float] = {}  # → seconds since boot of the latest
-        self._ring: deque[KernelEvent] = deque(maxlen=ring)
         self.records = 0  # records read
         self.unparsed = 0  # lines that were neither a record nor a continuation, or too long
         self.overflow = 0  # events past MAX_KEYS distinct keys: counted here only
@@ -121,16 +116,11 @@ class KernelLogTally:
                     continue
                 self._counts[key] = self._counts.get(key, 0) + 1
                 self._last[key] = event.seconds
-                self._ring.append(event)
 
     def counts(self) -> dict[tuple[str, str, int], tuple[int, float]]:
         """(kind, device, code) → (count, seconds since boot of the latest)."""
         with self._lock:
             return {key: (count, self._last[key]) for key, count in self._counts.items()}
-
-    def latest(self) -> list[KernelEvent]:
-        with self._lock:
-            return list(self._ring)
 
 
 def with_kernel_xids(
