@@ -319,50 +319,100 @@ def test_the_uvicorn_internals_the_subclasses_touch_are_still_there():
     assert "await self.flow.drain()" in inspect.getsource(RequestResponseCycle.send)
 
 
-def test_a_response_leaves_in_one_write_and_nothing_is_held_past_the_loop_iteration():
-    """Status line and headers are joined to the body (one send() per response, not two); a lone write, like
-    `100 Continue`, goes out at the end of the loop iteration, and close() sends what is held before closing."""
-    import asyncio
+class _PausingTransport:
+    """A transport that records writes and pauses its writer once `high` bytes are unsent, as asyncio's do; one
+    that `takes_all` is a socket with room for everything (nothing is ever left unsent)."""
 
-    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    def __init__(self, high: int, takes_all: bool = False) -> None:
+        self.high, self.takes_all, self.unsent, self.paused = high, takes_all, 0, False
+        self.writes: list[bytes | memoryview] = []
+        self.closed = self.aborted = self.reading_paused = False
 
-    from gpuwarden.web.server import _CoalescedWrites
+    def write(self, data: bytes | memoryview) -> None:
+        assert not self.closed, "a write after close"
+        self.writes.append(data)
+        if not self.takes_all:
+            self.unsent += len(data)
+            self.paused = self.unsent >= self.high
 
-    class Recorder:
-        def __init__(self) -> None:
-            self.writes: list[bytes] = []
-            self.closed = False
+    def drain(self) -> None:
+        """The client read everything: the writer resumes."""
+        self.unsent, self.paused = 0, False
 
-        def write(self, data: bytes) -> None:
-            self.writes.append(data)
+    def close(self) -> None:
+        self.closed = True
 
-        def close(self) -> None:
-            self.closed = True
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+        self.unsent = 0  # an aborted transport drops its buffer
 
-        def is_closing(self) -> bool:
-            return self.closed
+    def pause_reading(self) -> None:
+        self.reading_paused = True
 
-    async def scenario() -> tuple[list[bytes], list[bytes], list[bytes], bool]:
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+
+def test_an_answer_is_handed_over_a_chunk_at_a_time_while_the_client_reads_and_head_and_body_leave_together():
+    """A 100 KB answer to a client that does not read: the transport gets one large chunk (a new connection's socket
+    takes ~64 KiB), then small ones once it leaves some unsent, until it pauses the writer; the rest stays the
+    caller's bytes (views, no copy) until it resumes. Status line and headers leave in the first send() with the
+    body; a lone small write (`100 Continue`) at the end of the loop iteration; close() closes once everything is
+    handed over; abort() drops what is held; a socket that takes everything gets large chunks throughout."""
+    from gpuwarden.web.server import PACE_CHUNK_BYTES, PACE_CHUNK_MAX_BYTES, _PacedWrites
+
+    head, body = b"HTTP/1.1 200 OK\r\n\r\n", bytes(range(256)) * 400  # ~100 KB
+    results: dict[str, Any] = {}
+
+    async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        transport = Recorder()
-        writes = _CoalescedWrites(transport, loop)  # type: ignore[arg-type]
-        writes.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        writes.write(b"body")
-        joined = list(transport.writes)
-        writes.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        before_yield = list(transport.writes)
+        lone = _PausingTransport(high=2 * PACE_CHUNK_BYTES)
+        lone_writes = _PacedWrites(lone, loop, lambda: lone.paused)  # type: ignore[arg-type]
+        lone_writes.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        results["lone_before_yield"] = list(lone.writes)
         await asyncio.sleep(0)
-        after_yield = list(transport.writes)
-        writes.write(b"last")
+        results["lone_after_yield"] = [bytes(w) for w in lone.writes]
+        transport = _PausingTransport(high=2 * PACE_CHUNK_BYTES)
+        writes = _PacedWrites(transport, loop, lambda: transport.paused)  # type: ignore[arg-type]
+        writes.write(head)
+        writes.write(body)
+        results["handed"] = [bytes(w) for w in transport.writes]
+        results["held"] = writes.get_write_buffer_size()
         writes.close()
-        return joined, before_yield, after_yield + transport.writes[len(after_yield) :], writes.is_closing()
+        results["closed_early"] = transport.closed
+        results["reading_paused"] = transport.reading_paused
+        while transport.paused:
+            transport.drain()
+            writes.flush()  # the protocol's resume_writing
+        results["views"] = [isinstance(w, memoryview) and w.obj is body for w in transport.writes[1:]]
+        results["sent"] = b"".join(bytes(w) for w in transport.writes)
+        results["closed"] = transport.closed
+        results["later_chunks"] = [len(w) for w in transport.writes[1:]]
+        roomy = _PausingTransport(high=2 * PACE_CHUNK_BYTES, takes_all=True)
+        keeping_up = _PacedWrites(roomy, loop, lambda: roomy.paused)  # type: ignore[arg-type]
+        keeping_up.write(body)
+        results["roomy_chunks"] = [len(w) for w in roomy.writes]
+        second = _PausingTransport(high=PACE_CHUNK_BYTES)
+        aborted = _PacedWrites(second, loop, lambda: second.paused)  # type: ignore[arg-type]
+        aborted.write(body)
+        aborted.abort()
+        aborted.write(b"more")
+        results["after_abort"] = (aborted.get_write_buffer_size(), len(second.writes), second.aborted)
 
-    joined, before_yield, after_close, closing = asyncio.run(scenario())
-    assert joined == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
-    assert before_yield == joined
-    assert after_close == [*joined, b"HTTP/1.1 100 Continue\r\n\r\n", b"last"] and closing
-    # the cycle's transport is what GuardedHttpProtocol replaces: uvicorn must still keep it there
-    assert "self.transport = transport" in __import__("inspect").getsource(RequestResponseCycle.__init__)
+    asyncio.run(scenario())
+    assert results["lone_before_yield"] == [] and results["lone_after_yield"] == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    (first,) = results["handed"]  # paused after it: the socket left it unsent
+    assert first == (head + body)[:PACE_CHUNK_MAX_BYTES], "head and body leave in one send()"
+    assert results["held"] == len(head) + len(body), "held here and in the transport, all of it"
+    assert not results["closed_early"] and results["reading_paused"], "close waits for the answer to be handed over"
+    assert results["sent"] == head + body and results["closed"]
+    assert all(results["views"]), "the rest is handed over as views of the caller's bytes"
+    assert max(results["later_chunks"]) == PACE_CHUNK_BYTES, "small chunks once the socket left some unsent"
+    assert results["roomy_chunks"] == [PACE_CHUNK_MAX_BYTES, len(body) - PACE_CHUNK_MAX_BYTES]
+    assert results["after_abort"] == (0, 1, True)
 
 
 def tls_pair() -> tuple[Any, Any]:
@@ -397,26 +447,46 @@ def ssl_errors() -> type[Exception]:
     return ssl.SSLError
 
 
-def test_a_tls_connection_pauses_its_writer_where_a_plain_one_does():
-    """asyncio's TLS transport lets a writer run until 512 KiB is encrypted and unsent; a plain socket pauses it at
-    64 KiB. A client that stops reading thus held four answers and more over TLS (300 such clients: 301 MiB peak,
-    135 MiB with the plain limit). Every connection gets the plain limit."""
+def test_a_tls_connection_is_limited_on_both_layers_and_a_large_answer_arrives_whole():
+    """asyncio's TLS transport lets a writer run until 512 KiB is encrypted and unsent, and the socket transport
+    beneath it buffers 64 KiB of ciphertext more; a client that stops reading held ~210 KiB a connection for one
+    100 KB answer (1,100 of them: an OOM kill at 256 MiB). Both layers get WRITE_HIGH_WATER_BYTES, and an 8 MiB
+    answer read slowly arrives whole, while what the server holds beyond the caller's bytes stays within them."""
+    from gpuwarden.web.server import ASYNCIO_TLS_INTERNALS, WRITE_HIGH_WATER_BYTES, _socket_transport_beneath
+
     server, client = tls_pair()
-    live = ServedApp(echo, guard=ConnectionGuard(header_timeout_s=5.0), ssl_context=server)
+    live = ServedApp(echo, guard=ConnectionGuard(header_timeout_s=30.0), ssl_context=server)
     live.start()
     try:
         raw_sock = socket.create_connection(("127.0.0.1", live.port))
+        raw_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # a fixed window: the kernel cannot take 8 MiB
         tls_sock = client.wrap_socket(raw_sock, server_hostname="127.0.0.1")
         try:
-            tls_sock.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert tls_sock.recv(4096).startswith(b"HTTP/1.1 200")
+            tls_sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            wait_for(lambda: live.server.server.server_state.connections, timeout=10)  # TLS 1.3: the client is first
             (connection,) = live.server.server.server_state.connections
-            assert connection.transport.get_extra_info("sslcontext") is not None  # the TLS transport itself
-            assert connection.transport.get_write_buffer_limits()[1] == 64 * 1024
+            real = connection._writes._transport
+            assert real.get_extra_info("sslcontext") is not None  # the TLS transport itself
+            owners = (real, real._ssl_protocol)
+            assert all(hasattr(obj, name) for obj, name in zip(owners, ASYNCIO_TLS_INTERNALS, strict=True))
+            beneath = _socket_transport_beneath(real)
+            assert beneath is not None and beneath.get_extra_info("socket") is not None
+            assert real.get_write_buffer_limits()[1] == beneath.get_write_buffer_limits()[1] == WRITE_HIGH_WATER_BYTES
+            wait_for(lambda: connection.flow.write_paused, timeout=10)
+            buffered = real.get_write_buffer_size() + beneath.get_write_buffer_size()
+            assert buffered <= 3 * WRITE_HIGH_WATER_BYTES, buffered  # each layer's limit and one chunk past it
+            received = b""
+            while True:
+                data = tls_sock.recv(65536)
+                if not data:
+                    break
+                received += data
         finally:
             tls_sock.close()
     finally:
         live.stop()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == b"x" * (8 * 1024 * 1024)
 
 
 def test_a_burst_of_tls_clients_past_the_handshake_limit_waits_and_every_one_is_answered():

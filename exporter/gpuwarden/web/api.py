@@ -200,14 +200,30 @@ def _by_instance(processes: tuple[ProcessView, ...]) -> dict[str, int]:
     return held
 
 
+class PartsResponse(Response):
+    """A body sent as its parts, one ASGI message each, never joined: a part shared by every request (the GPUs'
+    JSON, cached per snapshot) is then never copied into a per-request body, and a client that reads slowly holds a
+    view of it rather than its own ~100 KB (gpuwarden.web.server._PacedWrites)."""
+
+    def __init__(self, parts: tuple[bytes, ...], media_type: str) -> None:
+        self.parts = parts
+        super().__init__(headers={"content-length": str(sum(map(len, parts)))}, media_type=media_type)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for index, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": index < len(self.parts) - 1})
+
+
 class GpuJsonCache:
-    """The GPUs' JSON, serialized once per snapshot and shared by every request (as the exposition is)."""
+    """The GPUs' JSON, serialized once per snapshot and shared by every request (as the exposition is): each GPU's
+    object, and the tail of /api/v1/gpus (`, "gpus": [...]}`) that follows the per-request head."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshot_id = -1
         self._by_index: dict[int, bytes] = {}
-        self._all = b"[]"
+        self._all = b', "gpus": []}'
 
     def cached(self, snapshot: Snapshot) -> tuple[bytes, dict[int, bytes]] | None:
         if self._snapshot_id != snapshot.id:
@@ -230,7 +246,7 @@ class GpuJsonCache:
                     ).encode()
                     for gpu in snapshot.gpus
                 }
-                self._all = b"[" + b",".join(by_index.values()) + b"]"
+                self._all = b', "gpus": [' + b",".join(by_index.values()) + b"]}"
                 self._by_index = by_index
                 self._snapshot_id = snapshot.id
             return self._all, self._by_index
@@ -279,7 +295,7 @@ def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
     @router.get("/api/v1/gpus", response_model=GpuList, summary="Every GPU's latest readings, with units")
     async def gpus() -> Any:
         snap = snapshots()
-        all_gpus, _ = await gpu_json.get(snap)
+        gpus_tail, _ = await gpu_json.get(snap)
         head = json.dumps(
             {
                 "nvml_up": snap.nvml_up,
@@ -288,7 +304,7 @@ def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
                 "snapshot_age_seconds": round(max(time.time() - snap.taken_at, 0.0), 3),
             }
         )
-        return Response(head[:-1].encode() + b', "gpus": ' + all_gpus + b"}", media_type="application/json")
+        return PartsResponse((head[:-1].encode(), gpus_tail), media_type="application/json")
 
     @router.get(
         "/api/v1/gpus/{gpu}",
