@@ -114,6 +114,12 @@ def test_cli_errors_exit_2_with_one_line(args, env, expected):
             ("name: x\nfaults: [{kind: meltdown}]\n", "faults.0.kind: Input should be"),
             ("name: x\nnode: {count: 2}\nfaults: [{kind: gpu_lost, gpu: 5}]\n", "faults.0.gpu: the node has GPUs 0-1"),
             ("name: x\nfaults: [{kind: hang}]\n", "a 'hang' fault needs 'call'"),
+            ("name: x\nkernel_log: [{kind: sxid, switch: 0, sxid: 9, at: 5}]\n", "kernel_log.0.at: Input should"),
+            ("name: x\nkernel_log: [{kind: xid, gpu: 1, at: -5}]\n", "a 'xid' record needs 'xid'"),
+            (
+                "name: x\nnode: {nvlink: none}\nkernel_log: [{kind: sxid, switch: 0, sxid: 9, at: 0}]\n",
+                "an SXid needs an NVSwitch node",
+            ),
             (
                 "name: x\nvalues: {utilization: {square: {low: 0, high: 1, period: 0, duty: 0.5}}}\n",
                 "period: Input should be greater than 0",

@@ -114,3 +114,37 @@ def test_the_fabric_call_is_as_strict_as_the_driver(sim) -> None:
         assert info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_an_sxid_the_kernel_logged_before_the_start_warns_every_gpu_for_the_xid_window(sim) -> None:
+    """SXid 20034 on NVSwitch 3, logged 120 s before the simulator started: read from the kernel log (not from NVML),
+    it makes every GPU's fabric verdict a warning naming the switch and the SXid, with the record's wall time, until
+    xid_window_s (600 s) after the record; the scrape has its count and time. A node without NVSwitch cannot log one."""
+    from tests.helpers.common import read_kernel_log
+
+    clock = ManualClock()
+    sim({**node(2), "kernel_log": [{"kind": "sxid", "switch": 3, "sxid": 20034, "at": -120}]}, clock=clock)
+    pipeline = Pipeline(settings(poll={"slow_interval": 5}), wall_clock=clock)
+    started = clock()
+    try:
+        read_kernel_log(pipeline)
+        seen = {}
+        for second in range(0, 490, 5):
+            pipeline.poll_once()
+            seen[second] = {
+                gpu.index: next(v for v in pipeline.snapshot.health[gpu.uuid] if v.check == "fabric")
+                for gpu in pipeline.snapshot.gpus
+            }
+            if second == 0:
+                series = scrape(pipeline)
+            clock.advance(5.0)
+    finally:
+        pipeline.stop(0.5)
+    switch = "00000000:89:00.0"
+    assert all(v.severity == "warning" and f"SXid 20034 on NVSwitch {switch}" in v.observed for v in seen[0].values())
+    assert {v.severity for v in seen[475].values()} == {"warning"}  # 595 s after the record
+    assert {v.severity for v in seen[485].values()} == {"ok"}  # 605 s after
+    assert values(series, "gpuwarden_kernel_sxid_errors_total", switch=switch, sxid="20034") == [1]
+    assert values(series, "gpuwarden_kernel_sxid_last_timestamp_seconds", switch=switch) == [started - 120]
+    with pytest.raises(Exception, match="an SXid needs an NVSwitch node"):
+        sim({**node(2, nvlink="none"), "kernel_log": [{"kind": "sxid", "switch": 0, "sxid": 1, "at": 0}]})

@@ -159,7 +159,7 @@ def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_be
     ago, which NVML's events never report, is GPU 1's (PCI 0000:28:00) and makes its verdict critical; an XID 13 from
     boot counts but is not recent; one appended while it runs counts at once; other lines change nothing."""
     log = tmp_path / "kmsg"
-    now = time.monotonic()
+    now, wall = time.monotonic(), time.time()
     log.write_bytes(
         H200_BOOT.read_bytes()
         + kmsg(900, 10.0, "NVRM: Xid (PCI:0000:28:00): 13, pid=77, name=python, Graphics Exception")
@@ -185,6 +185,13 @@ def test_xids_the_kernel_logged_count_on_the_gpu_they_name_once_each_and_from_be
         ("gpuwarden_kernel_fallen_off_bus_total", (("gpu", "1"), ("uuid", gpus_uuid(server, 1)))): 1,
         ("gpuwarden_kernel_sxid_errors_total", (("switch", "00000000:86:00.0"), ("sxid", "20034"))): 1,
         ("gpuwarden_kernel_driver_traps_total", (("library", "libnvidia-ml"),)): 1,
+        # the records' wall times: now less their age on the monotonic clock the kernel stamps with
+        ("gpuwarden_kernel_sxid_last_timestamp_seconds", (("switch", "00000000:86:00.0"), ("sxid", "20034"))): (
+            pytest.approx(wall - 3, abs=2)
+        ),
+        ("gpuwarden_kernel_driver_trap_last_timestamp_seconds", (("library", "libnvidia-ml"),)): (
+            pytest.approx(wall - 2, abs=2)
+        ),
     }, kernel
     gpus = {gpu["index"]: gpu for gpu in server.get("/api/v1/health").json()["gpus"]}
     xid = gpus[1]["checks"]["xid"]

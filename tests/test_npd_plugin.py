@@ -90,6 +90,7 @@ def test_every_scenario_follows_the_protocol(scenario: str, scenario_exporter, t
             ("gpu-lost", "hardware", "GPU6 gpu_lost"),
             ("nvlink-down", "nvlink", "GPU4 nvlink"),
             ("fabric-degraded", "fabric", "GPU6 fabric"),
+            ("xid-before-start", "hardware", "GPU2 xid"),  # likewise
             ("thermal-throttling", "thermal", "GPU"),
             ("driver-not-loaded", "driver", "NVML down"),
         ],
@@ -112,6 +113,16 @@ def test_each_fault_is_reported_by_its_condition_and_only_there(
         assert [plugin(server.url, f, tmp_path, "--debounce", "1")[0] for f in others] == [expected_elsewhere] * 4
     healthy = scenario_exporter("training")  # the same plugin against a healthy node: the condition is False
     assert plugin(healthy.url, family, tmp_path / "h", "--debounce", "1")[0] == 0
+
+
+def test_an_sxid_from_the_kernel_log_is_a_fabric_warning_not_a_node_problem(scenario_exporter, tmp_path: Path) -> None:  # noqa: ANN001
+    """SXid 20034, logged by NVSwitch 3 before the exporter started: every GPU's fabric verdict is a warning, so the
+    fabric condition reports it where NPD asks for warnings (`--level warning`) and stays False at the default
+    level (critical): a fatal SXid reaches the fabric's own state, which is critical (fabric-degraded above)."""
+    server = scenario_exporter("nvswitch-sxid")
+    code, out, _, _ = plugin(server.url, "fabric", tmp_path, "--debounce", "1", "--level", "warning")
+    assert code == 1 and out.startswith("GPU0 fabric") and "SXid 20034" in out, out
+    assert plugin(server.url, "fabric", tmp_path / "critical", "--debounce", "1")[0] == 0
 
 
 def test_an_exporter_that_cannot_be_asked_is_unknown_never_recovered(tmp_path: Path) -> None:

@@ -248,10 +248,20 @@ def polled(sim, make_pipeline, scenario, polls: int, **sections):  # noqa: ANN00
     clock = ManualClock()
     fake = sim(scenario, clock=clock)
     pipeline = make_pipeline(**sections)
+    read_kernel_log(pipeline)
     for _ in range(polls):
         pipeline.poll_once()
         clock.advance(1.0)
     return pipeline, fake
+
+
+def read_kernel_log(pipeline) -> None:  # noqa: ANN001 - a Pipeline
+    """Read the kernel log the pipeline would follow (a scenario's `kernel_log`, or nvml.kernel_log) up to its end
+    before the first poll: poll_once() starts no threads, and the poller's start() would start the follower."""
+    path = pipeline.poller.plan.kernel_log
+    if path:
+        pipeline.poller.follow_kernel_log(path)
+        assert pipeline.poller.kernel_reader.caught_up.wait(30), f"the kernel log {path} was not read"
 
 
 def poll_series(sim, scenario, seconds: int, **sections):  # noqa: ANN001, ANN201 - the sim fixture, a scenario

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from dataclasses import dataclass
 
 from gpuwarden.model.pci import normalise_bus_id
@@ -123,30 +122,31 @@ class KernelLogTally:
             return {key: (count, self._last[key]) for key, count in self._counts.items()}
 
 
+def on_wall_clock(
+    counts: dict[tuple[str, str, int], tuple[int, float]], boot_wall: float
+) -> dict[tuple[str, str, int], tuple[int, float]]:
+    """`counts` with each latest time as wall time: `boot_wall` is when the host booted (the kernel log's times are
+    seconds since then)."""
+    return {key: (count, boot_wall + seconds) for key, (count, seconds) in counts.items()}
+
+
 def with_kernel_xids(
     nvml: dict[tuple[str, int], tuple[int, float]],
     kernel: dict[tuple[str, str, int], tuple[int, float]],
     bus_ids: dict[str, str],
-    boot_wall: float | None = None,
 ) -> dict[tuple[str, int], tuple[int, float]]:
-    """NVML's XID counts (since the exporter started) merged with the kernel log's (since boot): per (UUID, XID) the
-    larger count and the later time, so one XID that both reported counts once, one NVML never reported (79 and
-    others, or one from before the start) counts, and a restart neither loses nor repeats them. `bus_ids`: NVML's
-    PCI bus ID → UUID; `boot_wall`: the wall time at boot (the kernel log's times are seconds since boot)."""
+    """NVML's XID counts (since the exporter started) merged with the kernel log's (since boot, wall times): per
+    (UUID, XID) the larger count and the later time, so one XID that both reported counts once, one NVML never
+    reported (79 and others, or one from before the start) counts, and a restart neither loses nor repeats them.
+    `bus_ids`: NVML's PCI bus ID → UUID."""
     if not kernel:
         return nvml
-    boot = boot_wall if boot_wall is not None else boot_time()
     by_key = {normalise_bus_id(bus_id): uuid for bus_id, uuid in bus_ids.items()}
     merged = dict(nvml)
-    for (kind, device, code), (count, seconds) in kernel.items():
+    for (kind, device, code), (count, last) in kernel.items():
         uuid = by_key.get(device)
         if kind != "xid" or uuid is None:
             continue
         known_count, known_last = merged.get((uuid, code), (0, 0.0))
-        merged[(uuid, code)] = (max(known_count, count), max(known_last, boot + seconds))
+        merged[(uuid, code)] = (max(known_count, count), max(known_last, last))
     return merged
-
-
-def boot_time() -> float:
-    """The wall time the kernel log's clock started from: now less the monotonic clock (what kmsg stamps with)."""
-    return time.time() - time.monotonic()

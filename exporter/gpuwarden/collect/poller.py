@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.collect.assembly import GpuView, SnapshotAssembler, TopologyStep
-from gpuwarden.collect.kernel_log import KernelLogTally, with_kernel_xids
+from gpuwarden.collect.kernel_log import KernelLogTally, on_wall_clock, with_kernel_xids
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
 from gpuwarden.collect.lifecycle import NvmlLifecycle
 from gpuwarden.collect.readers import Reader
@@ -30,7 +30,7 @@ from gpuwarden.collect.tiers import TierRunner
 from gpuwarden.collect.xid_events import XidCounts, XidWatcher
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.snapshot import EMPTY, Snapshot, Tier
-from gpuwarden.nvml import gpm_sampler
+from gpuwarden.nvml import gpm_sampler, library
 from gpuwarden.nvml.device import ErrorLedger, GpuDevice
 from gpuwarden.workers import WorkerPool
 
@@ -120,7 +120,7 @@ class Poller:
             self.assembler.steps = (self._topology, *rebuild_steps())
         previous, self.plan = self.plan, plan
         if plan.kernel_log != previous.kernel_log and self._threads:
-            self._follow_kernel_log(plan.kernel_log)
+            self.follow_kernel_log(plan.kernel_log)
         if plan.xid_events != (self._watcher is not None):
             if self._watcher is not None:
                 self._watcher.stop()
@@ -137,9 +137,9 @@ class Poller:
             self._threads.append(thread)
         if self._watcher is not None:
             self._watcher.start()
-        self._follow_kernel_log(self.plan.kernel_log)
+        self.follow_kernel_log(self.plan.kernel_log)
 
-    def _follow_kernel_log(self, path: str) -> None:
+    def follow_kernel_log(self, path: str) -> None:
         """Start (or restart on a reload that changed the path, or stop) the kernel log's reader; a new path is
         read from boot into a fresh tally."""
         if self.kernel_reader is not None:
@@ -246,10 +246,11 @@ class Poller:
                 )
                 for state in sorted(nvml.gpus.values(), key=lambda st: st.device.index)
             ]
-            kernel = self.kernel.counts()
+            taken_at = self._wall()
+            kernel = on_wall_clock(self.kernel.counts(), taken_at - library.uptime())
             snapshot = self.assembler.assemble(
                 views,
-                taken_at=self._wall(),
+                taken_at=taken_at,
                 nvml_up=nvml.nvml_up,
                 nvml_error=nvml.nvml_error,
                 driver=dict(nvml.driver) if nvml.nvml_up else {},

@@ -190,6 +190,7 @@ class CheckContext:
     evaluator: HealthEvaluator
     wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
     peers: int = 0  # other ranks of the job this GPU's main process belongs to (attribution/jobs.py)
+    sxids: tuple[tuple[str, int, float], ...] = ()  # the node's NVSwitch SXids (switch, SXid, wall time of the latest)
 
     def verdict(
         self, level: int, observed: object = "", threshold: object = "", severity: str | None = None, detail: str = ""
@@ -315,7 +316,9 @@ FABRIC_DEGRADED = ("degraded_bandwidth", "route_recovery", "access_timeout_recov
 def check_fabric(c: CheckContext) -> Verdict:
     """The NVSwitch fabric (readers/fabric.py): not set up for fabric_setup_for_s, or an unhealthy route, a wrong
     configuration or a failed registration, is critical (CUDA cannot start or jobs fail on the GPU); degraded
-    bandwidth or a recovery for fabric_degraded_for_s is a warning. A GPU without NVSwitch has no fabric rows."""
+    bandwidth or a recovery for fabric_degraded_for_s is a warning, and so is an SXid an NVSwitch of the node logged
+    within xid_window_s (the kernel log): every GPU of an HGX baseboard routes through every switch, and a fatal
+    SXid reaches the fabric's own state when Fabric Manager acts on it. A GPU without NVSwitch has no fabric rows."""
     limits = c.thresholds
     states = [labels[0] for (name, labels), value in c.values.items() if name == FABRIC_STATE.name and value]
     held = {labels[0] for (name, labels), value in c.values.items() if name == FABRIC_HEALTH.name and value}
@@ -333,6 +336,10 @@ def check_fabric(c: CheckContext) -> Verdict:
     degraded = [d for d in FABRIC_DEGRADED if d in held]
     if c.sustained("fabric_degraded", bool(degraded), limits.fabric_degraded_for_s):
         return c.verdict(WARNING, f"fabric {', '.join(degraded)}", "a healthy fabric")
+    recent = [(switch, code) for switch, code, last in c.sxids if c.now - last < limits.xid_window_s]
+    if recent:
+        logged = ", ".join(f"SXid {code} on NVSwitch {switch}" for switch, code in recent)
+        return c.verdict(WARNING, f"{logged} (kernel log)", f"no SXid in {limits.xid_window_s} s", detail="sxid")
     if degraded:
         return c.pending(
             "fabric_degraded", f"fabric {', '.join(degraded)}", "a healthy fabric", limits.fabric_degraded_for_s
@@ -679,9 +686,15 @@ class HealthEvaluator:
         xid: dict[tuple[str, int], tuple[int, float]],
         now: float,
         jobs: dict[str, JobMember] | None = None,
+        kernel: dict[tuple[str, str, int], tuple[int, float]] | None = None,
     ) -> dict[str, tuple[Verdict, ...]]:
+        """Each GPU's verdicts; `kernel`: the kernel log's faults (wall times), of which the NVSwitch SXids are
+        judged with each GPU's fabric."""
         result: dict[str, tuple[Verdict, ...]] = {}
         limits = self.thresholds
+        sxids = tuple(
+            (device, code, last) for (kind, device, code), (_, last) in sorted((kernel or {}).items()) if kind == "sxid"
+        )
         for gpu in gpus:
             if not gpu.up:
                 result[gpu.uuid] = (Verdict("gpu_lost", CRITICAL, "critical", gpu.lost_reason or "lost", "gpu_up 1"),)
@@ -701,7 +714,9 @@ class HealthEvaluator:
             nvlink = gpu.info.nvlink
             wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
             result[gpu.uuid] = tuple(
-                check(CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired, peers))
+                check(
+                    CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired, peers, sxids)
+                )
                 for name, check in CHECK_FUNCTIONS.items()
             )
         return self._stamp(result, now)

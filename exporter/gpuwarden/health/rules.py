@@ -209,6 +209,17 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     finding_expr=xid_since(t.xid_critical_hold_s),
                 ),
                 Rule(
+                    "GpuwardenDriverLibraryCrash",
+                    f"time() - gpuwarden_kernel_driver_trap_last_timestamp_seconds{{{s}}} < {t.xid_window_s}",
+                    "warning",
+                    "A process crashed inside the NVIDIA driver's library.",
+                    f"The kernel on {NODE} logged a process crashing inside {{{{ $labels.library }}}} "
+                    "(`dmesg | grep -E 'traps|segfault'` names it). A user-space library whose version differs "
+                    "from the kernel module's, or a tool calling NVML wrongly, crashes this way; if it is gpuwarden "
+                    "(its log then has every thread's stack), report it. Check `nvidia-smi` and the versions in "
+                    "/proc/driver/nvidia/version.",
+                ),
+                Rule(
                     "GpuwardenXidWarning",
                     f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_warning)}"}} '
                     f"< {t.xid_window_s}",
@@ -461,6 +472,19 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "bandwidth: a trunk link lost) or recovers routes. Check /var/log/fabricmanager.log and "
                     "`nvidia-smi nvlink -s`; plan a drain and an NVSwitch check at the next window.",
                     t.fabric_degraded_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvswitchSxid",
+                    # the kernel log's record time, so an SXid from before the exporter started counts, and a
+                    # restart neither repeats nor resolves it; as the fabric verdict, for xid_window_s
+                    f"time() - gpuwarden_kernel_sxid_last_timestamp_seconds{{{s}}} < {t.xid_window_s}",
+                    "warning",
+                    "An NVSwitch logged an SXid error.",
+                    f"NVSwitch {{{{ $labels.switch }}}} on {NODE} logged SXid {{{{ $labels.sxid }}}} (kernel log: "
+                    "`dmesg | grep SXid`). A non-fatal SXid is corrected by the switch; a fatal one makes Fabric "
+                    "Manager degrade or tear down the fabric, and GpuwardenFabricUnhealthy or "
+                    "GpuwardenFabricNotReady then pages. Read /var/log/fabricmanager.log and `nvidia-smi -q` "
+                    "(Fabric); the same SXid recurring on one switch needs the vendor at the next window.",
                 ),
                 Rule(
                     "GpuwardenNvlinkCrcErrorsHigh",

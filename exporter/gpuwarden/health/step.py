@@ -14,4 +14,4 @@ class HealthStep:
 
     def __call__(self, draft: Draft) -> None:
         if draft.nvml_up:
-            draft.health = self.evaluator.evaluate(draft.gpus, draft.xid, draft.taken_at, draft.jobs)
+            draft.health = self.evaluator.evaluate(draft.gpus, draft.xid, draft.taken_at, draft.jobs, draft.kernel)

@@ -610,6 +610,15 @@ KERNEL_SXID_ERRORS_TOTAL = _f(
     "sxid",
     per_gpu=False,
 )
+KERNEL_SXID_LAST_TIMESTAMP_SECONDS = _f(
+    "gpuwarden_kernel_sxid_last_timestamp_seconds",
+    "gauge",
+    "Unix time of the latest kernel log record of each SXid, by switch.",
+    "switch",
+    "sxid",
+    unit="seconds",
+    per_gpu=False,
+)
 KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
     "gpuwarden_kernel_fallen_off_bus_total",
     "counter",
@@ -621,6 +630,14 @@ KERNEL_DRIVER_TRAPS_TOTAL = _f(
     "Processes the kernel logged as crashing inside the driver's libraries since boot, by library "
     "(libnvidia-ml, libcuda).",
     "library",
+    per_gpu=False,
+)
+KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS = _f(
+    "gpuwarden_kernel_driver_trap_last_timestamp_seconds",
+    "gauge",
+    "Unix time of the latest process crash the kernel logged inside each driver library.",
+    "library",
+    unit="seconds",
     per_gpu=False,
 )
 # modes, processes, recovery

@@ -352,7 +352,7 @@ class Snapshot:
     # uuid → seconds its main process spent waiting in collectives (a counter; GPUs of multi-GPU jobs only)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs
-    # the kernel log's GPU faults since boot: (kind, device, code) → (count, seconds since boot of the latest)
+    # the kernel log's GPU faults since boot: (kind, device, code) → (count, wall time of the latest)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
     # GPUs NVML counts that discovery could not open (index → gpu_is_lost, no_permission, timeout): not in `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)

@@ -18,6 +18,15 @@ from gpuwarden.nvml.driver_gpus import DriverGpu, read_driver_gpus
 _monotonic: Callable[[], float] = time.monotonic
 _child_spec: dict[str, Any] | None = {"backend": "nvml"}
 _driver_gpus: Callable[[], list[DriverGpu]] = read_driver_gpus
+_uptime: Callable[[], float] = time.monotonic
+HOST_KERNEL_LOG = "/dev/kmsg"
+
+
+def _host_kernel_log() -> str:
+    return HOST_KERNEL_LOG
+
+
+_kernel_log: Callable[[], str] = _host_kernel_log
 
 
 def monotonic() -> float:
@@ -36,18 +45,34 @@ def driver_gpus() -> list[DriverGpu]:
     return _driver_gpus()
 
 
+def uptime() -> float:
+    """Seconds since the host booted, on the clock the kernel log stamps its records with (the monotonic clock);
+    the simulator's host has booted before its scenario began."""
+    return _uptime()
+
+
+def kernel_log() -> str:
+    """The kernel log beside the installed library: /dev/kmsg, or the simulator's file of its scenario's records
+    ("" when it has none)."""
+    return _kernel_log()
+
+
 def install(
     library: Any,
     clock: Callable[[], float] | None = None,
     child_spec: dict[str, Any] | None = None,
     driver: Callable[[], list[DriverGpu]] | None = None,
+    uptime: Callable[[], float] | None = None,
+    kernel_log: Callable[[], str] | None = None,
 ) -> None:
     """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock;
     `child_spec`: how a child process installs the same one (None: it cannot); `driver`: the kernel driver's
-    GPU list beside it (None: /proc/driver/nvidia)."""
-    global _monotonic, _child_spec, _driver_gpus
+    GPU list beside it (None: /proc/driver/nvidia); `uptime` and `kernel_log`: the host's (None: this host's)."""
+    global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log
     _monotonic = clock or time.monotonic
     _driver_gpus = driver or read_driver_gpus
+    _uptime = uptime or time.monotonic
+    _kernel_log = kernel_log or _host_kernel_log
     _child_spec = {"backend": "nvml"} if library is None else child_spec
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library

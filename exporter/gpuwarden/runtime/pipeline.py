@@ -35,7 +35,7 @@ from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import Snapshot, Tier
-from gpuwarden.nvml import gpm_sampler
+from gpuwarden.nvml import gpm_sampler, library
 from gpuwarden.workers import WorkerPool
 
 
@@ -71,10 +71,14 @@ def poll_plan(settings: Settings) -> PollPlan:
 
 
 def kernel_log_path(settings: Settings) -> str:
-    """`auto`: /dev/kmsg under the real driver, nothing under the simulator (whose GPUs are not this host's)."""
+    """`auto`: the kernel log beside the installed library: /dev/kmsg under the real driver, the simulator's own
+    (its scenario's `kernel_log`, or none) under the simulator, whose GPUs are not this host's."""
     chosen = settings.nvml.kernel_log
     if chosen == "auto":
-        return "/dev/kmsg" if settings.nvml.backend == "nvml" else ""
+        beside = library.kernel_log()
+        if settings.nvml.backend == "sim":
+            return "" if beside == library.HOST_KERNEL_LOG else beside  # never this host's log under a simulator
+        return library.HOST_KERNEL_LOG
     return "" if chosen == "off" else chosen
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuwarden.nvml import library
+from gpuwarden.sim.fake_kernel_log import SimulatedKernelLog
 from gpuwarden.sim.fakelib import FakeNvmlLibrary
-from gpuwarden.sim.scenario import Scenario, load_scenario
+from gpuwarden.sim.scenario import SIM_UPTIME_S, Scenario, load_scenario
 
 DEFAULT_SCENARIO = "training"
 
@@ -27,5 +28,16 @@ def install_simulator(
         if name is None or clock is not None
         else {"module": "gpuwarden.sim.gpm_child", "scenario": name, "start": fake.start}
     )
-    library.install(fake.library, clock=fake.now, child_spec=spec, driver=fake.driver_gpus)
+    # the host's uptime at the scenario's time zero: on the host's clock it is the host's own (a kernel log handed
+    # over as a file is stamped on it), on a clock a test moves the host booted SIM_UPTIME_S before
+    booted_before = fake.start if clock is None else SIM_UPTIME_S
+    kernel_log = SimulatedKernelLog(scenario, fake.bus_id, booted_before)
+    library.install(
+        fake.library,
+        clock=fake.now,
+        child_spec=spec,
+        driver=fake.driver_gpus,
+        uptime=lambda: booted_before + fake.now(),
+        kernel_log=kernel_log.path,
+    )
     return fake

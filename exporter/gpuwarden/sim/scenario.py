@@ -315,6 +315,31 @@ class Fault(_Strict):
         return int((end - self.at) // self.every) + 1
 
 
+SIM_UPTIME_S = 86_400.0  # the simulated host booted a day before its scenario began (records may go back that far)
+
+
+class KernelRecord(_Strict):
+    """One GPU fault the simulated host's kernel logged before the simulator (and so the exporter) started: what
+    NVML's event API never reported, read back from the kernel log (collect/kernel_log.py). Written as the driver
+    writes it (docs/simulator.md, Kernel log)."""
+
+    kind: Literal["xid", "sxid", "fallen_off_bus", "trap"]
+    at: float = Field(..., le=0, ge=-SIM_UPTIME_S, description="seconds before the simulator started (<= 0)")
+    gpu: int | None = Field(None, ge=0, description="xid, fallen_off_bus: the GPU's index")
+    xid: int | None = Field(None, ge=1, le=9999, description="xid: the XID")
+    switch: int | None = Field(None, ge=0, le=15, description="sxid: the NVSwitch's number")
+    sxid: int | None = Field(None, ge=1, le=999_999, description="sxid: the SXid")
+    library: Literal["libnvidia-ml", "libcuda"] = "libnvidia-ml"
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> KernelRecord:
+        need = {"xid": ("gpu", "xid"), "fallen_off_bus": ("gpu",), "sxid": ("switch", "sxid"), "trap": ()}
+        for name in need[self.kind]:
+            if getattr(self, name) is None:
+                raise ValueError(f"a '{self.kind}' record needs '{name}'")
+        return self
+
+
 class ProcessSpec(_Strict):
     """A process holding a GPU: its memory and SM/memory-bandwidth utilization over time, while it lives."""
 
@@ -359,6 +384,7 @@ class Scenario(_Strict):
     processes: tuple[ProcessSpec, ...] = Field(
         (), description="processes holding GPUs; a GPU with any has its memory used = their sum"
     )
+    kernel_log: tuple[KernelRecord, ...] = Field((), description="what the host's kernel logged before the start")
 
     @model_validator(mode="after")
     def _check_keys(self) -> Scenario:
@@ -374,6 +400,11 @@ class Scenario(_Strict):
         for index in self.gpus:
             if not 0 <= index < self.node.count:
                 raise ValueError(f"gpus.{index}: the node has GPUs 0-{self.node.count - 1}")
+        for number, record in enumerate(self.kernel_log):
+            if record.gpu is not None and record.gpu >= self.node.count:
+                raise ValueError(f"kernel_log.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
+            if record.kind == "sxid" and self.node.nvlink != "nvswitch":
+                raise ValueError(f"kernel_log.{number}: an SXid needs an NVSwitch node (node.nvlink: nvswitch)")
         for number, fault in enumerate(self.faults):
             if fault.gpu is not None and fault.gpu >= self.node.count:
                 raise ValueError(f"faults.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
