@@ -62,33 +62,36 @@ def test_each_kind_of_fault_is_read_with_its_gpu(message, expected):
 
 
 def test_records_and_dmesg_lines_and_bus_ids_agree():
-    assert parse_record(kmsg(7, 3878.917, XID_13).rstrip(b"\n")) == (3878.917, XID_13)
-    assert parse_record(b"[ 3878.917000] " + XID_13.encode()) == (3878.917, XID_13)
+    assert parse_record(kmsg(7, 3878.917, XID_13).rstrip(b"\n")) == (3878.917, XID_13, 7)
+    assert parse_record(b"[ 3878.917000] " + XID_13.encode()) == (3878.917, XID_13, None)
     assert parse_record(b" SUBSYSTEM=pci") is None and parse_record(b"garbage;") is None
     # NVML's bus ID and the kernel log's name the same GPU
     assert normalise_bus_id("00000000:3B:00.0") == normalise_bus_id("00000000:3B:00.0") == "00000000:3B:00.0"
 
 
 def test_a_long_log_keeps_memory_bounded_and_counts_every_fault(tmp_path):
-    """100,000 lines, a fault every 100th: the counters count them all, the ring keeps the latest, and the tally's
+    """200,000 lines, a fault every 100th: the counters count them all with the latest's time, and the tally's
     memory after the second 100,000 is what it was after the first."""
-    lines = [
-        kmsg(n, n / 100, XID_13 if n % 200 == 0 else SXID) if n % 100 == 0 else kmsg(n, n / 100, f"eth0: link up {n}")
-        for n in range(100_000)
-    ]
+
+    def lines(first: int) -> list[bytes]:
+        return [
+            kmsg(n, n / 100, XID_13 if n % 200 == 0 else SXID) if n % 100 == 0 else kmsg(n, n / 100, f"eth0: up {n}")
+            for n in range(first, first + 100_000)
+        ]
+
     tally = KernelLogTally()
     tracemalloc.start()
-    for line in lines:
+    for line in lines(0):
         tally.add_line(line.rstrip(b"\n"))
     first, _ = tracemalloc.get_traced_memory()
-    for line in lines:
+    for line in lines(100_000):
         tally.add_line(line.rstrip(b"\n"))
     second, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert tally.records == 200_000
     counts = tally.counts()
     assert counts[("xid", "00000000:CB:00.0", 13)][0] == 1000 and counts[("sxid", "00000000:86:00.0", 20034)][0] == 1000
-    assert counts[("xid", "00000000:CB:00.0", 13)][1] == pytest.approx(998.0)  # the latest's time since boot
+    assert counts[("xid", "00000000:CB:00.0", 13)][1] == pytest.approx(1998.0)  # the latest's time since boot
     assert second - first < 64 * 1024  # nothing grows with the log's length
 
 
@@ -212,3 +215,15 @@ def _labelled_any(series: dict, prefix: str) -> list:
 
 def gpus_uuid(server, index: int) -> str:  # noqa: ANN001 - the live server
     return server.get(f"/api/v1/gpus/{index}").json()["uuid"]
+
+
+def test_a_log_read_again_from_boot_counts_each_record_once(tmp_path):
+    """A reader that reopens /dev/kmsg (after an error) or a relay that restarts reads the log from boot again:
+    records whose kmsg sequence number was already counted are skipped (dmesg lines carry none and count)."""
+    tally = KernelLogTally()
+    log = kmsg(10, 5.0, XID_13) + kmsg(11, 6.0, SXID)
+    for line in (log + log + kmsg(12, 7.0, XID_13)).splitlines():
+        tally.add_line(line)
+    counts = {key: count for key, (count, _) in tally.counts().items()}
+    assert counts == {("xid", "00000000:CB:00.0", 13): 2, ("sxid", "00000000:86:00.0", 20034): 1}
+    assert tally.replayed == 2 and tally.records == 3

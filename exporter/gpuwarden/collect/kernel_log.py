@@ -50,18 +50,18 @@ class KernelEvent:
     seconds: float
 
 
-def parse_record(line: bytes) -> tuple[float, str] | None:
-    """(seconds since boot, message) of one kmsg or dmesg line; None for a continuation line or one that does not
-    parse (the caller counts those)."""
+def parse_record(line: bytes) -> tuple[float, str, int | None] | None:
+    """(seconds since boot, message, kmsg sequence number or None for a dmesg line) of one line; None for a
+    continuation line or one that does not parse (the caller counts those)."""
     if line.startswith(b" "):
         return None
     kmsg = _KMSG.match(line)
     if kmsg:
-        return int(kmsg.group(3)) / 1e6, kmsg.group(4).decode("utf-8", "replace")
+        return int(kmsg.group(3)) / 1e6, kmsg.group(4).decode("utf-8", "replace"), int(kmsg.group(2))
     dmesg = _DMESG.match(line)
     if dmesg:
         whole, fraction = dmesg.group(1), dmesg.group(2)
-        return int(whole) + int(fraction) / 10 ** len(fraction), dmesg.group(3).decode("utf-8", "replace")
+        return int(whole) + int(fraction) / 10 ** len(fraction), dmesg.group(3).decode("utf-8", "replace"), None
     return None
 
 
@@ -94,6 +94,8 @@ class KernelLogTally:
         self.records = 0  # records read
         self.unparsed = 0  # lines that were neither a record nor a continuation, or too long
         self.overflow = 0  # events past MAX_KEYS distinct keys: counted here only
+        self.replayed = 0  # kmsg records seen before (a reader that reopened the log reads it from boot again)
+        self._last_seq = -1  # the highest kmsg sequence number counted
 
     def add_line(self, line: bytes) -> None:
         if len(line) > MAX_LINE_BYTES:
@@ -107,8 +109,14 @@ class KernelLogTally:
             if parsed is None:
                 self.unparsed += 1
                 return
+            seconds, message, seq = parsed
+            if seq is not None:
+                if seq <= self._last_seq:  # the log read again from boot (a reopened /dev/kmsg, a relay restarted)
+                    self.replayed += 1
+                    return
+                self._last_seq = seq
             self.records += 1
-            for event in classify(*parsed):
+            for event in classify(seconds, message):
                 key = (event.kind, event.device, event.code)
                 if key not in self._counts and len(self._counts) >= MAX_KEYS:
                     self.overflow += 1
