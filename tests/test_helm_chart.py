@@ -129,8 +129,10 @@ VARIANTS = {
         "prometheusRule": {"enabled": False},
         "dashboards": {"enabled": False},
         "serviceAccount": {"create": False},
+        "kernelLog": {"enabled": False},
     },
 }
+RELAY = "kernel-log-relay"
 
 
 # -- schemas --------------------------------------------------------------------------------------------------
@@ -236,11 +238,30 @@ def test_security_settings(variant: str) -> None:
     objects = render(VARIANTS[variant])
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     ctr = container(objects)
+    kernel_log = VARIANTS[variant].get("kernelLog", {}).get("enabled", True)
     for other in pod["containers"]:  # NPD's sidecar too: no privilege, no capability, a read-only root
+        if other["name"] == RELAY:
+            continue  # the one privileged container: below
         assert other["securityContext"]["allowPrivilegeEscalation"] is False
         assert (
             other["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not other["securityContext"]["privileged"]
         )
+    relays = [c for c in pod["containers"] if c["name"] == RELAY]
+    if kernel_log:
+        # privileged for the device and CAP_SYSLOG, and nothing else: no port, a read-only root, /dev/kmsg read-only,
+        # the pipe its one writable mount; the exporter reads the pipe from a read-only mount
+        (relay,) = relays
+        assert relay["securityContext"]["privileged"] is True and relay["securityContext"]["readOnlyRootFilesystem"]
+        assert "ports" not in relay and relay["args"][0] == "kernel-log-relay"
+        mounts = {m["name"]: m for m in relay["volumeMounts"]}
+        assert set(mounts) == {"kmsg", "kernel-log"} and mounts["kmsg"]["readOnly"] is True
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+        assert volumes["kernel-log"]["emptyDir"]["medium"] == "Memory"
+        assert "--nvml.kernel-log=/run/gpuwarden/kmsg/kmsg.fifo" in ctr["args"]
+        assert next(m for m in ctr["volumeMounts"] if m["name"] == "kernel-log")["readOnly"] is True
+    else:
+        assert not relays and "--nvml.kernel-log=off" in ctr["args"]
     assert pod["hostPID"] is False and pod["hostIPC"] is False and pod["hostNetwork"] is False
     assert pod["automountServiceAccountToken"] is False
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -263,12 +284,30 @@ def test_security_settings(variant: str) -> None:
         expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set()
         if VARIANTS[variant].get("npd"):
             expected |= {"npd-state"}  # NPD's debounce counts on the host's tmpfs (/run), written by NPD alone
+        if kernel_log:
+            expected |= {"kmsg"}  # the relay's alone (above)
         assert host_paths == expected
         assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths)
         assert "--no-pods.attribution" in ctr["args"]
     # no GPU is requested: the exporter must not take GPUs away from the scheduler
     for section in ("requests", "limits"):
         assert not any(k.startswith("nvidia.com/") for k in ctr["resources"].get(section, {}))
+
+
+def test_a_namespace_that_refuses_privileged_containers_fails_the_install_in_one_line() -> None:
+    """The relay is privileged: a namespace enforcing Pod Security baseline or restricted would let the DaemonSet
+    make no pod at all, silently. The install fails instead, naming the two ways out; with the kernel log off, or in
+    a privileged namespace, it installs."""
+    for level in ("baseline", "restricted"):
+        labels = json.dumps({"pod-security.kubernetes.io/enforce": level})
+        result = run_render("template", "--values-json", "{}", "--namespace-labels", labels)
+        assert result.returncode == 1 and f"enforces Pod Security {level}" in result.stderr, result.stderr
+        assert "kernelLog.enabled=false" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        off_values = json.dumps({"kernelLog": {"enabled": False}})
+        off = run_render("template", "--values-json", off_values, "--namespace-labels", labels)
+        assert off.returncode == 0 and RELAY not in off.stdout
+    privileged = json.dumps({"pod-security.kubernetes.io/enforce": "privileged"})
+    assert RELAY in run_render("template", "--values-json", "{}", "--namespace-labels", privileged).stdout
 
 
 def test_scheduling_probes_resources_and_rollout() -> None:
@@ -784,7 +823,8 @@ def test_npd_is_off_by_default_and_on_renders_the_shipped_config_with_a_token_fo
     from tests.helpers.npd import check_npd_config
 
     assert not [o for o in render() if o["metadata"]["name"].endswith("-npd")]
-    assert [c["name"] for c in one(render(), "DaemonSet")["spec"]["template"]["spec"]["containers"]] == ["gpuwarden"]
+    containers = [c["name"] for c in one(render(), "DaemonSet")["spec"]["template"]["spec"]["containers"]]
+    assert containers == ["gpuwarden", RELAY]
     objects = render(VARIANTS["npd"])
     config = npd_config(objects)
     assert config == json.loads((ROOT / "deploy" / "npd" / "gpuwarden-npd.json").read_text())  # one config

@@ -158,8 +158,10 @@ def template(
     release: str = "gpuwarden",
     monitoring_api: bool = True,
     chart: Path = CHART,
+    namespace_labels: dict[str, str] | None = None,
 ) -> str:
-    """The manifest `helm install` renders for these values (Helm's own engine, no cluster)."""
+    """The manifest `helm install` renders for these values (Helm's own engine, no cluster). `namespace_labels`:
+    the release namespace exists with these labels (the chart's `lookup` of it then finds it)."""
     if os.environ.get("HELM_DRIVER") != "memory":
         raise RuntimeError(
             "HELM_DRIVER=memory must be in the environment before Helm's library loads "
@@ -168,6 +170,9 @@ def template(
     from helm_sdkpy import Configuration, Install
 
     with FakeApiServer(monitoring_api) as api:
+        if namespace_labels is not None:
+            metadata = {"name": namespace, "labels": namespace_labels, "resourceVersion": "1"}
+            api.objects[("namespaces", None, namespace)] = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
         config = Configuration(namespace=namespace, kubeconfig=api.kubeconfig(namespace))
         release_info = asyncio.run(
             Install(config).run(release, str(chart), values=values or None, wait=False, timeout=60)
@@ -235,6 +240,7 @@ def main(argv: list[str]) -> int:
     tpl = sub.add_parser("template", help="print the rendered manifest")
     tpl.add_argument("--values-json", default="{}")
     tpl.add_argument("--namespace", default="gpuwarden")
+    tpl.add_argument("--namespace-labels", metavar="JSON", help="the namespace exists with these labels")
     tpl.add_argument("--release", default="gpuwarden")
     tpl.add_argument(
         "--no-monitoring-api", action="store_true", help="render for a cluster without the prometheus-operator CRDs"
@@ -245,7 +251,13 @@ def main(argv: list[str]) -> int:
     try:
         if args.command == "template":
             sys.stdout.write(
-                template(json.loads(args.values_json), args.namespace, args.release, not args.no_monitoring_api)
+                template(
+                    json.loads(args.values_json),
+                    args.namespace,
+                    args.release,
+                    not args.no_monitoring_api,
+                    namespace_labels=json.loads(args.namespace_labels) if args.namespace_labels else None,
+                )
             )
         elif args.command == "lint":
             print(json.dumps(lint()))

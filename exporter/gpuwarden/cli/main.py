@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpuwarden.remediation.npd import main as npd_plugin
 
         return npd_plugin(argv[1:])
+    if argv[:1] == ["kernel-log-relay"]:
+        from gpuwarden.cli.kernel_log_relay import main as kernel_log_relay
+
+        return kernel_log_relay(argv[1:])
     if argv[:1] == ["slurm-healthcheck"]:
         from gpuwarden.remediation.slurm import main as slurm_healthcheck
 

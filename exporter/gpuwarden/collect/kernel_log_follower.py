@@ -4,8 +4,9 @@
 gets EPIPE once and goes on from the oldest left (the records in between are lost: counted in `lost`). A regular
 file (a log handed over for a test, or `journalctl -k -o short-monotonic` written out) is read in chunks and split
 into lines, and followed as it grows. Where the log cannot be read (no /dev/kmsg, or `kernel.dmesg_restrict` = 1
-without CAP_SYSLOG) it says why once, in `unavailable`, and tries again every RETRY_S: the rest of the exporter
-serves as before.
+without CAP_SYSLOG) it says why once, in `unavailable`, and tries again every RETRY_S (every MISSING_RETRY_S
+while the path does not exist: a named pipe the Helm chart's relay is about to make): the rest of the exporter
+serves as before. A named pipe (`gpuwarden kernel-log-relay`) is read as a file is.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 READ_BYTES = 16384  # larger than any kmsg record (a smaller buffer makes the read fail with EINVAL)
 WAIT_S = 1.0
 RETRY_S = 60.0
+MISSING_RETRY_S = 1.0  # a path not there yet: the Helm chart's relay makes its pipe as the pod starts
 
 
 class KernelLogFollower:
@@ -54,7 +56,7 @@ class KernelLogFollower:
                 fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as exc:
                 self._say_unavailable(exc)
-                self._stop.wait(RETRY_S)
+                self._stop.wait(MISSING_RETRY_S if exc.errno == errno.ENOENT else RETRY_S)
                 continue
             self.unavailable = None
             try:
