@@ -1,10 +1,11 @@
 """Pages for lasting faults survive an exporter restart, in real Prometheus and real Alertmanager (issue 36 point 2).
 
-Three nodes page (a GPU lost from start, an NVLink down, a failed row remap). Each exporter is then replaced as a
-Kubernetes rollout replaces it: the old target leaves service discovery (its series go stale at once), and a new
-process answers a few seconds later on a new port, so a new `instance` and a new `pod`. With the old rules the
-pages resolved and opened again: a new incident per restart. Now no resolve is sent while the fault lasts, and the
-resolve comes once the fault is repaired (page_hold_s after the last faulty reading).
+Five nodes page (a GPU lost from start, an NVLink down, Fabric Manager down, an unhealthy fabric route, a failed
+row remap). Each exporter is then replaced as a Kubernetes rollout replaces it: the old target leaves service
+discovery (its series go stale at once), and a new process answers a few seconds later on a new port, so a new
+`instance` and a new `pod`. With the old rules the pages resolved and opened again: a new incident per restart.
+Now no resolve is sent while the fault lasts, and the resolve comes once the fault is repaired (page_hold_s after
+the last faulty reading). Fabric Manager down pages once per node, not once per GPU.
 
 Test-time transforms only: `for:` divided by 240 as in test_alerting_e2e.py, page_hold_s 20 s, Alertmanager's
 group waits shortened. A sentinel node whose GPU is lost 25 s after the restart bounds the observation: once its
@@ -51,6 +52,15 @@ FAULTS = {
     "node-nvlink": (
         "GpuwardenNvlinkDown",
         {"node": {"count": 2, "nvlink": "nvswitch"}, "faults": [{"kind": "nvlink_down", "gpu": 0, "link": 3}]},
+    ),
+    # the NVSwitch fabric (issue 39): Fabric Manager never started, and a route that went unhealthy
+    "node-fabric-down": (
+        "GpuwardenFabricNotReady",
+        {"node": {"count": 2, "nvlink": "nvswitch"}, "faults": [{"kind": "fabric_not_started"}]},
+    ),
+    "node-fabric-route": (
+        "GpuwardenFabricUnhealthy",
+        {"node": {"count": 2, "nvlink": "nvswitch"}, "faults": [{"kind": "fabric_unhealthy", "gpu": 1}]},
     ),
     "node-remap": (
         "GpuwardenRowRemapFailure",

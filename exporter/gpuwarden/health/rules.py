@@ -439,13 +439,16 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                 ),
                 Rule(
                     "GpuwardenFabricNotReady",
-                    held(f'gpuwarden_fabric_state{{{s},state!="completed"}} == 1'),
+                    # one page per node: Fabric Manager sets up the whole node's fabric, so eight GPUs not ready were
+                    # eight incidents for one cause (seen in the restart test with real Alertmanager)
+                    held(f'count without (gpu, uuid) (gpuwarden_fabric_state{{{s},state!="completed"}} == 1)'),
                     "critical",
-                    "A GPU's NVSwitch fabric is not set up: CUDA cannot start on it.",
-                    f"{gpu}: its NVSwitch fabric is {{{{ $labels.state }}}}, so no CUDA job can start there, though "
-                    "every other reading looks healthy. Check `systemctl status nvidia-fabricmanager` and "
-                    "/var/log/fabricmanager.log; start or restart Fabric Manager (its version must match the "
-                    "driver's); drain the node if the fabric does not complete.",
+                    "A node's NVSwitch fabric is not set up: CUDA cannot start on its GPUs.",
+                    f"{{{{ $value }}}} GPU(s) on {NODE}: their NVSwitch fabric is {{{{ $labels.state }}}}, so no CUDA "
+                    "job can start there, though every other reading looks healthy (which GPUs: /api/v1/health, "
+                    "check fabric). Check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log; "
+                    "start or restart Fabric Manager (its version must match the driver's); drain the node if the "
+                    "fabric does not complete.",
                     t.fabric_setup_for_s,
                     "cordon",
                     t.page_hold_s,
