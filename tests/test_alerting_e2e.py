@@ -51,8 +51,14 @@ EXPECTED = {
     "power-capping": (set(), {"GpuwardenPowerLimitReduced"}),
     "driver-not-loaded": ({"GpuwardenNvmlDown"}, set()),  # a node whose driver died pages
     "legacy-pcie": (set(), {"GpuwardenRetiredPagesPending"}),
+    # from the kernel log, logged before the exporter started (issue 39)
+    "xid-before-start": ({"GpuwardenXidCritical"}, set()),
+    "nvswitch-sxid": (set(), {"GpuwardenNvswitchSxid"}),
+    "driver-library-crash": (set(), {"GpuwardenDriverLibraryCrash"}),
 }
 NEVER_PAGE = {
+    "nvswitch-sxid",
+    "driver-library-crash",
     "healthy",
     "training",
     "memory-nearly-full",
