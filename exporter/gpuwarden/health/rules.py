@@ -422,11 +422,12 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "GpuwardenNvlinkDown",
                     # against the links the GPU has (static, so a restart does not forget them); a GPU with none
                     # active is a fault only if some were active in the last day (a PCIe card without a bridge has
-                    # links and none active)
+                    # links and none active), under any exporter instance: joined on the GPU's UUID, so a GPU whose
+                    # every link went down still pages after the exporter restarted (the new instance has seen none
+                    # active; joined on the instance too, the page resolved)
                     held(
-                        f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (instance, uuid) "
-                        f"(gpuwarden_nvlink_active_links{{{s}}} > 0 "
-                        f"or max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]) > 0)"
+                        f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (uuid) "
+                        f"(max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d])) > 0)"
                     ),
                     "critical",
                     "An NVLink link is down.",
