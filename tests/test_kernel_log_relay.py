@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tests.helpers.common import parse_exposition, wait_for
@@ -101,3 +101,49 @@ def test_an_exporter_started_before_the_relay_made_its_pipe_reads_it_once_made(t
         assert xids(url) == {}
         with relay(fifo, source):
             wait_for(lambda: xids(url).get("13") == 1, timeout=30)
+
+
+def _first_records(fifo: Path, count: int) -> list[bytes]:
+    """Open the pipe as the exporter does (non-blocking), read `count` records, close it."""
+    records: list[bytes] = []
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        pending = b""
+
+        def more() -> bool:
+            nonlocal pending
+            with suppress(BlockingIOError):
+                pending += os.read(fd, 65536)
+            return pending.count(b"\n") >= count
+
+        wait_for(more, timeout=30, step=0.05)
+        records = pending.split(b"\n")[:count]
+    finally:
+        os.close(fd)
+    return records
+
+
+def test_on_this_hosts_dev_kmsg_each_new_reader_gets_the_log_from_boot(tmp_path):
+    """The relay on the real /dev/kmsg (a character device: it waits in poll() for a record or for the reader to
+    go): a reader that goes is seen at once, with no new kernel record needed (the relay lets go of the pipe), and
+    the next reader gets the log from its oldest record again (the same first sequence numbers). A reader back
+    within microseconds, before the relay has seen it go, would get the rest of the old stream; an exporter's
+    restart takes seconds."""
+    import pytest
+
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        pytest.skip(f"/dev/kmsg cannot be read here ({exc.strerror}): the device branch runs on GPU hosts only")
+    fifo = tmp_path / "kmsg.fifo"
+    with relay(fifo, Path("/dev/kmsg")) as proc:
+
+        def holds_pipe() -> bool:
+            with suppress(OSError):
+                return any(link.resolve() == fifo for link in Path(f"/proc/{proc.pid}/fd").iterdir())
+            return False
+
+        first = _first_records(fifo, 3)
+        wait_for(lambda: not holds_pipe(), timeout=30, step=0.05)  # it saw the reader go: waits for the next
+        second = _first_records(fifo, 3)
+    assert first == second and all(b";" in record for record in first), (first, second)
