@@ -54,6 +54,7 @@ SCENARIOS = [
     "row-remap",
     "xid-before-start",  # from the kernel log: logged before the exporter started
     "fabric-manager-down",
+    "nvswitch-sxid",  # likewise: every GPU's fabric verdict a warning, never a cordon candidate
 ]
 HARDWARE = {
     "ecc-uncorrectable": ("GpuwardenEccUncorrectable", "1"),
@@ -172,6 +173,9 @@ def test_health_lists_exactly_the_unhealthy_gpus_with_since(world: dict[str, Any
         assert entry["since"] and entry["since"] <= time.time()
     assert {c["check"] for c in by_node[instance(world, "ecc-uncorrectable")]["1"]["checks"]} >= {"ecc"}
     assert "gpu_lost" in {c["check"] for c in by_node[instance(world, "gpu-lost")]["6"]["checks"]}
+    sxid = by_node[instance(world, "nvswitch-sxid")]
+    assert len(sxid) == 8 and all(g["severity"] == "warning" for g in sxid.values()), sxid
+    assert all({c["check"] for c in g["checks"]} == {"fabric"} for g in sxid.values()), sxid
     starving = by_node[instance(world, "data-starvation")]
     assert len(starving) == 8 and all(any(c["check"] == "utilization" for c in g["checks"]) for g in starving.values())
     assert instance(world, "healthy") not in by_node and instance(world, "training") not in by_node
