@@ -12,6 +12,8 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.common import parse_exposition, wait_for
 from tests.helpers.stack import running_cli
 from tests.test_kernel_log import H200_BOOT, kmsg
@@ -42,6 +44,7 @@ def xids(url: str) -> dict:
     return {dict(labels)["xid"]: v for (name, labels), v in series.items() if name == "gpuwarden_xid_errors_total"}
 
 
+@pytest.mark.slow  # exporters and the relay as processes: the whole suite's
 def test_each_exporter_start_gets_the_log_from_boot_and_a_relay_restart_counts_nothing_twice(tmp_path):
     """An exporter reading the pipe counts the XID logged before it started; restarted, it counts it again from the
     log (once: 1, not 0); a relay restarted under a running exporter sends the log from boot again, and the exporter
@@ -78,6 +81,7 @@ def test_a_path_that_is_not_a_pipe_is_refused_in_one_line(tmp_path):
     assert taken.read_text() == "a file"
 
 
+@pytest.mark.slow  # exporters and the relay as processes: the whole suite's
 def test_an_unreadable_source_is_said_once_and_the_exporter_serves(tmp_path):
     """The source cannot be opened (here: missing; on a host, /dev/kmsg without the device or CAP_SYSLOG): the relay
     says why once, on stderr, and waits; the exporter behind the pipe serves its metrics meanwhile."""
@@ -92,6 +96,7 @@ def test_an_unreadable_source_is_said_once_and_the_exporter_serves(tmp_path):
     assert os.path.exists(fifo)
 
 
+@pytest.mark.slow  # exporters and the relay as processes: the whole suite's
 def test_an_exporter_started_before_the_relay_made_its_pipe_reads_it_once_made(tmp_path):
     """The pod's containers start in any order: the exporter that finds no pipe yet says so and looks again every
     second (every minute for a log it may not read), so the log arrives as soon as the relay has made the pipe."""
@@ -123,14 +128,13 @@ def _first_records(fifo: Path, count: int) -> list[bytes]:
     return records
 
 
+@pytest.mark.slow  # exporters and the relay as processes: the whole suite's
 def test_on_this_hosts_dev_kmsg_each_new_reader_gets_the_log_from_boot(tmp_path):
     """The relay on the real /dev/kmsg (a character device: it waits in poll() for a record or for the reader to
     go): a reader that goes is seen at once, with no new kernel record needed (the relay lets go of the pipe), and
     the next reader gets the log from its oldest record again (the same first sequence numbers). A reader back
     within microseconds, before the relay has seen it go, would get the rest of the old stream; an exporter's
     restart takes seconds."""
-    import pytest
-
     try:
         os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
     except OSError as exc:

@@ -115,6 +115,7 @@ def test_each_fault_is_reported_by_its_condition_and_only_there(
     assert plugin(healthy.url, family, tmp_path / "h", "--debounce", "1")[0] == 0
 
 
+@pytest.mark.slow  # a live exporter: the whole suite's
 def test_an_sxid_from_the_kernel_log_is_a_fabric_warning_not_a_node_problem(scenario_exporter, tmp_path: Path) -> None:  # noqa: ANN001
     """SXid 20034, logged by NVSwitch 3 before the exporter started: every GPU's fabric verdict is a warning, so the
     fabric condition reports it where NPD asks for warnings (`--level warning`) and stays False at the default
