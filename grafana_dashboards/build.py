@@ -957,6 +957,25 @@ def _fleet_hot_failing_and_disconnected(layout: Layout) -> None:
         unit="none",
         w=24,
     )
+    layout.add(
+        kind="table",
+        title="Kernel log: SXids, GPUs off the bus, driver library crashes",
+        description="Counts since boot from each node's kernel log (nvml.kernel_log; under Helm the kernel-log-relay "
+        "container), which NVML's events never report: NVSwitch SXids by switch and SXid, 'GPU has fallen off the "
+        "bus' by GPU, processes that crashed inside libnvidia-ml or libcuda by library. Empty where nothing was "
+        "logged. Runbooks: GpuwardenNvswitchSxid, GpuwardenGpuLost, GpuwardenDriverLibraryCrash.",
+        targets=[
+            target(
+                f"gpuwarden_kernel_sxid_errors_total{{{NODE_SELECTOR}}} > 0 "
+                f"or gpuwarden_kernel_fallen_off_bus_total{{{NODE_SELECTOR}}} > 0 "
+                f"or gpuwarden_kernel_driver_traps_total{{{NODE_SELECTOR}}} > 0",
+                fmt="table",
+                instant=True,
+            ),
+        ],
+        unit="none",
+        w=24,
+    )
 
 
 def _fleet_versions(layout: Layout) -> None:

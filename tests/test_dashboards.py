@@ -38,6 +38,7 @@ SCENARIOS = [
     "gpu-lost",
     "mig-inference",
     "fabric-degraded",
+    "nvswitch-sxid",  # the kernel log's panel
 ]
 # what a query may reference beyond the exporter's families
 EXTERNAL = {"ALERTS", "up"}
@@ -230,6 +231,10 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
     }
     assert (thermal, "2", "hw_thermal_slowdown") in reasons
     assert not [r for r in reasons if r[0] == prometheus.instance_of("healthy")]
+    kernel = rows("gpuwarden-fleet.json", "Kernel log: SXids, GPUs off the bus, driver library crashes")
+    assert [(r["metric"]["instance"], r["metric"]["sxid"], r["value"][1]) for r in kernel] == [
+        (prometheus.instance_of("nvswitch-sxid"), "20034", "1")
+    ]
     down = {(r["metric"]["instance"], r["metric"]["gpu"]) for r in rows("gpuwarden-fleet.json", "NVLink problems")}
     assert (prometheus.instance_of("nvlink-down"), "4") in down  # 17 links against its peers' 18
     links = {
