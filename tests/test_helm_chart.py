@@ -538,8 +538,11 @@ def test_dashboard_configmaps_equal_the_dashboards() -> None:
     assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in maps)
 
 
+PLAIN_VALUES = {"kernelLog": {"enabled": False}}  # their namespace enforces Pod Security restricted
+
+
 def test_plain_manifests_are_the_default_render() -> None:
-    rendered = render()
+    rendered = render(PLAIN_VALUES)
     plain = [
         doc
         for name in ("gpuwarden.yaml", "monitoring.yaml")
@@ -556,6 +559,30 @@ def test_plain_manifests_are_the_default_render() -> None:
     )
     assert "managed-by: Helm" not in text and "helm.sh/chart" not in text
     assert text.count("app.kubernetes.io/managed-by: kustomize") >= len(plain)
+
+
+def test_the_plain_manifests_fit_their_namespaces_pod_security_level() -> None:
+    """deploy/kubernetes/namespace.yaml enforces Pod Security `restricted`: every pod the plain manifests make must
+    pass it, or the API server makes none (the kernel log's privileged relay, rendered by default, would have). The
+    restricted profile's pod and container checks, on the objects as applied."""
+    namespace = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "namespace.yaml").read_text())
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    objects = [o for o in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "gpuwarden.yaml").read_text()) if o]
+    pods = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in ("DaemonSet", "Deployment")]
+    assert pods
+    for pod in pods:
+        assert not any(pod.get(host) for host in ("hostNetwork", "hostPID", "hostIPC"))
+        assert not [v["name"] for v in pod.get("volumes", []) if "hostPath" in v]
+        pod_context = pod.get("securityContext", {})
+        assert pod_context.get("seccompProfile", {}).get("type") in ("RuntimeDefault", "Localhost")
+        for ctr in pod["containers"] + pod.get("initContainers", []):
+            context = ctr.get("securityContext", {})
+            where = ctr["name"]
+            assert not context.get("privileged") and context.get("allowPrivilegeEscalation") is False, where
+            assert context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is True, where
+            assert context.get("runAsUser", pod_context.get("runAsUser")) != 0, where
+            assert "ALL" in context.get("capabilities", {}).get("drop", []), where
+            assert set(context.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}, where
 
 
 def as_plain(obj: Any) -> Any:

@@ -172,7 +172,8 @@ def template(
     with FakeApiServer(monitoring_api) as api:
         if namespace_labels is not None:
             metadata = {"name": namespace, "labels": namespace_labels, "resourceVersion": "1"}
-            api.objects[("namespaces", None, namespace)] = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+            found = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+            api.objects[("namespaces", None, namespace)] = found
         config = Configuration(namespace=namespace, kubeconfig=api.kubeconfig(namespace))
         release_info = asyncio.run(
             Install(config).run(release, str(chart), values=values or None, wait=False, timeout=60)
@@ -214,14 +215,21 @@ def sync() -> None:
         old.unlink()
     for source in sorted((ROOT / "grafana_dashboards").glob("*.json")):
         shutil.copyfile(source, dashboards / source.name)
+    # The plain manifests' namespace enforces Pod Security `restricted` (namespace.yaml): the kernel log's privileged
+    # relay cannot run there, so they leave it out; rendering with the namespace's labels lets the chart's own check
+    # fail this sync if a default ever needs more than the namespace admits.
+    enforce = re.search(r"pod-security\.kubernetes\.io/enforce: (\S+)", (PLAIN / "namespace.yaml").read_text())
+    labels = {"pod-security.kubernetes.io/enforce": enforce.group(1)} if enforce else {}
+    values = {"kernelLog": {"enabled": False}}
     core, monitoring = [], []
-    for doc in map(as_plain, split_documents(template())):
+    for doc in map(as_plain, split_documents(template(values, namespace_labels=labels))):
         kind = re.search(r"^kind: (\S+)", doc, flags=re.M)
         is_monitoring = "apiVersion: monitoring.coreos.com/" in doc or "grafana_dashboard:" in doc
         (monitoring if is_monitoring else core).append(doc)
         assert kind, doc
     header = (
-        "# Rendered from deploy/helm/gpuwarden with default values (namespace gpuwarden) by\n"
+        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false (namespace gpuwarden,\n"
+        "# which enforces Pod Security restricted: docs/deploy.md, The kernel log) by\n"
         "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
         "# chart, not this file.\n"
     )
