@@ -166,9 +166,12 @@ def validate_crd_objects(objects: list[dict[str, Any]], tmp_path: Path) -> subpr
         pytest.skip(message)
     data = tmp_path / "objects.json"
     data.write_text(json.dumps(objects))
-    # ESM resolves packages from the script's folder: run a copy placed inside the install folder
+    # ESM resolves packages from the script's folder: run a copy placed inside the install folder, replaced whole
+    # (write_text truncates first: node on another xdist worker then ran an empty script, status 0 and no output)
     runnable = folder / "crd_validate.mjs"
-    runnable.write_text((ROOT / "tests" / "crd_validate.mjs").read_text())
+    partial = folder / f"crd_validate.{os.getpid()}.partial"
+    partial.write_text((ROOT / "tests" / "crd_validate.mjs").read_text())
+    partial.replace(runnable)
     return subprocess.run([node, str(runnable), str(data)], capture_output=True, text=True, timeout=60)
 
 
