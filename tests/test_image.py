@@ -72,12 +72,22 @@ def _manifest(kind: str) -> dict[str, Any]:
     return next(d for d in yaml.safe_load_all(MANIFESTS.read_text()) if d and d["kind"] == kind)
 
 
+def storage_driver(path: Path) -> str:
+    """overlay, except where `path` itself lies on an overlay (a CI machine that is a container): the kernel refuses
+    an overlay upper directory there, and vfs (whole copies of each layer, slower) works anywhere."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    resolved = str(path.resolve())
+    under = [m for m in mounts if resolved == m[1] or resolved.startswith(m[1].rstrip("/") + "/")]
+    return "vfs" if max(under, key=lambda m: len(m[1]))[2] == "overlay" else "overlay"
+
+
 class Containers:
     """buildah and podman over a storage of the test's own, removed afterwards."""
 
     def __init__(self, storage: Path) -> None:
         self.storage = storage
-        common = ["--root", str(storage / "root"), "--runroot", str(storage / "run"), "--storage-driver", "overlay"]
+        driver = storage_driver(storage)
+        common = ["--root", str(storage / "root"), "--runroot", str(storage / "run"), "--storage-driver", driver]
         self.buildah = ["buildah", *common]
         self.podman = ["podman", *common, "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 
