@@ -23,10 +23,11 @@ TRAILING_THRESHOLD = re.compile(r"(>|<|>=|<=) (-?[0-9][0-9.e+-]*)$")
 def alert_rules_yaml(
     groups: list[Group], runbook_base: str = RUNBOOK_BASE, for_scale: float = 1.0, header: str = SHIPPED_HEADER
 ) -> str:
-    """Prometheus rule-file YAML. `for_scale` shortens every `for:` (end-to-end tests only)."""
+    """Prometheus rule-file YAML. `for_scale` shortens every `for:` and a group's own interval (end-to-end tests
+    only: a history group evaluated every 10 minutes would first record minutes into a test)."""
     out = {"groups": []}
     for group in groups:
-        rules = []
+        rules: list[dict[str, object]] = [{"record": r.record, "expr": r.expr} for r in group.records]
         for rule in group.rules:
             entry: dict[str, object] = {"alert": rule.alert, "expr": rule.expr}
             if rule.for_s:
@@ -48,5 +49,9 @@ def alert_rules_yaml(
                 # prometheusRule.rules.overrides.<alert>.threshold replaces
                 entry["annotations"]["threshold"] = threshold.group(2)
             rules.append(entry)
-        out["groups"].append({"name": group.name, "rules": rules})
+        entry_group: dict[str, object] = {"name": group.name}
+        if group.interval_s:
+            entry_group["interval"] = duration(max(1, round(group.interval_s * for_scale)))
+        entry_group["rules"] = rules
+        out["groups"].append(entry_group)
     return header + yaml.safe_dump(out, sort_keys=False, width=120, allow_unicode=True)
