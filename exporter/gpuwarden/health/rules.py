@@ -64,6 +64,10 @@ HISTORY_INTERVAL_S = 600
 HISTORY_WINDOW = "15m"
 NVLINK_ACTIVE_MAX = "gpuwarden:gpu_nvlink_active_links:max15m"
 NODE_GPUS_MAX = "gpuwarden:node_gpus:max15m"
+# Tickets and information over windows of 15-30 minutes need no evaluation every minute: a fault they report lasts
+# the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
+SUSTAINED_GROUP = "gpuwarden-sustained"
+SUSTAINED_INTERVAL_S = 300
 
 
 def duration(seconds: int) -> str:
@@ -382,15 +386,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.thermal_slowdown_for_s,
                 ),
                 Rule(
-                    "GpuwardenPowerCapSustained",
-                    f"{throttle('sw_power_cap', t.power_cap_for_s)} > {t.power_cap_ratio:g}",
-                    "info",
-                    "A GPU runs at its power cap.",
-                    f"{gpu} was power-capped {{{{ $value | humanizePercentage }}}} of the time; normal at full load, "
-                    "worth a look if the limit was lowered.",
-                    0,
-                ),
-                Rule(
                     "GpuwardenPowerLimitReduced",
                     f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}",
                     "warning",
@@ -398,18 +393,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
                     "find the out-of-band limiter (BMC).",
                     t.power_limit_reduced_for_s,
-                ),
-                Rule(
-                    "GpuwardenPerformanceStateDegraded",
-                    f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
-                    f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
-                    f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
-                    f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
-                    "warning",
-                    "A busy GPU is stuck in a low performance state.",
-                    f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
-                    "thermals, and application clocks.",
-                    300,
                 ),
             ],
         ),
@@ -425,17 +408,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"{gpu} uses {{{{ $value | humanizePercentage }}}} of its memory; frameworks preallocate, so "
                     "tell the job's owner: smaller batch, gradient checkpointing, sharding (ZeRO/FSDP) or bf16.",
                     t.memory_for_s,
-                ),
-                Rule(
-                    "GpuwardenUnderutilized",
-                    f"{busy(t.utilization_for_s)} < {t.utilization_low_ratio:g} "
-                    f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
-                    "info",
-                    "A GPU holding a job is mostly idle.",
-                    f"{gpu} ran kernels only {{{{ $value | humanizePercentage }}}} of the time while a job held it; "
-                    "the job starves on input (DataLoader workers, pin_memory, local caching), communication or "
-                    "checkpoints: profile it.",
-                    300,
                 ),
             ],
         ),
@@ -531,14 +503,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.nvlink_crc_for_s,
                 ),
                 Rule(
-                    "GpuwardenNvlinkReplayRecovery",
-                    f'increase(gpuwarden_nvlink_gpu_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
-                    "warning",
-                    "A GPU's NVLinks needed replays or recovery.",
-                    f"The NVLinks of {gpu} logged {{{{ $labels.type }}}} errors; watch them and reset the GPU at the "
-                    "next maintenance window if they continue.",
-                ),
-                Rule(
                     "GpuwardenPcieReplaysHigh",
                     f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
                     "warning",
@@ -566,6 +530,54 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     keep_firing_s=t.collective_window_s + t.collective_hang_for_s + HOLD_MARGIN_S,
                 ),
             ],
+        ),
+        Group(
+            # alerts over windows of 15-30 minutes, tickets or information: evaluated every 5 minutes, not every
+            # minute (at 10,000 nodes they were a fifth of the alert rules' CPU; issue 38, docs/benchmarks.md)
+            SUSTAINED_GROUP,
+            [
+                Rule(
+                    "GpuwardenPowerCapSustained",
+                    f"{throttle('sw_power_cap', t.power_cap_for_s)} > {t.power_cap_ratio:g}",
+                    "info",
+                    "A GPU runs at its power cap.",
+                    f"{gpu} was power-capped {{{{ $value | humanizePercentage }}}} of the time; normal at full load, "
+                    "worth a look if the limit was lowered.",
+                    0,
+                ),
+                Rule(
+                    "GpuwardenPerformanceStateDegraded",
+                    f"min_over_time(gpuwarden_performance_state{{{s}}}[{duration(t.pstate_for_s)}]) "
+                    f">= {t.pstate_degraded_min} and on (instance, uuid) {busy(t.pstate_for_s)} "
+                    f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
+                    f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
+                    "warning",
+                    "A busy GPU is stuck in a low performance state.",
+                    f"{gpu} has been in P{{{{ $value }}}} or lower while busy; check clock-event reasons, power and "
+                    "thermals, and application clocks.",
+                    300,
+                ),
+                Rule(
+                    "GpuwardenUnderutilized",
+                    f"{busy(t.utilization_for_s)} < {t.utilization_low_ratio:g} "
+                    f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
+                    "info",
+                    "A GPU holding a job is mostly idle.",
+                    f"{gpu} ran kernels only {{{{ $value | humanizePercentage }}}} of the time while a job held it; "
+                    "the job starves on input (DataLoader workers, pin_memory, local caching), communication or "
+                    "checkpoints: profile it.",
+                    300,
+                ),
+                Rule(
+                    "GpuwardenNvlinkReplayRecovery",
+                    f'increase(gpuwarden_nvlink_gpu_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0',
+                    "warning",
+                    "A GPU's NVLinks needed replays or recovery.",
+                    f"The NVLinks of {gpu} logged {{{{ $labels.type }}}} errors; watch them and reset the GPU at the "
+                    "next maintenance window if they continue.",
+                ),
+            ],
+            interval_s=SUSTAINED_INTERVAL_S,
         ),
         Group(
             HISTORY_GROUP,
