@@ -210,24 +210,6 @@ def evaluate(backend: Any, expr: str, at: int, repeat: int) -> dict[str, Any]:
     return result
 
 
-class RulesPrometheus(Prometheus):
-    """Prometheus as tests/helpers/tsdb_backends starts it, with rule files loaded when `rule_files` is set."""
-
-    rule_files: tuple[Path, ...] = ()
-
-    def start(self) -> None:
-        config = {"global": {"scrape_interval": "15s", "evaluation_interval": f"{DEFAULT_INTERVAL_S}s"}}
-        if self.rule_files:
-            config["rule_files"] = [str(path) for path in self.rule_files]
-        (self.work / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={self.work / 'prometheus.yml'}", f"--storage.tsdb.path={self.work / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", *self.flags],
-            stdout=subprocess.DEVNULL, stderr=(self.work / "prometheus.log").open("a"),
-        )  # fmt: skip
-        wait_ready(f"{self.url}/-/ready", timeout=600)
-
-
 def live(backend: Any, minutes: float, work: Path) -> dict[str, Any]:
     """Both rule files evaluated by the real evaluator for `minutes`: Prometheus' rule manager, or vmalert against
     VictoriaMetrics (writing back by remote write). The evaluator's CPU beyond an idle minute of the same processes,
@@ -384,7 +366,7 @@ def main() -> int:
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0
-    kinds = {"prometheus": RulesPrometheus, "victoriametrics": VictoriaMetrics}
+    kinds = {"prometheus": Prometheus, "victoriametrics": VictoriaMetrics}
     work = args.work or Path(tempfile.mkdtemp(prefix="rules-cost-"))
     scrape = simulator_scrape()
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,

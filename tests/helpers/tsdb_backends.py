@@ -37,6 +37,7 @@ def instant(url: str, expr: str, at: float | None = None) -> dict[str, Any]:
 class Prometheus:
     name = "prometheus"
     binary = "prometheus"
+    rule_files: tuple[Path, ...] = ()
 
     def __init__(self, work: Path, *flags: str) -> None:
         self.work, self.port, self.flags = work / self.name, free_port(), list(flags)
@@ -109,11 +110,16 @@ class Prometheus:
         raise RuntimeError("Prometheus did not merge the added block")
 
     def start(self) -> None:
-        (self.work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
+        """Prometheus over the loaded blocks; it evaluates `rule_files` every minute when a caller sets them
+        (bench/rules_cost.py's live run)."""
+        rules = "".join(f"\n  - {path}" for path in self.rule_files)
+        config = "global: {scrape_interval: 15s, evaluation_interval: 60s}\n"
+        config += f"rule_files:{rules}\n" if rules else ""
+        (self.work / "prometheus.yml").write_text(config)
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={self.work / 'prometheus.yml'}", f"--storage.tsdb.path={self.work / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", *self.flags],
-            stdout=subprocess.DEVNULL, stderr=(self.work / "prometheus.log").open("w"),
+            stdout=subprocess.DEVNULL, stderr=(self.work / "prometheus.log").open("a"),
         )  # fmt: skip
         wait_ready(f"{self.url}/-/ready", timeout=600)
 
