@@ -544,6 +544,19 @@ def _count(prometheus: str, expr: str) -> int:
     return int(float(result[0]["value"][1])) if result else 0
 
 
+def test_records_compared_evaluation_by_evaluation_are_written_by_one_group() -> None:
+    """The idle and starved lists keep a GPU whose record was written at every evaluation of its node's GPU count: in
+    two groups (evaluated at their own offsets) one group's extra evaluation in the window dropped a whole node from
+    the recorded list (seen in a fresh-clone run once the rules were split into groups)."""
+    from gpuwarden.fleet import recording
+
+    groups = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.recording.yaml").read_text())["groups"]
+    group_of = {rule["record"]: group["name"] for group in groups for rule in group["rules"]}
+    for together in recording.EVALUATED_TOGETHER:
+        assert len({group_of[record] for record in together}) == 1, {record: group_of[record] for record in together}
+    assert len(groups) > 1  # the check means something: the records are spread over several groups
+
+
 def test_the_recording_rules_file_is_generated_and_promtool_accepts_it() -> None:
     from gpuwarden.fleet import recording
 

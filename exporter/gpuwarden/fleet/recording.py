@@ -38,12 +38,17 @@ CORDON = "gpuwarden:cordon_finding:active"
 UTILIZATION_RECORDS = (BUSY, SAMPLED, GPUS, GPU_IDLE, GPU_STARVED, NS_IDLE, NS_SAMPLED, CLASS_IDLE, NODE_CLASSES,
                        NS_CLASSES)  # fmt: skip
 # Three groups at the same interval, so that no group's evaluation takes more than a small share of it at 10,000
-# nodes (one group of everything took 26 %, issue 38; Prometheus and vmalert evaluate groups side by side)
+# nodes (one group of everything took 26 %, issue 38; Prometheus and vmalert evaluate groups side by side). Records
+# that a view compares evaluation by evaluation share a group, which evaluates them at the same instants: a GPU is
+# idle "throughout" when its idle record was written at every evaluation of its node's GPU count (GPUS with GPU_IDLE
+# and GPU_STARVED; in two groups, one group's extra evaluation in the window dropped a whole node from the list).
 GROUPS = {
-    "gpuwarden-fleet-utilization": (SAMPLED, BUSY, GPUS, NS_SAMPLED, NS_IDLE),
-    "gpuwarden-fleet-classes": (CLASS_IDLE, NODE_CLASSES, NS_CLASSES, GPU_IDLE, GPU_STARVED),
+    "gpuwarden-fleet-utilization": (SAMPLED, BUSY, NS_SAMPLED, NS_IDLE),
+    "gpuwarden-fleet-classes": (GPUS, GPU_IDLE, GPU_STARVED, CLASS_IDLE, NODE_CLASSES, NS_CLASSES),
     "gpuwarden-fleet-inventory": (NODE_MODELS, NODE_MEMORY, HEALTH, CORDON),
 }
+# the records compared evaluation by evaluation (views: the idle and starved lists, and seen minus busy)
+EVALUATED_TOGETHER = ((GPUS, GPU_IDLE, GPU_STARVED), (SAMPLED, BUSY))
 # the critical alert rules whose findings warrant draining a node (the fleet's cordon candidates)
 CORDON_ACTIONS = {"cordon", "rma", "reset_gpu"}
 # cordon rules not recorded: their expression scans a day of every GPU (NVLink); the fleet narrows them instead
