@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpuwarden.fleet.settings import parse_duration  # noqa: E402
 from gpuwarden.health.rules import HISTORY_INTERVAL_S, NODE_GPUS_MAX, NVLINK_ACTIVE_MAX  # noqa: E402
 from tests.helpers.common import free_port  # noqa: E402
 from tests.helpers.stack import wait_ready  # noqa: E402
@@ -81,18 +82,13 @@ def rules(texts: dict[str, str]) -> list[dict[str, Any]]:
     for file, text in texts.items():
         for group in yaml.safe_load(text)["groups"]:
             interval = group.get("interval")
-            seconds = DEFAULT_INTERVAL_S if interval is None else _seconds(interval)
-            for index, rule in enumerate(group["rules"]):
+            seconds = DEFAULT_INTERVAL_S if interval is None else parse_duration(interval)
+            for rule in group["rules"]:
                 found.append({
-                    "file": file, "group": group["name"], "interval_s": seconds, "index": index,
+                    "file": file, "group": group["name"], "interval_s": seconds,
                     "name": rule.get("alert") or rule["record"], "expr": rule["expr"],
                 })  # fmt: skip
     return found
-
-
-def _seconds(duration: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)([smhd])", duration).groups()  # type: ignore[union-attr]
-    return int(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
 def read_families() -> set[str]:
@@ -135,43 +131,52 @@ class RulesFleet:
             self.series.append(("gpuwarden_bottleneck_info", {"gpu": gpu, "uuid": uuid, "class": "tensor_bound"},
                                 1.0, "gauge"))  # fmt: skip
         self.per_node = len(self.series)
-        # the alert rules' own records (the gpuwarden-history group), as it writes them: every 10 m over the day
-        self.history = [
-            (NVLINK_ACTIVE_MAX, {"gpu": labels["gpu"]}, value)
-            for name, labels, value, _ in self.series
-            if name == "gpuwarden_nvlink_active_links"
-        ] + [(NODE_GPUS_MAX, {}, value) for name, _, value, _ in self.series if name == "gpuwarden_gpus"]
+        # the alert rules' own records (the gpuwarden-history group), as it writes them: every 10 m over the day;
+        # per GPU (its index) or per node (None)
+        self.history: dict[str, list[tuple[str | None, float]]] = {
+            NVLINK_ACTIVE_MAX: [
+                (labels["gpu"], value)
+                for name, labels, value, _ in self.series
+                if name == "gpuwarden_nvlink_active_links"
+            ],
+            NODE_GPUS_MAX: [(None, value) for name, _, value, _ in self.series if name == "gpuwarden_gpus"],
+        }
+
+    @staticmethod
+    def node(n: int) -> str:
+        return f"gpu-node-{n:05d}"
+
+    @staticmethod
+    def uuid(n: int, gpu: str) -> str:
+        return f"GPU-{n:05d}-{gpu}"
 
     def history_lines(self, ts: Callable[[int], str]) -> Iterator[str]:
         times = [ts(t) for t in range(self.at - DAY_S, self.at + AHEAD_S + 1, HISTORY_INTERVAL_S)]
-        for name in (NVLINK_ACTIVE_MAX, NODE_GPUS_MAX):
+        for name, rows in self.history.items():
             yield f"# TYPE {name} gauge\n"
             for n in range(self.nodes):
-                for record, labels, value in self.history:
-                    if record != name:
-                        continue
-                    own = {"uuid": f"GPU-{n:05d}-{labels['gpu']}"} if labels else {"node": f"gpu-node-{n:05d}"}
-                    head = name + "{" + ",".join(f'{k}="{v}"' for k, v in own.items()) + "}"
+                for gpu, value in rows:
+                    head = f'{name}{{uuid="{self.uuid(n, gpu)}"}}' if gpu else f'{name}{{node="{self.node(n)}"}}'
                     yield "".join(f"{head} {int(value)} {stamp}\n" for stamp in times)
 
     def lines(self, ts: Callable[[int], str], recorded: bool = True) -> Iterator[str]:
-        day = range(self.at - DAY_S, self.at + AHEAD_S + 1, STEP)
-        recent = range(self.at - RECENT_S, self.at + AHEAD_S + 1, STEP)
-        stamps = {id(day): [(t, ts(t)) for t in day], id(recent): [(t, ts(t)) for t in recent]}
+        """`recorded` is the loaders' parameter for the fleet's records, which this fleet does not lay out."""
+        day = [(t, ts(t)) for t in range(self.at - DAY_S, self.at + AHEAD_S + 1, STEP)]
+        recent = [(t, ts(t)) for t in range(self.at - RECENT_S, self.at + AHEAD_S + 1, STEP)]
         by_name: dict[str, list[tuple[dict[str, str], float, str]]] = {}
         for name, labels, value, type_ in self.series:
             by_name.setdefault(name, []).append((labels, value, type_))
         for name, rows in by_name.items():
-            times = stamps[id(day)] if name in DAY_FAMILIES else stamps[id(recent)]
+            times = day if name in DAY_FAMILIES else recent
             kind = rows[0][2]
             yield f"# TYPE {name.removesuffix('_total') if kind == 'counter' else name} {kind}\n"
             rate = RATES.get(name)
             for n in range(self.nodes):
-                node = f"gpu-node-{n:05d}"
+                node = self.node(n)
                 for labels, value, _ in rows:
                     own = {**labels, "job": "gpuwarden", "instance": f"{node}:10045", "node": node}
                     if "uuid" in own:
-                        own["uuid"] = f"GPU-{n:05d}-{own['gpu']}"
+                        own["uuid"] = self.uuid(n, own["gpu"])
                     head = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(own.items())) + "}"
                     if rate is None:
                         text = repr(value) if value != int(value) else str(int(value))

@@ -119,6 +119,13 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
     s = selector
     gpu = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {NODE}"
 
+    def nvlink_down(most_active_in_a_day: str) -> str:
+        """Fewer links active than the GPU has, on a GPU with some active in the last day (by UUID)."""
+        return held(
+            f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (uuid) "
+            f"({most_active_in_a_day} > 0)"
+        )
+
     def busy(window: int) -> str:
         w = duration(window)
         return (
@@ -422,10 +429,7 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     # every link went down still pages after the exporter restarted (the new instance has seen none
                     # active; joined on the instance too, the page resolved)
                     # (the day from the recorded maxima, HISTORY_GROUP: 144 points a GPU, not 5,760)
-                    held(
-                        f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (uuid) "
-                        f"(max_over_time({NVLINK_ACTIVE_MAX}[1d]) > 0)"
-                    ),
+                    nvlink_down(f"max_over_time({NVLINK_ACTIVE_MAX}[1d])"),
                     "critical",
                     "An NVLink link is down.",
                     f"{gpu} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a link is "
@@ -436,9 +440,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.page_hold_s,
                     # the fleet view evaluates it on the few instances it narrowed to, from the raw series: it then
                     # works on a Prometheus that loads the fleet's recording rules without these
-                    finding_expr=held(
-                        f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (uuid) "
-                        f"(max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d])) > 0)"
+                    finding_expr=nvlink_down(
+                        f"max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d]))"
                     ),
                 ),
                 Rule(
