@@ -159,3 +159,45 @@ def test_settle_memory_and_an_early_exit_leave_the_gc_on():
         gc.enable()
     assert main(["--poll.fast-interval=often"]) == 2  # a config error ends start-up: the GC is not left off
     assert gc.isenabled()
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from gpuwarden.runtime.service import limit_malloc_arenas
+
+limited = limit_malloc_arenas({} if sys.argv[1] == "limit" else {"MALLOC_ARENA_MAX": "8"})
+start = threading.Barrier(8)
+kept = []
+def allocate():
+    start.wait()  # every thread allocating at once: each would get an arena of its own
+    kept.append([bytearray(2000) for _ in range(2000)])  # above pymalloc's 512 bytes: glibc's malloc
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+stream = libc.fopen(sys.argv[2].encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(limited, open(sys.argv[2]).read().count("<heap nr="))
+"""
+
+
+def test_the_daemon_limits_glibc_to_two_malloc_arenas_unless_told_otherwise(tmp_path):
+    """Threads that allocate at once get arenas of their own, each keeping what its thread freed; the daemon asks
+    glibc for two (runtime.service.limit_malloc_arenas), and leaves an operator's MALLOC_ARENA_MAX alone."""
+    import subprocess
+
+    def heaps(mode: str) -> tuple[str, int]:
+        out = subprocess.run(
+            [sys.executable, "-c", ARENA_PROBE, mode, str(tmp_path / f"{mode}.xml")],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.split()  # fmt: skip
+        return out[0], int(out[1])
+
+    limited, with_limit = heaps("limit")
+    left_alone, without = heaps("operator")
+    assert (limited, left_alone) == ("True", "False")
+    assert with_limit <= 2 < without, (with_limit, without)  # the probe tells them apart: more than two unlimited

@@ -378,3 +378,22 @@ def test_stop_in_thread_mode_never_frees_a_window_being_sampled(sim):
         errors.append(str(exc))
     reader.join()
     assert errors == []
+
+
+def test_the_gpm_child_over_the_driver_imports_only_what_it_runs():
+    """The pod pays for each interpreter's modules: the child over the driver's library (gpuwarden.nvml.gpm_child)
+    loads pynvml and its windows, not the parent's sampler, the driver's GPU list, dataclasses, typing or logging
+    (2 MiB of anonymous memory on the build machine, 2026-11-29)."""
+    import json
+    import subprocess
+    import sys
+
+    program = "import json, sys; import gpuwarden.nvml.gpm_child; print(json.dumps(sorted(sys.modules)))"
+    listed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60)
+    modules = set(json.loads(listed.stdout))
+    assert {"pynvml", "gpuwarden.nvml.gpm", "gpuwarden.nvml.calls"} <= modules
+    unwanted = {
+        "dataclasses", "typing", "logging", "inspect", "pathlib", "ipaddress",
+        "gpuwarden.nvml.gpm_sampler", "gpuwarden.nvml.driver_gpus", "gpuwarden.model",
+    }  # fmt: skip
+    assert not modules & unwanted, sorted(modules & unwanted)

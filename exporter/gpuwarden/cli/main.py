@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     # (about a tenth of the import time) find nothing to free. settle_memory() turns it back on after the first
     # snapshot, with one full collection; whatever ends start-up early turns it back on here.
     gc.disable()
+    from gpuwarden.runtime.service import limit_malloc_arenas
+
+    limit_malloc_arenas(os.environ)  # before the first thread
     try:
         return _load_and_serve(argv)
     finally:

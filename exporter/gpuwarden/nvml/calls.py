@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any
 
 import pynvml
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing in the GPM child (gpm.py, its imports)
+if TYPE_CHECKING:
+    from typing import Any
 
 # What each role means for an error, beyond the return-code table.
 READ = "unsupported: series omitted, not retried until re-discovery; lost/down/fatal change the GPU or library state"

@@ -4,16 +4,19 @@ A sample buffer is an opaque driver object; a public exporter that sampled insid
 concurrent scrapes, caused driver null-pointer faults and node reboots. Each `GpmWindow` belongs to one GPU.
 Every GPM call in the process also holds `GPM_CALLS`: on driver 580.159.04 two threads inside nvmlGpmMetricsGet at
 once, one per GPU, segfaulted the process (docs/nvml.md, GPM: the crash under training). The windows are driven by
-gpuwarden.nvml.gpm_sampler, in a child process by default.
+gpuwarden.nvml.gpm_sampler, in a child process by default; `InProcessSampler` is what that child runs (and what
+`nvml.gpm_isolation: thread` runs in the exporter).
 Costs measured on H200 (docs/nvml.md, GPM): a sample ~0.25 ms, 12 metrics from two samples 1.2-3.6 ms.
+
+The GPM child imports this module, so it imports only what the child needs: no dataclasses, typing or logging at
+import (each interpreter's copy of them is memory the pod pays twice; tests/test_gpm_containment.py checks the
+child's modules).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
-from typing import Any
 
 import pynvml
 
@@ -28,9 +31,15 @@ from gpuwarden.nvml.errors import (
     error_name,
 )
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing in the GPM child (gpm.py, its imports)
+if TYPE_CHECKING:
+    from typing import Any
+
 GPM_CALLS = threading.Lock()  # one GPM call at a time in this process, whichever GPU (see the module docstring)
 MIN_WINDOW_S = 0.1  # NVIDIA asks for at least 100 ms between two samples
 NOT_SUPPORTED_REASON = "not_supported"
+STOP_WAIT_S = 5.0  # how long stop() waits for a GPM call in flight before leaving its buffers allocated
+WindowKey = tuple[str, int | None]  # (GPU UUID, MIG GPU instance or None for the whole GPU)
 
 
 class GpmUnavailable(Exception):
@@ -41,13 +50,26 @@ class GpmUnavailable(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
 class Window:
-    """GPM metrics over the window between two samples, and those that did not answer."""
+    """GPM metrics over the window between two samples, and those that did not answer (a plain class: see the module
+    docstring on the child's imports)."""
 
-    seconds: float
-    values: dict[int, float]  # metric id → value over the window (percent, or MiB/s)
-    failed: dict[int, str]  # metric id → error name, for metrics that did not answer
+    __slots__ = ("seconds", "values", "failed")
+
+    def __init__(self, seconds: float, values: dict[int, float], failed: dict[int, str]) -> None:
+        self.seconds = seconds
+        self.values = values  # metric id → value over the window (percent, or MiB/s)
+        self.failed = failed  # metric id → error name, for metrics that did not answer
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Window):
+            return NotImplemented
+        return (self.seconds, self.values, self.failed) == (other.seconds, other.values, other.failed)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable dicts inside, as the dataclass had
+
+    def __repr__(self) -> str:
+        return f"Window(seconds={self.seconds!r}, values={self.values!r}, failed={self.failed!r})"
 
 
 def check_support(handle: Any) -> None:
@@ -152,3 +174,50 @@ def _raise_for(exc: BaseException) -> None:
 
 def _reason(exc: BaseException) -> str:
     return error_name(error_code(exc))
+
+
+class InProcessSampler:
+    """GPM windows in this process; every call holds gpuwarden.nvml.gpm.GPM_CALLS.
+
+    The sampler's lock is held across a whole advance and a whole free, so that a reload's or shutdown's stop() never
+    frees a buffer that a reader is sampling (a use-after-free in the real library). GPM calls are one at a time in
+    the process anyway, so holding it costs no concurrency."""
+
+    def __init__(self) -> None:
+        self._windows: dict[WindowKey, GpmWindow] = {}
+        self._lock = threading.RLock()
+
+    def advance(self, uuid: str, handle: Any, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
+        key = (uuid, gpu_instance)
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None:
+                if gpu_instance is None:
+                    check_support(handle)
+                window = self._windows[key] = GpmWindow(handle, gpu_instance=gpu_instance)
+            try:
+                return window.advance(metric_ids)
+            except GpmUnavailable:
+                self.close(uuid, gpu_instance)
+                raise
+
+    def close(self, uuid: str, gpu_instance: int | None = None) -> None:
+        with self._lock:
+            keys = [k for k in self._windows if k[0] == uuid and (gpu_instance is None or k[1] == gpu_instance)]
+            for key in keys:
+                self._windows.pop(key).free()
+
+    def stop(self) -> None:
+        if not self._lock.acquire(timeout=STOP_WAIT_S):
+            import logging  # here, not at import: the GPM child never stops this way (module docstring)
+
+            logging.getLogger("gpuwarden.nvml.gpm_sampler").warning(
+                "GPM: a call has not returned in %.0f s; its buffers are left allocated, not freed under it",
+                STOP_WAIT_S,
+            )
+            return
+        try:
+            for uuid in {uuid for uuid, _ in self._windows}:
+                self.close(uuid)
+        finally:
+            self._lock.release()

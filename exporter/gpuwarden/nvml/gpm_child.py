@@ -19,14 +19,16 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pynvml
 
 from gpuwarden.nvml import calls
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError, error_code, error_name
-from gpuwarden.nvml.gpm import GpmUnavailable
-from gpuwarden.nvml.gpm_sampler import InProcessSampler
+from gpuwarden.nvml.gpm import GpmUnavailable, InProcessSampler
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing in the GPM child (gpm.py, its imports)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Child:

@@ -38,7 +38,7 @@ from typing import Any, NoReturn, Protocol
 
 from gpuwarden.nvml import library
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError
-from gpuwarden.nvml.gpm import GpmUnavailable, GpmWindow, Window, check_support
+from gpuwarden.nvml.gpm import STOP_WAIT_S, GpmUnavailable, InProcessSampler, Window, WindowKey  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,8 @@ START_TIMEOUT_S = 10.0  # interpreter start, pynvml import and nvmlInit
 EXIT_GRACE_S = 0.5  # a child whose end of the pipe closed has exited within this, or is killed (hung)
 MAX_BACKOFF_S = 3600.0
 STDERR_TAIL_BYTES = 64 * 1024  # what is kept of the child's stderr for the crash report (faulthandler's stacks)
-STOP_WAIT_S = 5.0  # how long stop() waits for a GPM call in flight before leaving its buffers allocated
 CRASHED, HUNG = "crashed", "hung"
 _LAST_NVML_FRAME = re.compile(r'File ".*?", line \d+ in (nvml\w+)')
-WindowKey = tuple[str, int | None]  # (GPU UUID, MIG GPU instance or None for the whole GPU)
 
 
 class GpmSamplerDown(Exception):
@@ -80,49 +78,6 @@ class GpmSampler(Protocol):
         ...
 
     def stop(self) -> None: ...
-
-
-class InProcessSampler:
-    """GPM windows in this process; every call holds gpuwarden.nvml.gpm.GPM_CALLS.
-
-    The sampler's lock is held across a whole advance and a whole free, so that a reload's or shutdown's stop() never
-    frees a buffer that a reader is sampling (a use-after-free in the real library). GPM calls are one at a time in
-    the process anyway, so holding it costs no concurrency."""
-
-    def __init__(self) -> None:
-        self._windows: dict[WindowKey, GpmWindow] = {}
-        self._lock = threading.RLock()
-
-    def advance(self, uuid: str, handle: Any, gpu_instance: int | None, metric_ids: list[int]) -> Window | None:
-        key = (uuid, gpu_instance)
-        with self._lock:
-            window = self._windows.get(key)
-            if window is None:
-                if gpu_instance is None:
-                    check_support(handle)
-                window = self._windows[key] = GpmWindow(handle, gpu_instance=gpu_instance)
-            try:
-                return window.advance(metric_ids)
-            except GpmUnavailable:
-                self.close(uuid, gpu_instance)
-                raise
-
-    def close(self, uuid: str, gpu_instance: int | None = None) -> None:
-        with self._lock:
-            keys = [k for k in self._windows if k[0] == uuid and (gpu_instance is None or k[1] == gpu_instance)]
-            for key in keys:
-                self._windows.pop(key).free()
-
-    def stop(self) -> None:
-        if not self._lock.acquire(timeout=STOP_WAIT_S):
-            log.warning("GPM: a call has not returned in %.0f s; its buffers are left allocated, not freed under it",
-                        STOP_WAIT_S)  # fmt: skip
-            return
-        try:
-            for uuid in {uuid for uuid, _ in self._windows}:
-                self.close(uuid)
-        finally:
-            self._lock.release()
 
 
 @dataclass

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pynvml
 
-from gpuwarden.nvml.driver_gpus import DriverGpu, read_driver_gpus
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing in the GPM child (gpm.py, its imports)
+if TYPE_CHECKING:  # the GPM child imports this module and never lists the driver's GPUs: nothing of it is loaded there
+    from typing import Any
+
+    from gpuwarden.nvml.driver_gpus import DriverGpu
 
 _monotonic: Callable[[], float] = time.monotonic
 _child_spec: dict[str, Any] | None = {"backend": "nvml"}
-_driver_gpus: Callable[[], list[DriverGpu]] = read_driver_gpus
+_driver_gpus: Callable[[], list[DriverGpu]] | None = None  # None: the kernel driver's (read_driver_gpus)
 _uptime: Callable[[], float] = time.monotonic
 HOST_KERNEL_LOG = "/dev/kmsg"
 
@@ -42,6 +45,10 @@ def child_spec() -> dict[str, Any] | None:
 
 def driver_gpus() -> list[DriverGpu]:
     """The GPUs the kernel driver lists (gpuwarden.nvml.driver_gpus); the simulator's driver answers for its own."""
+    if _driver_gpus is None:
+        from gpuwarden.nvml.driver_gpus import read_driver_gpus
+
+        return read_driver_gpus()
     return _driver_gpus()
 
 
@@ -70,7 +77,7 @@ def install(
     GPU list beside it (None: /proc/driver/nvidia); `uptime` and `kernel_log`: the host's (None: this host's)."""
     global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log
     _monotonic = clock or time.monotonic
-    _driver_gpus = driver or read_driver_gpus
+    _driver_gpus = driver
     _uptime = uptime or time.monotonic
     _kernel_log = kernel_log or _host_kernel_log
     _child_spec = {"backend": "nvml"} if library is None else child_spec
