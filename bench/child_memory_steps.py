@@ -66,7 +66,7 @@ def main() -> None:
     previous = 0.0
     for name, values in steps:
         print(f"{values['anonymous_mib'] - previous:+7.2f} anon  {values}  {name}")
-        previous = values["anon_mib"]
+        previous = values["anonymous_mib"]
 
 
 if __name__ == "__main__":

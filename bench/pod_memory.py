@@ -10,7 +10,9 @@ A training job (bench/workloads/train.py) can hold the GPUs meanwhile (--job-sec
 processes. --compile writes the bytecode first, as the image's pip install does (the pod then reads .pyc files, and
 never compiles: its root is read-only).
 
-    python3 bench/pod_memory.py OUT.json NAME=EXPORTER_DIR[,ENV=VALUE...][,--FLAG=VALUE...] ... [--phase-s 35]
+    python3 bench/pod_memory.py OUT.json NAME=EXPORTER_DIR[,OPTION...] ... [--phase-s 35] [--compile] [--job-seconds S]
+
+OPTION: ENV=VALUE (the exporter's environment), --FLAG=VALUE (its flags), limit=72M:96M (memory.max in each phase).
 
 EXPORTER_DIR is the folder holding the `gpuwarden` package (this checkout's exporter/, or an older tree's).
 """
@@ -96,12 +98,48 @@ def measure(group: Path, parent: int) -> dict[str, Any]:
     for key in ("memory.current", "memory.peak"):
         if (group / key).exists():
             entry[key.replace(".", "_") + "_mib"] = round(int((group / key).read_text()) / 2**20, 1)
+    if (group / "memory.events").exists():
+        entry["memory_events"] = dict(line.split() for line in (group / "memory.events").read_text().splitlines())
+        entry["memory_max"] = (group / "memory.max").read_text().strip()
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+        entry["major_faults"] = int(stat.get("pgmajfault", 0))
     if (group / "memory.stat").exists():
         stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
         entry["cgroup_anon_mib"] = round(int(stat["anon"]) / 2**20, 1)
         entry["cgroup_file_mib"] = round(int(stat["file"]) / 2**20, 1)
         entry["cgroup_kernel_mib"] = round(int(stat.get("kernel", 0)) / 2**20, 1)
     return entry
+
+
+class Timings:
+    """Latencies and failures of the requests of one phase."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.failed = 0
+
+    def get(self, url: str) -> None:
+        started = time.monotonic()
+        try:
+            status, _ = get(url)
+        except OSError:
+            status = 0
+        if status != 200:
+            self.failed += 1
+        self.seconds.append(time.monotonic() - started)
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.seconds) or [0.0]
+        return {"requests": len(self.seconds), "failed": self.failed,
+                "p50_ms": round(1000 * ordered[len(ordered) // 2], 1),
+                "max_ms": round(1000 * ordered[-1], 1)}  # fmt: skip
+
+
+def set_limit(group: Path, limit: str) -> None:
+    """memory.max as a kubelet sets a pod's limit; no swap to hide behind."""
+    (group / "memory.max").write_text(limit)
+    if (group / "memory.swap.max").exists():
+        (group / "memory.swap.max").write_text("0")
 
 
 def drop_caches() -> bool:
@@ -119,8 +157,11 @@ def run_variant(name: str, spec: str, phase_s: float) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(directory).resolve()), *env.get("PYTHONPATH", "").split(os.pathsep)])
     port = free_port()
     command = [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}"]
+    limits: list[str] = []
     for option in options:
-        if option.startswith("--"):
+        if option.startswith("limit="):  # memory.max for each phase, as a kubelet sets the pod's limit: 72M:96M
+            limits = option.removeprefix("limit=").split(":")
+        elif option.startswith("--"):
             command.append(option)  # an exporter flag, e.g. --nvml.gpm-isolation=thread or --sim
         else:
             key, _, value = option.partition("=")
@@ -131,6 +172,8 @@ def run_variant(name: str, spec: str, phase_s: float) -> dict[str, Any]:
     except OSError as error:
         print(f"{name}: no cgroup of its own ({error}): the process tree only", flush=True)
     result: dict[str, Any] = {"variant": name, "spec": spec, "cold_page_cache": drop_caches()}
+    if limits:
+        set_limit(group, limits[0])
     started = time.monotonic()
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/pod-{name}.log", "wb"),  # noqa: SIM115
@@ -149,22 +192,28 @@ def run_variant(name: str, spec: str, phase_s: float) -> dict[str, Any]:
             if time.monotonic() - started > 60 or proc.poll() is not None:
                 raise RuntimeError(f"{name}: no metrics within 60 s (exit {proc.poll()}), see /tmp/pod-{name}.log")
             time.sleep(0.01)
+        scrapes = Timings()
         end = time.monotonic() + phase_s
         while time.monotonic() < end:
-            get(url + "/metrics")
+            scrapes.get(url + "/metrics")
             time.sleep(1)
-        result["scrape_only"] = measure(group, proc.pid)
+        result["scrape_only"] = measure(group, proc.pid) | {"scrapes": scrapes.summary()}
+        if len(limits) > 1:
+            set_limit(group, limits[1])
         result["routes"] = {route: get(url + route)[0] for route in ROUTES}
+        scrapes, api = Timings(), Timings()
         end = time.monotonic() + phase_s
         while time.monotonic() < end:
-            for route in ("/api/v1/diagnosis", "/api/v1/gpus", "/metrics"):
-                get(url + route)
+            api.get(url + "/api/v1/diagnosis")
+            api.get(url + "/api/v1/gpus")
+            scrapes.get(url + "/metrics")
             time.sleep(1)
-        result["with_api"] = measure(group, proc.pid)
+        result["with_api"] = measure(group, proc.pid) | {"scrapes": scrapes.summary(), "api": api.summary()}
+        result["exit_code"] = proc.poll()  # None: still running (an OOM kill would show here and in memory.events)
     finally:
         proc.terminate()
         proc.wait(10)
-    print(json.dumps({k: result[k] for k in result if k in ("variant", "first_metrics_s", "cold_page_cache")}
+    print(json.dumps({k: result[k] for k in result if k in ("variant", "first_metrics_s", "exit_code")}
                      | {phase: {k: v for k, v in result[phase].items() if k != "processes"}
                         for phase in ("scrape_only", "with_api") if phase in result}), flush=True)  # fmt: skip
     return result
@@ -173,7 +222,7 @@ def run_variant(name: str, spec: str, phase_s: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("variants", nargs="+", help="NAME=EXPORTER_DIR[,ENV=VALUE...][,--FLAG=VALUE...]")
+    parser.add_argument("variants", nargs="+", help="NAME=EXPORTER_DIR[,OPTION...]")
     parser.add_argument("--phase-s", type=float, default=35.0)
     parser.add_argument(
         "--compile", action="store_true", help="bytecode for every variant and PYTHONPATH folder, as in the image"
