@@ -19,7 +19,10 @@ from gpuwarden.health.checks import CHECKS
 from gpuwarden.health.rules import build
 from gpuwarden.health.thresholds import DEFAULT
 
-INTERVAL_S = 60  # the group's evaluation interval: the view multiplies sums of recorded rates by it
+# the groups' evaluation interval: the views multiply sums of recorded rates by it. Two minutes, not one: the records
+# feed capacity views over 5-minute rates and longer windows, and at 10,000 nodes they were over half of all the
+# rules' CPU (issue 38, docs/benchmarks.md, Rules); the fleet's recorded answers are up to two minutes old
+INTERVAL_S = 120
 
 SAMPLED = "gpuwarden:node_sampled_seconds:rate5m"
 BUSY = "gpuwarden:node_busy_seconds:rate5m"
@@ -37,7 +40,7 @@ NS_CLASSES = "gpuwarden:namespace_class_gpus:count"
 CORDON = "gpuwarden:cordon_finding:active"
 UTILIZATION_RECORDS = (BUSY, SAMPLED, GPUS, GPU_IDLE, GPU_STARVED, NS_IDLE, NS_SAMPLED, CLASS_IDLE, NODE_CLASSES,
                        NS_CLASSES)  # fmt: skip
-# Three groups at the same interval, so that no group's evaluation takes more than a small share of it at 10,000
+# Three groups at one interval (INTERVAL_S), so that no group's evaluation takes more than a small share of it at 10,000
 # nodes (one group of everything took 26 %, issue 38; Prometheus and vmalert evaluate groups side by side). Records
 # that a view compares evaluation by evaluation share a group, which evaluates them at the same instants: a GPU is
 # idle "throughout" when its idle record was written at every evaluation of its node's GPU count (GPUS with GPU_IDLE

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuwarden.commandline import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
 from gpuwarden.config.settings import check_listen_address, listen_host, listen_port
+from gpuwarden.fleet import recording
 from gpuwarden.health.thresholds import DEFAULT
 
 ENV_PREFIX = FLEET_ENV_PREFIX
@@ -91,10 +92,10 @@ class FleetSettings(BaseModel):
         "them, else the raw series; off: always the raw series.",
     )
     recording_interval: int = Field(
-        60,
+        recording.INTERVAL_S,
         ge=1,
         le=3600,
-        description="Evaluation interval of the recording rules (alert_rules/gpuwarden.recording.yaml, 60 s as "
+        description="Evaluation interval of the recording rules (alert_rules/gpuwarden.recording.yaml, 120 s as "
         "shipped): sums of recorded rates times it are the window's increases.",
     )
     stale_after: float = Field(

@@ -191,8 +191,9 @@ class HealthView(FleetQueries):
         # Durations are as of the instant the queries describe, not the moment of answering: a cached answer
         # repeated a second later must say the same (it said 15 s, then 16 s, before).
         now = self.client.evaluation_time()
-        # with the recording rules, the non-ok verdicts are already a series each (up to a minute old); without
-        # them, one query per check, as the rules do it (recording.check_partitions: VictoriaMetrics' series limit)
+        # with the recording rules, the non-ok verdicts are already a series each (up to an evaluation interval
+        # old); without them, one query per check, as the rules do it (recording.check_partitions: VictoriaMetrics'
+        # series limit)
         recorded = await self._recorded(recording.HEALTH)
         verdicts = (
             [f"{recording.HEALTH}{{{sel}}}"]
@@ -287,7 +288,7 @@ class HealthView(FleetQueries):
         narrowable = [r.alert for r in rules if r.alert in NARROWING]
         first = await self.many(
             *(NARROWING[alert].format(sel=self.selector) for alert in narrowable),
-            # the rules' expressions as the recording rules last evaluated them (up to a minute old)
+            # the rules' expressions as the recording rules last evaluated them (up to an evaluation interval old)
             *([f"{recording.CORDON}{{{self.selector}}}"] if recorded else []),
         )
         narrowed = dict(zip(narrowable, first[: len(narrowable)], strict=True))

@@ -70,6 +70,13 @@ SUSTAINED_GROUP = "gpuwarden-sustained"
 SUSTAINED_INTERVAL_S = 300
 
 
+def sustained_interval(*condition_s: int) -> int | None:
+    """SUSTAINED_INTERVAL_S for a group whose conditions all last 10 minutes or more (windows and `for:`: two
+    evaluations fit in the shortest), else None, the server's interval: a threshold tuned shorter is evaluated as
+    often as the other alerts."""
+    return SUSTAINED_INTERVAL_S if min(condition_s) >= 2 * SUSTAINED_INTERVAL_S else None
+
+
 def duration(seconds: int) -> str:
     """300 → '5m', 3600 → '1h', 90 → '90s' (Prometheus duration syntax)."""
     for unit, size in (("h", 3600), ("m", 60)):
@@ -198,25 +205,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.gpu_lost_for_s,
                     "cordon",
                     t.page_hold_s,
-                ),
-                Rule(
-                    "GpuwardenGpuCountDropped",
-                    # against the node's expected count where it is set (a fact that survives restarts), else
-                    # against the most GPUs the node showed in gpu_count_memory_s, grouped by node so that a
-                    # restarted exporter (a new instance) does not forget the GPUs it never saw
-                    # (the most seen: max_over_time of the raw series, then the node label, not a [24h:1m] subquery
-                    # of the relabelled one: 2.2x less CPU and 426x fewer points held at 1,000 nodes, issue 38)
-                    # (and over the recorded maxima, HISTORY_GROUP: 144 points a node a day, not 5,760)
-                    f"(gpuwarden_gpus_expected{{{s}}} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
-                    f"max by (node) (max_over_time({NODE_GPUS_MAX}[{duration(t.gpu_count_memory_s)}]))"
-                    f" - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
-                    f"> 0 unless on (node) {nodeish(f'gpuwarden_gpus_expected{{{s}}}')})",
-                    "warning",
-                    "A GPU disappeared from a node.",
-                    f"{{{{ $value }}}} GPU(s) fewer are visible on {NODE} than it should have "
-                    f"(gpuwarden_gpus_expected, or the most seen in the last {duration(t.gpu_count_memory_s)}); check "
-                    "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.",
-                    600,
                 ),
                 Rule(
                     "GpuwardenRecoveryActionNeeded",
@@ -392,15 +380,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "check the PSUs and the rack's power budget.",
                     t.thermal_slowdown_for_s,
                 ),
-                Rule(
-                    "GpuwardenPowerLimitReduced",
-                    f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}",
-                    "warning",
-                    "A GPU's power limit is below its default.",
-                    f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
-                    "find the out-of-band limiter (BMC).",
-                    t.power_limit_reduced_for_s,
-                ),
             ],
         ),
         Group(
@@ -417,6 +396,7 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.memory_for_s,
                 ),
             ],
+            interval_s=sustained_interval(t.memory_for_s),
         ),
         Group(
             "gpuwarden-interconnect",
@@ -496,24 +476,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     "GpuwardenFabricNotReady then pages. Read /var/log/fabricmanager.log and `nvidia-smi -q` "
                     "(Fabric); the same SXid recurring on one switch needs the vendor at the next window.",
                 ),
-                Rule(
-                    "GpuwardenNvlinkCrcErrorsHigh",
-                    f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
-                    "warning",
-                    "A GPU's NVLinks have a high CRC error rate.",
-                    f"The NVLinks of {gpu} have {{{{ $value }}}} CRC errors/s together; find the link (/api/v1/gpus "
-                    "or the nvlink_links group), schedule a reset and check it at the next maintenance window.",
-                    t.nvlink_crc_for_s,
-                ),
-                Rule(
-                    "GpuwardenPcieReplaysHigh",
-                    f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
-                    "warning",
-                    "A GPU's PCIe link is replaying packets.",
-                    f"{gpu} replays {{{{ $value | humanize }}}} PCIe packets per minute; check seating, risers and "
-                    "cables.",
-                    t.pcie_replays_for_s,
-                ),
             ],
         ),
         Group(
@@ -535,8 +497,8 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
             ],
         ),
         Group(
-            # alerts over windows of 15-30 minutes, tickets or information: evaluated every 5 minutes, not every
-            # minute (at 10,000 nodes they were a fifth of the alert rules' CPU; issue 38, docs/benchmarks.md)
+            # tickets and information over windows or `for:` of 10 minutes or more: evaluated every 5 minutes, not
+            # every minute (at 10,000 nodes they were a fifth of the alert rules' CPU; issue 38, docs/benchmarks.md)
             SUSTAINED_GROUP,
             [
                 Rule(
@@ -579,8 +541,63 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     f"The NVLinks of {gpu} logged {{{{ $labels.type }}}} errors; watch them and reset the GPU at the "
                     "next maintenance window if they continue.",
                 ),
+                Rule(
+                    "GpuwardenGpuCountDropped",
+                    # against the node's expected count where it is set (a fact that survives restarts), else
+                    # against the most GPUs the node showed in gpu_count_memory_s, grouped by node so that a
+                    # restarted exporter (a new instance) does not forget the GPUs it never saw
+                    # (the most seen: max_over_time of the raw series, then the node label, not a [24h:1m] subquery
+                    # of the relabelled one: 2.2x less CPU and 426x fewer points held at 1,000 nodes, issue 38)
+                    # (and over the recorded maxima, HISTORY_GROUP: 144 points a node a day, not 5,760)
+                    f"(gpuwarden_gpus_expected{{{s}}} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
+                    f"max by (node) (max_over_time({NODE_GPUS_MAX}[{duration(t.gpu_count_memory_s)}]))"
+                    f" - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) "
+                    f"> 0 unless on (node) {nodeish(f'gpuwarden_gpus_expected{{{s}}}')})",
+                    "warning",
+                    "A GPU disappeared from a node.",
+                    f"{{{{ $value }}}} GPU(s) fewer are visible on {NODE} than it should have "
+                    f"(gpuwarden_gpus_expected, or the most seen in the last {duration(t.gpu_count_memory_s)}); check "
+                    "nvidia-smi and dmesg for a GPU that fell off the bus, then cordon and reseat it.",
+                    600,
+                ),
+                Rule(
+                    "GpuwardenPowerLimitReduced",
+                    f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}",
+                    "warning",
+                    "A GPU's power limit is below its default.",
+                    f"{gpu} is limited to {{{{ $value }}}} W, below its default; restore it with nvidia-smi -pl or "
+                    "find the out-of-band limiter (BMC).",
+                    t.power_limit_reduced_for_s,
+                ),
+                Rule(
+                    "GpuwardenNvlinkCrcErrorsHigh",
+                    f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) > {t.nvlink_crc_per_second:g}',
+                    "warning",
+                    "A GPU's NVLinks have a high CRC error rate.",
+                    f"The NVLinks of {gpu} have {{{{ $value }}}} CRC errors/s together; find the link (/api/v1/gpus "
+                    "or the nvlink_links group), schedule a reset and check it at the next maintenance window.",
+                    t.nvlink_crc_for_s,
+                ),
+                Rule(
+                    "GpuwardenPcieReplaysHigh",
+                    f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 > {t.pcie_replays_per_minute:g}",
+                    "warning",
+                    "A GPU's PCIe link is replaying packets.",
+                    f"{gpu} replays {{{{ $value | humanize }}}} PCIe packets per minute; check seating, risers and "
+                    "cables.",
+                    t.pcie_replays_for_s,
+                ),
             ],
-            interval_s=SUSTAINED_INTERVAL_S,
+            interval_s=sustained_interval(
+                t.power_cap_for_s,
+                t.pstate_for_s,
+                t.utilization_for_s,
+                900,
+                600,
+                t.power_limit_reduced_for_s,
+                t.nvlink_crc_for_s,
+                t.pcie_replays_for_s,
+            ),
         ),
         Group(
             HISTORY_GROUP,
@@ -606,6 +623,7 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     t.persistence_off_for_s,
                 ),
             ],
+            interval_s=sustained_interval(t.persistence_off_for_s),
         ),
     ]
 
