@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+CRASH_LIMIT = 2
+
 
 def children(pid: int) -> list[int]:
     return [int(c) for task in Path(f"/proc/{pid}/task").glob("*/children") for c in task.read_text().split()]
@@ -39,6 +41,18 @@ def total(body: str, family: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{family}(?:{{[^}}]*}})? (\S+)$", body, re.M))
 
 
+def summarise(timeline: list[dict[str, Any]], killed: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """When GPM went off after the limit's last crash, and when its windows counted again (a new child answering
+    after the backoff). Between a crash and the decision the reason can be absent for a poll (seen on H200)."""
+    if len(killed) < CRASH_LIMIT:
+        return None, None
+    last = killed[-1]["t"]
+    at_kill = max(e["gpm_window_seconds"] for e in timeline if e["t"] <= last)
+    off_at = next((e["t"] for e in timeline if e["t"] > last and e["gpm_off_crashed"]), None)
+    back_at = next((e["t"] for e in timeline if off_at and e["t"] > off_at and e["gpm_window_seconds"] > at_kill), None)
+    return off_at, back_at
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
@@ -49,8 +63,9 @@ def main() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}", "--nvml.gpm-crash-limit", "2",
-         "--nvml.gpm-crash-backoff", str(args.backoff), *(["--sim"] if args.sim else [])],
+        [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}",
+         "--nvml.gpm-crash-limit", str(CRASH_LIMIT), "--nvml.gpm-crash-backoff", str(args.backoff),
+         *(["--sim"] if args.sim else [])],
         stdout=subprocess.DEVNULL, stderr=open("/tmp/gpm-containment.log", "wb"),  # noqa: SIM115
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/metrics"
@@ -68,8 +83,12 @@ def main() -> None:
                              "gpm_window_seconds": windows, "gpm_off_crashed": off, "child": child})  # fmt: skip
             # kill a child once it has answered (GPM windows grew since the last kill), until GPM is off
             since_kill = [e["gpm_window_seconds"] for e in timeline if not killed or e["t"] > killed[-1]["t"]]
-            went_off = any(e["gpm_off_crashed"] for e in timeline)
-            if child and not went_off and len(set(since_kill)) > 1:  # until GPM is off once; then it must come back
+            # the crash limit's worth of kills, each once the new child has answered; a crash shows as "crashed" for
+            # the GPU until the next child answers, and only the limit's last turns GPM off for the backoff
+            went_off = len(killed) >= CRASH_LIMIT and any(
+                e["gpm_off_crashed"] for e in timeline if e["t"] > killed[-1]["t"]
+            )
+            if child and len(killed) < CRASH_LIMIT and len(set(since_kill)) > 1:
                 os.kill(child, signal.SIGSEGV)
                 killed.append({"t": now, "pid": child})
             before = max((e["gpm_window_seconds"] for e in timeline if killed and e["t"] <= killed[-1]["t"]), default=0)
@@ -79,8 +98,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    off_at = next((e["t"] for e in timeline if e["gpm_off_crashed"]), None)
-    back_at = next((e["t"] for e in timeline if off_at and e["t"] > off_at and not e["gpm_off_crashed"]), None)
+    off_at, back_at = summarise(timeline, killed)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "killed": killed,

@@ -310,3 +310,28 @@ def test_rule_health_reads_the_rules_answer_as_boundedly_as_a_query(prometheus) 
         tracemalloc.stop()
     assert health is None
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB held while reading the answer"
+
+
+def test_the_recording_interval_comes_from_the_rules_answer_and_odd_groups_are_ignored(prometheus) -> None:  # noqa: ANN001
+    """The interval a recorded sum is multiplied by is the one the backend lists for the record's group; a group
+    with no usable interval (missing, a string, zero, a boolean, absurd) gives none, and the flag is used."""
+    import asyncio
+
+    from gpuwarden.fleet import recording
+    from gpuwarden.fleet.prometheus import PrometheusClient
+
+    def group(interval: object, name: str) -> dict[str, object]:
+        return {"name": "g", "interval": interval, "rules": [{"type": "recording", "name": name, "health": "ok"}]}
+
+    groups = [group(120, recording.SAMPLED), group("60s", "a"), group(0, "b"), group(True, "c"), group(1e9, "d"),
+              {"name": "no-interval", "rules": [{"type": "recording", "name": "e"}]}, "not a group"]  # fmt: skip
+    prometheus.rules = lambda handler: reply(handler, {"status": "success", "data": {"groups": groups}})
+
+    async def ask() -> list[float | None]:
+        client = PrometheusClient(prometheus.url, timeout=10)
+        try:
+            return [await client.record_interval(name) for name in (recording.SAMPLED, "a", "b", "c", "d", "e")]
+        finally:
+            await client.close()
+
+    assert asyncio.run(ask()) == [120.0, None, None, None, None, None]

@@ -116,6 +116,7 @@ class PrometheusClient:
         self.metrics = ClientMetrics(self.registry)
         self.latency_offset = 0.0  # seconds the backend shifts a recent instant back (VictoriaMetrics: 30 s)
         self._rule_health: tuple[float, dict[str, str] | None] | None = None
+        self._record_intervals: dict[str, float] = {}  # record name → its group's interval, as the backend lists it
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -216,11 +217,20 @@ class PrometheusClient:
             async with self._slot(), asyncio.timeout(self.timeout):
                 status, raw = await self._read("GET", "/api/v1/rules", params={"type": "record"})
             body = await anyio.to_thread.run_sync(self._parse_bounded, raw)
-            health = _rule_health(body) if status == 200 and isinstance(body, dict) else None
+            listed = status == 200 and isinstance(body, dict)
+            health = _rule_health(body) if listed else None
+            self._record_intervals = _record_intervals(body) if listed else {}
         except (TimeoutError, httpx.HTTPError, PrometheusQueryError):
-            health = None
+            health, self._record_intervals = None, {}
         self._rule_health = (now, health)
         return health
+
+    async def record_interval(self, record: str) -> float | None:
+        """The evaluation interval of the group recording `record`, where the backend lists its rules (None
+        elsewhere): what a sum of its samples is multiplied by. The file's interval, not a flag that can disagree
+        with it (a fleet reading 60 s records as 120 s ones doubled every GPU-hour)."""
+        await self.rule_health()
+        return self._record_intervals.get(record)
 
     async def _fetch(self, expr: str, at: float | None) -> list[Series]:
         form = {"query": expr, "timeout": f"{self.timeout:g}"}
@@ -352,6 +362,20 @@ def _rule_health(body: dict[str, Any]) -> dict[str, str] | None:
             error = str(rule.get("lastError") or "evaluation failed")[:300] if failing else ""
             found[rule["name"]] = found.get(rule["name"]) or error
     return found or None
+
+
+def _record_intervals(body: dict[str, Any]) -> dict[str, float]:
+    """record name → its group's `interval` in seconds, from /api/v1/rules (Prometheus and vmalert both list it)."""
+    found: dict[str, float] = {}
+    groups = (body.get("data") or {}).get("groups") if isinstance(body.get("data"), dict) else None
+    for group in groups if isinstance(groups, list) else []:
+        interval = group.get("interval") if isinstance(group, dict) else None
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0 < interval <= 86400:
+            continue
+        for rule in group.get("rules") or []:
+            if isinstance(rule, dict) and rule.get("type") == "recording" and isinstance(rule.get("name"), str):
+                found.setdefault(rule["name"], float(interval))
+    return found
 
 
 def _reason(raw: bytes, keep: int = 600) -> str:

@@ -96,7 +96,9 @@ class FleetSettings(BaseModel):
         ge=1,
         le=3600,
         description="Evaluation interval of the recording rules (alert_rules/gpuwarden.recording.yaml, 120 s as "
-        "shipped): sums of recorded rates times it are the window's increases.",
+        "shipped) where the backend does not list its rules (GET /api/v1/rules: Prometheus, vmalert behind "
+        "VictoriaMetrics' -vmalert.proxyURL list their groups' interval, and that is used): sums of recorded rates "
+        "times it are the window's increases.",
     )
     stale_after: float = Field(
         60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."

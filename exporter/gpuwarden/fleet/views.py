@@ -402,10 +402,15 @@ class UtilizationView(FleetQueries):
             f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
         ], idle_s
 
-    def _recorded_queries(self, window: str, limit: int) -> list[str]:
-        """The same answers from the recording rules: sums of recorded rates times the rules' interval are the
-        window's increases; a GPU is idle (starved) when it was so at every evaluation its node was recorded."""
-        sel, node_label, step = self.selector, self.node_label, self.settings.recording_interval
+    async def recording_step(self) -> float:
+        """The recording rules' interval: as the backend lists their group, else --recording-interval."""
+        listed = await self.client.record_interval(recording.SAMPLED)
+        return listed if listed is not None else float(self.settings.recording_interval)
+
+    def _recorded_queries(self, window: str, limit: int, step: float) -> list[str]:
+        """The same answers from the recording rules: sums of recorded rates times the rules' interval (`step`) are
+        the window's increases; a GPU is idle (starved) when it was so at every evaluation its node was recorded."""
+        sel, node_label = self.selector, self.node_label
 
         def total(name: str) -> str:
             return f"sum_over_time({name}{{{sel}}}[{window}])"
@@ -420,11 +425,11 @@ class UtilizationView(FleetQueries):
             )
 
         def by_namespace(name: str) -> str:
-            return f"sum by (namespace) (sum_over_time({name}{{{sel}}}[{window}])) * {step}"
+            return f"sum by (namespace) (sum_over_time({name}{{{sel}}}[{window}])) * {step:g}"
 
         return [
-            f"sum by ({node_label}) ({seen}) * {step}",
-            f"sum by ({node_label}) (clamp_min({seen} - {busy}, 0)) * {step}",
+            f"sum by ({node_label}) ({seen}) * {step:g}",
+            f"sum by ({node_label}) (clamp_min({seen} - {busy}, 0)) * {step:g}",
             f"max by ({node_label}) (max_over_time({recording.GPUS}{{{sel}}}[{window}]))",
             f"sum by ({node_label}) ({busy}) / sum by ({node_label}) ({seen})",
             f"bottomk({limit}, {throughout(recording.GPU_IDLE)})",
@@ -439,6 +444,7 @@ class UtilizationView(FleetQueries):
         """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
         part of the window counts only the part it was seen. From the recording rules where they are loaded."""
         recorded = await self._recorded(*recording.UTILIZATION_RECORDS)
+        step = await self.recording_step() if recorded else 0.0
         raw, idle_s = self._raw_queries(window, limit)
         (
             (
@@ -455,8 +461,8 @@ class UtilizationView(FleetQueries):
             ),
             bottlenecks,
         ) = await asyncio.gather(
-            self.many(*(self._recorded_queries(window, limit) if recorded else raw)),
-            self.bottlenecks(window, idle_s, recorded),
+            self.many(*(self._recorded_queries(window, limit, step) if recorded else raw)),
+            self.bottlenecks(window, idle_s, recorded, step),
         )
         idle_ratio = self.settings.idle_ratio
         price = self.settings.price_per_gpu_hour
@@ -542,7 +548,7 @@ class UtilizationView(FleetQueries):
             },
         }
 
-    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False) -> dict[str, Any]:
+    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False, step: float = 0.0) -> dict[str, Any]:
         """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
         kernel ran by class: from the recording rules, each minute by the class the GPU was in then; from the raw
         series, the whole window by the class the GPU is in now (a scan of every GPU's counters)."""
@@ -550,8 +556,7 @@ class UtilizationView(FleetQueries):
         info = f"gpuwarden_bottleneck_info{{{sel}}}"
         allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{sel}}})"
         wasted_by_class = (
-            f"sum by (class) (sum_over_time({recording.CLASS_IDLE}{{{sel}}}[{window}])) "
-            f"* {self.settings.recording_interval}"
+            f"sum by (class) (sum_over_time({recording.CLASS_IDLE}{{{sel}}}[{window}])) * {step:g}"
             if recorded
             else f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})"
         )
