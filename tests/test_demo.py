@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,10 @@ import yaml
 from gpuwarden.cli.main import settings_from_argv
 from gpuwarden.sim.scenario import shipped_scenarios
 from tests.helpers.common import free_port, wait_for
+
+# the console script beside this interpreter where gpuwarden is not on PATH: the README's developer tier runs
+# `.venv/bin/python -m pytest` from a shell that need not have activated the venv
+GPUWARDEN_CLI = shutil.which("gpuwarden") or str(Path(sys.executable).with_name("gpuwarden"))
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "deploy" / "demo"
@@ -161,7 +166,7 @@ def test_the_container_free_demo_runs_and_stops_cleanly(tmp_path: Path) -> None:
         "FLEET_PORT": str(fleet),
         "TMPDIR": str(tmp_path),
     }
-    env.setdefault("GPUWARDEN", shutil.which("gpuwarden") or "gpuwarden")
+    env.setdefault("GPUWARDEN", GPUWARDEN_CLI)
     output = tmp_path / "run-local.out"
     with output.open("w") as sink:
         # Ctrl-C as from a terminal, whatever the launcher of the tests did with SIGINT (a background one ignores it)
@@ -221,7 +226,7 @@ def test_the_container_free_demo_refuses_a_busy_port(tmp_path: Path) -> None:
         held.listen()
         port = held.getsockname()[1]
         env = {**os.environ, "BASE_PORT": str(port), "TMPDIR": str(tmp_path)}
-        env.setdefault("GPUWARDEN", shutil.which("gpuwarden") or "gpuwarden")
+        env.setdefault("GPUWARDEN", GPUWARDEN_CLI)
         result = subprocess.run([str(DEMO / "run-local.sh")], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and f"port {port} is in use" in result.stderr, result.stderr
     assert not list(tmp_path.glob("gpuwarden-demo.*"))  # nothing was started
