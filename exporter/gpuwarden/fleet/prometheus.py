@@ -218,8 +218,7 @@ class PrometheusClient:
                 status, raw = await self._read("GET", "/api/v1/rules", params={"type": "record"})
             body = await anyio.to_thread.run_sync(self._parse_bounded, raw)
             listed = status == 200 and isinstance(body, dict)
-            health = _rule_health(body) if listed else None
-            self._record_intervals = _record_intervals(body) if listed else {}
+            health, self._record_intervals = _recording_rules(body) if listed else (None, {})
         except (TimeoutError, httpx.HTTPError, PrometheusQueryError):
             health, self._record_intervals = None, {}
         self._rule_health = (now, health)
@@ -350,32 +349,27 @@ class BoundedDecoder:
         return piece
 
 
-def _rule_health(body: dict[str, Any]) -> dict[str, str] | None:
-    """record name → "" (healthy) or the last error of a failing rule recording it, from /api/v1/rules."""
-    found: dict[str, str] = {}
+def _recording_rules(body: dict[str, Any]) -> tuple[dict[str, str] | None, dict[str, float]]:
+    """From /api/v1/rules: record name → "" (healthy) or the last error of a failing rule recording it (None where
+    no recording rule is listed); and record name → its group's `interval` in seconds (Prometheus and vmalert both
+    list it; a group without a usable one is left out)."""
+    health: dict[str, str] = {}
+    intervals: dict[str, float] = {}
     groups = (body.get("data") or {}).get("groups") if isinstance(body.get("data"), dict) else None
     for group in groups if isinstance(groups, list) else []:
-        for rule in (group.get("rules") or []) if isinstance(group, dict) else []:
+        if not isinstance(group, dict):
+            continue
+        interval = group.get("interval")
+        usable = isinstance(interval, (int, float)) and not isinstance(interval, bool) and 0 < interval <= 86400
+        for rule in group.get("rules") or []:
             if not isinstance(rule, dict) or rule.get("type") != "recording" or not isinstance(rule.get("name"), str):
                 continue
             failing = rule.get("health") == "err"  # "unknown": not evaluated yet, the canary says whether data exists
             error = str(rule.get("lastError") or "evaluation failed")[:300] if failing else ""
-            found[rule["name"]] = found.get(rule["name"]) or error
-    return found or None
-
-
-def _record_intervals(body: dict[str, Any]) -> dict[str, float]:
-    """record name → its group's `interval` in seconds, from /api/v1/rules (Prometheus and vmalert both list it)."""
-    found: dict[str, float] = {}
-    groups = (body.get("data") or {}).get("groups") if isinstance(body.get("data"), dict) else None
-    for group in groups if isinstance(groups, list) else []:
-        interval = group.get("interval") if isinstance(group, dict) else None
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 0 < interval <= 86400:
-            continue
-        for rule in group.get("rules") or []:
-            if isinstance(rule, dict) and rule.get("type") == "recording" and isinstance(rule.get("name"), str):
-                found.setdefault(rule["name"], float(interval))
-    return found
+            health[rule["name"]] = health.get(rule["name"]) or error
+            if usable:
+                intervals.setdefault(rule["name"], float(interval))
+    return health or None, intervals
 
 
 def _reason(raw: bytes, keep: int = 600) -> str:

@@ -402,9 +402,9 @@ class UtilizationView(FleetQueries):
             f"sum by (namespace) ({sampled} * on (instance, uuid) group_right () {share})",
         ], idle_s
 
-    async def recording_step(self) -> float:
-        """The recording rules' interval: as the backend lists their group, else --recording-interval."""
-        listed = await self.client.record_interval(recording.SAMPLED)
+    async def recording_step(self, record: str) -> float:
+        """The interval of the group recording `record`: as the backend lists it, else --recording-interval."""
+        listed = await self.client.record_interval(record)
         return listed if listed is not None else float(self.settings.recording_interval)
 
     def _recorded_queries(self, window: str, limit: int, step: float) -> list[str]:
@@ -444,7 +444,7 @@ class UtilizationView(FleetQueries):
         """Hours come from the utilization counters themselves (seconds sampled, seconds busy), so a GPU seen for
         part of the window counts only the part it was seen. From the recording rules where they are loaded."""
         recorded = await self._recorded(*recording.UTILIZATION_RECORDS)
-        step = await self.recording_step() if recorded else 0.0
+        step = await self.recording_step(recording.SAMPLED) if recorded else 0.0  # and NS_*: the same group
         raw, idle_s = self._raw_queries(window, limit)
         (
             (
@@ -462,7 +462,7 @@ class UtilizationView(FleetQueries):
             bottlenecks,
         ) = await asyncio.gather(
             self.many(*(self._recorded_queries(window, limit, step) if recorded else raw)),
-            self.bottlenecks(window, idle_s, recorded, step),
+            self.bottlenecks(window, idle_s, recorded),
         )
         idle_ratio = self.settings.idle_ratio
         price = self.settings.price_per_gpu_hour
@@ -548,13 +548,14 @@ class UtilizationView(FleetQueries):
             },
         }
 
-    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False, step: float = 0.0) -> dict[str, Any]:
+    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False) -> dict[str, Any]:
         """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
         kernel ran by class: from the recording rules, each minute by the class the GPU was in then; from the raw
         series, the whole window by the class the GPU is in now (a scan of every GPU's counters)."""
         sel, node_label = self.selector, self.node_label
         info = f"gpuwarden_bottleneck_info{{{sel}}}"
         allocation = f"max by (instance, uuid, namespace) (gpuwarden_gpu_allocation{{{sel}}})"
+        step = await self.recording_step(recording.CLASS_IDLE) if recorded else 0.0
         wasted_by_class = (
             f"sum by (class) (sum_over_time({recording.CLASS_IDLE}{{{sel}}}[{window}])) * {step:g}"
             if recorded
