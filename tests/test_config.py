@@ -147,6 +147,19 @@ def test_check_config(tmp_path):
     assert run_cli("check-config").returncode == 2
 
 
+@pytest.mark.parametrize("section, key", [("health", "thresholds_file"), ("web", "config_file")])
+def test_check_config_refuses_a_config_whose_referenced_file_is_missing(tmp_path, section: str, key: str):
+    """check-config says what the daemon would say at start: a named file that does not exist is one line, exit 2
+    (it said ok, and the daemon then exited 2)."""
+    missing = tmp_path / "absent.yaml"
+    config = write_yaml(tmp_path / "config.yaml", {"nvml": {"backend": "sim"}, section: {key: str(missing)}})
+    checked = run_cli("check-config", str(config))
+    started = run_cli("--config", str(config))
+    lines = checked.stderr.strip().splitlines()
+    assert checked.returncode == 2 and len(lines) == 1 and str(missing) in lines[0], checked.stderr
+    assert started.returncode == 2 and started.stderr.strip() == checked.stderr.strip()
+
+
 def test_help_documents_every_option_and_version():
     result = run_cli("--help")
     assert result.returncode == 0
