@@ -25,7 +25,7 @@ from gpuwarden.collect.assembly import GpuView, SnapshotAssembler, TopologyStep
 from gpuwarden.collect.kernel_log import KernelLogTally, on_wall_clock, with_kernel_xids
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
 from gpuwarden.collect.lifecycle import NvmlLifecycle
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.tiers import TierRunner
 from gpuwarden.collect.xid_events import XidCounts, XidWatcher
 from gpuwarden.model.draft import EnrichmentStep

@@ -26,7 +26,8 @@ from gpuwarden.attribution.jobs import JobsStep
 from gpuwarden.attribution.pods import PodsStep
 from gpuwarden.attribution.processes import ProcessesStep
 from gpuwarden.collect.poller import Poller, PollPlan
-from gpuwarden.collect.readers import Reader, all_readers
+from gpuwarden.collect.reader import Reader
+from gpuwarden.collect.readers import all_readers
 from gpuwarden.config.settings import Settings
 from gpuwarden.health.checks import HealthEvaluator
 from gpuwarden.health.collective import CollectiveStep
