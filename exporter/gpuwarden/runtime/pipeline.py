@@ -89,8 +89,14 @@ def configure_gpm(settings: Settings) -> None:
 
 
 def pod_attribution(settings: Settings, wall_clock: Callable[[], float]) -> podresources.PodAttribution | None:
+    """The kubelet pod-resources watcher, or None: turned off, or a simulated node whose socket is the default path
+    and absent (a laptop, where no kubelet will ever appear: no watcher, and no log line every start saying it keeps
+    looking). A simulator given a socket explicitly (the tests' fake kubelet) watches it as a real node does."""
     pods = settings.pods
     if not pods.attribution:
+        return None
+    default_socket = type(pods)().resources_socket
+    if settings.nvml.backend == "sim" and pods.resources_socket == default_socket and not default_socket.exists():
         return None
     return podresources.PodAttribution(
         pods.resources_socket,

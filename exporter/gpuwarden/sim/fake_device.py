@@ -25,8 +25,13 @@ _GIB = 1024**3
 class DeviceSymbols:
     """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
 
+    @property
+    def identity(self) -> str:
+        """What the node's UUIDs are derived from: `node.identity`, else the scenario's name."""
+        return self.scenario.node.identity or self.scenario.name
+
     def uuid(self, index: int) -> str:
-        digest = hashlib.blake2b(f"{self.scenario.name}:{index}".encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(f"{self.identity}:{index}".encode(), digest_size=16).hexdigest()
         return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     def bus_id(self, index: int) -> str:
@@ -200,7 +205,7 @@ class DeviceSymbols:
         info.state = state
         info.status = OK if state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED else pynvml.NVML_ERROR_NOT_READY
         info.cliqueId = 0
-        digest = hashlib.blake2b(f"{self.scenario.name}:fabric".encode(), digest_size=16).digest()
+        digest = hashlib.blake2b(f"{self.identity}:fabric".encode(), digest_size=16).digest()
         for position, byte in enumerate(digest):
             info.clusterUuid[position] = byte
         flag = {True: 1, False: 2}  # the mask's two-bit fields: 1 true, 2 false (0: not supported)
@@ -222,7 +227,7 @@ class DeviceSymbols:
         return OK
 
     def mig_uuid(self, index: int, slot: int) -> str:
-        digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(f"{self.identity}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
         return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     def running(self, index: int, kind: str | None = None) -> list[tuple[int, ProcessSpec]]:

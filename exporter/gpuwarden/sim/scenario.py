@@ -194,6 +194,14 @@ class Trajectory(_Strict):
 
 class Node(_Strict):
     model: str = "h100-sxm-80gb"
+    identity: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="What the GPUs' UUIDs (and the fabric's and MIG instances') are derived from; default: the "
+        "scenario's name. Keep it when copying a scenario under a new name, and the copy's GPUs are the same GPUs "
+        "across a restart",
+    )
     count: int = Field(8, ge=1, le=16)
     nvlink: Literal["nvswitch", "none"] = "nvswitch"
     numa_nodes: int = Field(2, ge=1, le=8)
