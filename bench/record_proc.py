@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
 
-from gpuwarden.attribution.launcher import LAUNCH_VARIABLES  # noqa: E402
+from gpuwarden.jobs.launchers import LAUNCH_VARIABLES  # noqa: E402
 
 KEPT = LAUNCH_VARIABLES | {"PATH", "HOME"}
 

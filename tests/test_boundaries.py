@@ -109,6 +109,17 @@ def test_the_layer_contracts_hold():
                 "from gpuwarden.runtime import pipeline",
                 "gpuwarden.fleet is not allowed to import gpuwarden.runtime",
             ),
+            # the job view sits above the stages it reads and below the runtime: no arrow back up
+            (
+                "health/checks.py",
+                "from gpuwarden.jobs import collective",
+                "gpuwarden.health is not allowed to import gpuwarden.jobs",
+            ),
+            (
+                "jobs/collective.py",
+                "from gpuwarden.runtime import pipeline",
+                "gpuwarden.jobs is not allowed to import gpuwarden.runtime",
+            ),
         ],
         # the developer tier plants one edge of each kind of contract: a forbidden import and a layers back-edge
         lambda case: (

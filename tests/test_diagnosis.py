@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs import host_reading
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.snapshot import HostEvidence
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings, sweep, write_yaml
@@ -210,7 +211,7 @@ def fake_proc(root: Path, pid: int, main: str, others: str = "S", workers: str =
 
 
 def test_a_thread_sample_reads_states_and_worker_children(tmp_path):
-    from gpuwarden.attribution.activity import sample
+    from gpuwarden.jobs.activity import sample
 
     root = fake_proc(tmp_path / "proc", 4242, main="R", others="D", workers="RRS")
     seen = sample(root, 4242)
@@ -291,4 +292,4 @@ def test_a_checkpoint_is_the_cause_only_where_the_writes_hold_the_loop(main, io_
         pid=1, samples=8, main_running=main, io_wait=io_wait, workers_running=0.0, asleep=asleep, workers=4,
         write_bytes_per_second=written_mb * 1e6,
     )  # fmt: skip
-    assert evidence.dominant() == expected
+    assert host_reading.dominant(evidence) == expected

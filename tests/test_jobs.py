@@ -17,9 +17,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.attribution import launcher
 from gpuwarden.exposition.render import Renderer
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs import launchers
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings
 
@@ -73,42 +73,68 @@ def _proc_from(fixture: str, root: Path) -> Path:
 def test_each_launcher_gives_the_job_key_and_rank_it_set(tmp_path, fixture, namespace, expected):
     root = _proc_from(fixture, tmp_path / "proc")
     for pid, (job, rank, world) in expected.items():
-        found = launcher.read_launch(root, int(pid), namespace)
+        found = launchers.read_launch(root, int(pid), namespace)
         assert (found.job, found.rank, found.world_size) == (job, rank, world), (pid, found)
 
 
 def test_only_the_launch_variables_are_read_and_unsafe_values_are_dropped():
     raw = (FIXTURES / "kubeflow-pytorchjob" / "41207" / "environ").read_bytes()
     assert b"AWS_SECRET_ACCESS_KEY" in raw  # the fixture carries a secret, as a real pod's environment may
-    found = launcher.parse_environ(raw)
+    found = launchers.parse_environ(raw)
     assert "AWS_SECRET_ACCESS_KEY" not in found and "PATH" not in found and found["RANK"] == "0"
     hostile = (
         b"MASTER_ADDR=a b\0MASTER_PORT=29500\0RANK=" + b"9" * 200 + b"\0WORLD_SIZE=\xff\0SLURM_JOB_ID=" + b"x" * 500
     )
-    assert launcher.parse_environ(hostile) == {"MASTER_PORT": "29500"}  # spaces, overlong, non-ASCII: dropped
-    assert launcher.launch_from(launcher.parse_environ(hostile)).job == ""  # no address: no key, never a guess
-    assert launcher.launch_from({"RANK": "9" * 50}).rank == "unknown"  # not a rank: unknown, not exported
+    assert launchers.parse_environ(hostile) == {"MASTER_PORT": "29500"}  # spaces, overlong, non-ASCII: dropped
+    assert launchers.launch_from(launchers.parse_environ(hostile)).job == ""  # no address: no key, never a guess
+    assert launchers.launch_from({"RANK": "9" * 50}).rank == "unknown"  # not a rank: unknown, not exported
 
 
 def test_a_loopback_rendezvous_is_this_nodes_only_and_a_slurm_cgroup_outranks_the_environment():
     spawn_style = {"MASTER_ADDR": "localhost", "MASTER_PORT": "12355"}  # mp.spawn's ranks: set inside the program
-    found = launcher.launch_from(spawn_style)
+    found = launchers.launch_from(spawn_style)
     assert (found.job, found.rank) == ("local/localhost:12355", "unknown")
     torchrun = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "llama7b", "RANK": "9",
                 "TORCHELASTIC_RESTART_COUNT": "2"}  # fmt: skip
-    assert launcher.launch_from(torchrun).job == "10.0.0.5:29400/llama7b#2"  # a restart is a new key
-    assert launcher.launch_from({**torchrun, "SLURM_JOB_ID": "77"}, slurm_job="81").job == "slurm/81"
+    assert launchers.launch_from(torchrun).job == "10.0.0.5:29400/llama7b#2"  # a restart is a new key
+    assert launchers.launch_from({**torchrun, "SLURM_JOB_ID": "77"}, slurm_job="81").job == "slurm/81"
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        # DeepSpeed's launcher: RANK and WORLD_SIZE, else the node rank × processes per node + the local rank
+        (
+            {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "CROSS_RANK": "1", "CROSS_SIZE": "2",
+             "LOCAL_SIZE": "4", "LOCAL_RANK": "3"},
+            ("10.0.0.5:29500", "7", 8, "deepspeed"),
+        ),
+        # Open MPI under a launch script that set the rendezvous; the MPI rank where RANK is not set
+        (
+            {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "OMPI_COMM_WORLD_RANK": "5",
+             "OMPI_COMM_WORLD_SIZE": "16"},
+            ("10.0.0.5:29500", "5", 16, "mpi"),
+        ),
+        # MPICH's Hydra under a PMIx-less launch: no key from MPI alone, the rank still read
+        ({"PMI_RANK": "2", "PMI_SIZE": "4"}, ("", "2", 4, "")),
+        # any PMIx launcher (Open MPI 5's prterun, srun --mpi=pmix): the namespace is the job's, on every node
+        ({"PMIX_RANK": "3", "PMIX_NAMESPACE": "prterun-node1-4242@1"}, ("mpi/prterun-node1-4242@1", "3", None, "mpi")),
+    ],
+)  # fmt: skip
+def test_each_launcher_row_reads_its_own_variables(variables, expected):
+    found = launchers.launch_from(variables)
+    assert (found.job, found.rank, found.world_size, found.source) == expected
 
 
 def test_recorded_ranks_of_one_launcher_share_a_parent():
     for fixture in ("torchrun-c10d", "torchrun-standalone", "mp-spawn", "srun"):
-        trees = {launcher.parse_stat((pid / "stat").read_text()) for pid in (FIXTURES / fixture).iterdir()}
+        trees = {launchers.parse_stat((pid / "stat").read_text()) for pid in (FIXTURES / fixture).iterdir()}
         assert len({tree.ppid for tree in trees if tree}) == 1, (fixture, trees)
 
 
 def test_the_process_tree_is_read_past_a_command_name_with_parentheses():
-    assert launcher.parse_stat("4242 (py (thon) x) S 17 4242 4200 0 -1") == launcher.ProcessTree(17, 4200)
-    assert launcher.parse_stat("garbage") is None
+    assert launchers.parse_stat("4242 (py (thon) x) S 17 4242 4200 0 -1") == launchers.ProcessTree(17, 4200)
+    assert launchers.parse_stat("garbage") is None
 
 
 # --- the job view on the simulator -------------------------------------------------------------------------------

@@ -189,7 +189,7 @@ class CheckContext:
     thresholds: Thresholds
     evaluator: HealthEvaluator
     wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
-    peers: int = 0  # other ranks of the job this GPU's main process belongs to (attribution/jobs.py)
+    peers: int = 0  # other ranks of the job this GPU's main process belongs to (jobs/grouping.py)
     sxids: tuple[tuple[str, int, float], ...] = ()  # the node's NVSwitch SXids (switch, SXid, wall time of the latest)
 
     def verdict(

@@ -400,7 +400,7 @@ SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL = _f(
     "user",
     unit="seconds",
 )
-# jobs across GPUs (attribution/jobs.py, health/collective.py): `job_id` is the same on every node of a job where a
+# jobs across GPUs (jobs/grouping.py, jobs/collective.py): `job_id` is the same on every node of a job where a
 # launcher or Slurm set one (slurm/<id>, <namespace>/<MASTER_ADDR>:<port>[/<run id>]), else local/...; not `job`,
 # which Prometheus keeps for the scrape job
 JOB_COLLECTIVE_WAIT_SECONDS_TOTAL = _f(

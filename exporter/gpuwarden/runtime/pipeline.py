@@ -20,9 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwarden.attribution import podresources
-from gpuwarden.attribution.evidence import HostEvidenceStep
 from gpuwarden.attribution.host import HostProcesses
-from gpuwarden.attribution.jobs import JobsStep
 from gpuwarden.attribution.pods import PodsStep
 from gpuwarden.attribution.processes import ProcessesStep
 from gpuwarden.collect.poller import Poller, PollPlan
@@ -30,9 +28,11 @@ from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.readers import all_readers
 from gpuwarden.config.settings import Settings
 from gpuwarden.health.checks import HealthEvaluator
-from gpuwarden.health.collective import CollectiveStep
 from gpuwarden.health.step import HealthStep
 from gpuwarden.health.thresholds import load_thresholds
+from gpuwarden.jobs.collective import CollectiveStep
+from gpuwarden.jobs.evidence import HostEvidenceStep
+from gpuwarden.jobs.grouping import JobsStep
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import Snapshot, Tier

@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
-from gpuwarden.health.diagnosis import as_json, diagnose
+from gpuwarden.health.diagnosis import as_json
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.families import FAMILIES
 from gpuwarden.model.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
 from gpuwarden.web.apidocs import add_offline_docs

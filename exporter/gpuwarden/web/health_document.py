@@ -43,7 +43,7 @@ def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
             }
             for gpu in snap.gpus
         ],
-        # the node's jobs judged as one (health/collective.py): a straggler or hang is the job's, not a GPU fault,
+        # the node's jobs judged as one (jobs/collective.py): a straggler or hang is the job's, not a GPU fault,
         # so it is beside the GPUs' checks and never in them (npd-plugin and slurm-healthcheck do not drain for it)
         "jobs": [
             {

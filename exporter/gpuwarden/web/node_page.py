@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.snapshot import GpuSnapshot, Snapshot
 
 GIB = 1024**3

@@ -1,8 +1,8 @@
-"""The jobs stage, after processes: which GPUs of this node belong to one job, and each GPU's rank, from the host
+"""Grouping, after processes: which GPUs of this node belong to one job, and each GPU's rank, from the host
 alone (no hook in the job). A pipeline step: it reads the processes the processes step wrote and the host's /proc.
 
 Evidence, strongest first (docs/diagnosis.md, "Jobs"):
-1. the launcher's environment (exporter/gpuwarden/attribution/launcher.py): a Slurm job, or a rendezvous
+1. the launcher's environment (exporter/gpuwarden/jobs/launchers.py): a Slurm job, or a rendezvous
    (MASTER_ADDR:MASTER_PORT with torchrun's run id): a key the same on every node;
 2. one process holding several GPUs;
 3. one pod, or one Slurm job's cgroup;
@@ -18,15 +18,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuwarden.attribution import launcher
+from gpuwarden.jobs import launchers
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import JobMember, ProcessView
 
 
 @dataclass(frozen=True)
 class _Seen:
-    launch: launcher.Launch
-    tree: launcher.ProcessTree | None
+    launch: launchers.Launch
+    tree: launchers.ProcessTree | None
 
 
 class JobsStep:
@@ -40,11 +40,11 @@ class JobsStep:
         known = self._seen.get(view.pid)
         if known is None:
             if self._proc_root is None:
-                known = _Seen(launcher.launch_from({}, view.namespace, view.slurm_job), None)
+                known = _Seen(launchers.launch_from({}, view.namespace, view.slurm_job), None)
             else:
                 known = _Seen(
-                    launcher.read_launch(self._proc_root, view.pid, view.namespace, view.slurm_job),
-                    launcher.read_tree(self._proc_root, view.pid),
+                    launchers.read_launch(self._proc_root, view.pid, view.namespace, view.slurm_job),
+                    launchers.read_tree(self._proc_root, view.pid),
                 )
             if self._proc_root is not None and known.tree is None:
                 return known  # not visible (yet): looked at again next time, not cached
