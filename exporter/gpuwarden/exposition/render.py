@@ -226,7 +226,8 @@ def _kernel_rows(snap: Snapshot, rows: Rows) -> None:
     if snap.kernel_log_up is not None:
         rows[KERNEL_LOG_UP.name].append(([], 1 if snap.kernel_log_up else 0))
     for reason, count in sorted(snap.kernel_log_ignored.items()):
-        rows[KERNEL_LOG_LINES_IGNORED_TOTAL.name].append(([reason], count))
+        if count:  # no series until a line is ignored for the reason: a clean host costs one series, the status
+            rows[KERNEL_LOG_LINES_IGNORED_TOTAL.name].append(([reason], count))
     by_bus = {normalise_bus_id(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
     for (kind, device, code), (count, last) in sorted(snap.kernel.items()):
         if kind == "sxid":

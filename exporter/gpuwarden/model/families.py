@@ -636,7 +636,8 @@ KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
     "counter",
     "Kernel log lines naming the NVIDIA driver that count for nothing, by reason: user_facility (not logged by "
     "the kernel), not_driver (driver text inside another record, e.g. a process's crash report naming its file), "
-    "unknown_device (none of this host's GPUs or NVSwitches), unparsed, too_long, table_full.",
+    "unknown_device (none of this host's GPUs or NVSwitches), unparsed, too_long, table_full; no series until "
+    "one is.",
     "reason",
     per_gpu=False,
 )
