@@ -36,7 +36,7 @@ class KernelLogFollower:
         self.path = path
         self.tally = tally
         self.unavailable: str | None = None  # why the log cannot be read, once said
-        self.reading = False  # open, and the host's devices known: what gpuwarden_kernel_log_up says
+        self.reading = False  # open (a pipe: with its writer, the relay), devices known: gpuwarden_kernel_log_up
         self.lost = 0  # times the kernel's ring overtook this reader (EPIPE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwarden-kernel-log", daemon=True)
@@ -89,7 +89,8 @@ class KernelLogFollower:
         self.unavailable = reason
 
     def _follow(self, fd: int) -> None:
-        device = stat.S_ISCHR(os.fstat(fd).st_mode)
+        mode = os.fstat(fd).st_mode
+        device, pipe = stat.S_ISCHR(mode), stat.S_ISFIFO(mode)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while not self._stop.is_set():
@@ -100,6 +101,8 @@ class KernelLogFollower:
             except BrokenPipeError:  # the ring overwrote records before they were read: go on from the oldest left
                 self.lost += 1
                 continue
+            if pipe:  # the relay's pipe: nothing to read now with a writer there, end of file without one
+                self.reading = chunk != b""
             if chunk:
                 self._feed(chunk)
                 continue

@@ -627,8 +627,8 @@ KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
 KERNEL_LOG_UP = _f(
     "gpuwarden_kernel_log_up",
     "gauge",
-    "1 while the kernel log (nvml.kernel_log) is read, 0 while it cannot be (no /dev/kmsg, no permission) or the "
-    "host's GPUs are not known yet; absent when no kernel log is read.",
+    "1 while the kernel log (nvml.kernel_log) is read, 0 while it cannot be (no /dev/kmsg, no permission, no relay "
+    "writing into the pipe) or the host's GPUs are not known yet; absent when no kernel log is read.",
     per_gpu=False,
 )
 KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
