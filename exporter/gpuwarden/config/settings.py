@@ -165,9 +165,11 @@ class NvmlSettings:
     kernel_log: str = setting(
         "auto",
         description="The kernel log read for XIDs (from boot, so those logged before the start count), NVSwitch "
-        "SXids, GPUs fallen off the bus and traps in libnvidia-ml: `auto` (/dev/kmsg with the real driver, none with "
-        "the simulator), a path (/dev/kmsg, or a file in kmsg or dmesg format), or `off`. /dev/kmsg needs root or "
-        "CAP_SYSLOG where kernel.dmesg_restrict is 1; unreadable, it is said once and the rest is served.",
+        "SXids and GPUs fallen off the bus, each counted only from the driver's own record naming one of this host's "
+        "GPUs or NVSwitches: `auto` (/dev/kmsg with the real driver, none with the simulator), a path (/dev/kmsg, "
+        "or a file of /dev/kmsg records; dmesg text is not read), or `off`. /dev/kmsg needs root or CAP_SYSLOG "
+        "where kernel.dmesg_restrict is 1; unreadable, it is said once (gpuwarden_kernel_log_up 0) and the rest "
+        "is served.",
         check=_check_kernel_log,
     )
     gpm: bool = setting(

@@ -42,9 +42,9 @@ from gpuwarden.model.families import (
     HEALTH_STATUS,
     JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
     JOB_FINDING,
-    KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS,
-    KERNEL_DRIVER_TRAPS_TOTAL,
     KERNEL_FALLEN_OFF_BUS_TOTAL,
+    KERNEL_LOG_LINES_IGNORED_TOTAL,
+    KERNEL_LOG_UP,
     KERNEL_SXID_ERRORS_TOTAL,
     KERNEL_SXID_LAST_TIMESTAMP_SECONDS,
     LAST_COLLECT_TIMESTAMP_SECONDS,
@@ -221,15 +221,18 @@ def _xid_rows(snap: Snapshot, rows: Rows) -> None:
 
 
 def _kernel_rows(snap: Snapshot, rows: Rows) -> None:
-    """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch, per library."""
+    """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch; whether it is
+    read, and the lines naming the driver that counted for nothing."""
+    if snap.kernel_log_up is not None:
+        rows[KERNEL_LOG_UP.name].append(([], 1 if snap.kernel_log_up else 0))
+    for reason, count in sorted(snap.kernel_log_ignored.items()):
+        if count:  # no series until a line is ignored for the reason: a clean host costs one series, the status
+            rows[KERNEL_LOG_LINES_IGNORED_TOTAL.name].append(([reason], count))
     by_bus = {normalise_bus_id(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
     for (kind, device, code), (count, last) in sorted(snap.kernel.items()):
         if kind == "sxid":
             rows[KERNEL_SXID_ERRORS_TOTAL.name].append(([device, str(code)], count))
             rows[KERNEL_SXID_LAST_TIMESTAMP_SECONDS.name].append(([device, str(code)], last))
-        elif kind == "trap":
-            rows[KERNEL_DRIVER_TRAPS_TOTAL.name].append(([device], count))
-            rows[KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS.name].append(([device], last))
         elif kind == "fallen_off_bus" and device in by_bus:
             gpu = by_bus[device]
             rows[KERNEL_FALLEN_OFF_BUS_TOTAL.name].append(([str(gpu.index), gpu.uuid], count))

@@ -232,17 +232,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
                     finding_expr=xid_since(t.xid_critical_hold_s),
                 ),
                 Rule(
-                    "GpuwardenDriverLibraryCrash",
-                    f"time() - gpuwarden_kernel_driver_trap_last_timestamp_seconds{{{s}}} < {t.xid_window_s}",
-                    "warning",
-                    "A process crashed inside the NVIDIA driver's library.",
-                    f"The kernel on {NODE} logged a process crashing inside {{{{ $labels.library }}}} "
-                    "(`dmesg | grep -E 'traps|segfault'` names it). A user-space library whose version differs "
-                    "from the kernel module's, or a tool calling NVML wrongly, crashes this way; if it is gpuwarden "
-                    "(its log then has every thread's stack), report it. Check `nvidia-smi` and the versions in "
-                    "/proc/driver/nvidia/version.",
-                ),
-                Rule(
                     "GpuwardenXidWarning",
                     f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{_xids(t.xid_warning)}"}} '
                     f"< {t.xid_window_s}",

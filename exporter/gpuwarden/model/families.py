@@ -622,22 +622,23 @@ KERNEL_SXID_LAST_TIMESTAMP_SECONDS = _f(
 KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
     "gpuwarden_kernel_fallen_off_bus_total",
     "counter",
-    "'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
+    "The driver's 'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
 )
-KERNEL_DRIVER_TRAPS_TOTAL = _f(
-    "gpuwarden_kernel_driver_traps_total",
-    "counter",
-    "Processes the kernel logged as crashing inside the driver's libraries since boot, by library "
-    "(libnvidia-ml, libcuda).",
-    "library",
+KERNEL_LOG_UP = _f(
+    "gpuwarden_kernel_log_up",
+    "gauge",
+    "1 while the kernel log (nvml.kernel_log) is read, 0 while it cannot be (no /dev/kmsg, no permission, no relay "
+    "writing into the pipe) or the host's GPUs are not known yet; absent when no kernel log is read.",
     per_gpu=False,
 )
-KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS = _f(
-    "gpuwarden_kernel_driver_trap_last_timestamp_seconds",
-    "gauge",
-    "Unix time of the latest process crash the kernel logged inside each driver library.",
-    "library",
-    unit="seconds",
+KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
+    "gpuwarden_kernel_log_lines_ignored_total",
+    "counter",
+    "Kernel log lines naming the NVIDIA driver that count for nothing, by reason: user_facility (not logged by "
+    "the kernel), not_driver (driver text inside another record, e.g. a process's crash report naming its file), "
+    "unknown_device (none of this host's GPUs or NVSwitches), unparsed, too_long, table_full; no series until "
+    "one is.",
+    "reason",
     per_gpu=False,
 )
 # modes, processes, recovery

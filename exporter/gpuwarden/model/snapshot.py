@@ -318,6 +318,8 @@ class Snapshot:
     collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs
     # the kernel log's GPU faults since boot: (kind, device, code) → (count, wall time of the latest)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
+    kernel_log_up: bool | None = None  # the kernel log's reader reads now; None: no kernel log is read
+    kernel_log_ignored: dict[str, int] = field(default_factory=dict)  # lines naming the driver not counted, by reason
     # GPUs NVML counts that discovery could not open (index → gpu_is_lost, no_permission, timeout): not in `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

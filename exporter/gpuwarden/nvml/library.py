@@ -30,6 +30,7 @@ def _host_kernel_log() -> str:
 
 
 _kernel_log: Callable[[], str] = _host_kernel_log
+_nvswitches: Callable[[], list[str]] | None = None  # None: the host's PCI bus (nvml.nvswitches)
 
 
 def monotonic() -> float:
@@ -64,6 +65,16 @@ def kernel_log() -> str:
     return _kernel_log()
 
 
+def nvswitches() -> list[str]:
+    """The NVSwitches on the PCI bus beside the installed library (gpuwarden.nvml.nvswitches), by PCI address; the
+    simulator answers for its baseboard's."""
+    if _nvswitches is None:
+        from gpuwarden.nvml.nvswitches import read_nvswitches
+
+        return read_nvswitches()
+    return _nvswitches()
+
+
 def install(
     library: Any,
     clock: Callable[[], float] | None = None,
@@ -71,15 +82,18 @@ def install(
     driver: Callable[[], list[DriverGpu]] | None = None,
     uptime: Callable[[], float] | None = None,
     kernel_log: Callable[[], str] | None = None,
+    nvswitches: Callable[[], list[str]] | None = None,
 ) -> None:
     """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock;
     `child_spec`: how a child process installs the same one (None: it cannot); `driver`: the kernel driver's
-    GPU list beside it (None: /proc/driver/nvidia); `uptime` and `kernel_log`: the host's (None: this host's)."""
-    global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log
+    GPU list beside it (None: /proc/driver/nvidia); `uptime`, `kernel_log` and `nvswitches`: the host's (None: this
+    host's)."""
+    global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log, _nvswitches
     _monotonic = clock or time.monotonic
     _driver_gpus = driver
     _uptime = uptime or time.monotonic
     _kernel_log = kernel_log or _host_kernel_log
+    _nvswitches = nvswitches
     _child_spec = {"backend": "nvml"} if library is None else child_spec
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library

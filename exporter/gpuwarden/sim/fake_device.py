@@ -39,8 +39,9 @@ class DeviceSymbols:
 
     def driver_gpus(self) -> list[DriverGpu]:
         """/proc/driver/nvidia/gpus of this node: the kernel driver lists every GPU, a lost one included (it
-        has no answer for a node whose driver is not loaded)."""
-        if self._global_error() is not None or not self.scenario.driver.lists_gpus:
+        has no answer for a node whose driver is not loaded; NVML's init is not needed: the exporter's kernel-log
+        reader asks before it)."""
+        if self._global_error(initialising=True) is not None or not self.scenario.driver.lists_gpus:
             return []
         return [DriverGpu(self.bus_id(i), self.uuid(i), self.model.name) for i in range(self.count)]
 

@@ -329,14 +329,15 @@ SIM_UPTIME_S = 86_400.0  # the simulated host booted a day before its scenario b
 class KernelRecord(_Strict):
     """One GPU fault the simulated host's kernel logged before the simulator (and so the exporter) started: what
     NVML's event API never reported, read back from the kernel log (collect/kernel_log.py). Written as the driver
-    writes it (docs/simulator.md, Kernel log)."""
+    writes it, a `trap` as the kernel reports a process's crash (which the exporter ignores: docs/simulator.md,
+    Kernel log)."""
 
     kind: Literal["xid", "sxid", "fallen_off_bus", "trap"]
     at: float = Field(..., le=0, ge=-SIM_UPTIME_S, description="seconds before the simulator started (<= 0)")
     gpu: int | None = Field(None, ge=0, description="xid, fallen_off_bus: the GPU's index")
-    xid: int | None = Field(None, ge=1, le=9999, description="xid: the XID")
+    xid: int | None = Field(None, ge=1, le=999, description="xid: the XID")
     switch: int | None = Field(None, ge=0, le=15, description="sxid: the NVSwitch's number")
-    sxid: int | None = Field(None, ge=1, le=999_999, description="sxid: the SXid")
+    sxid: int | None = Field(None, ge=1, le=99_999, description="sxid: the SXid (the driver prints five digits)")
     library: Literal["libnvidia-ml", "libcuda"] = "libnvidia-ml"
 
     @model_validator(mode="after")
