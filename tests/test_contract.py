@@ -65,8 +65,10 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}
-    # Only with a kubelet answering, covered in test_podresources.
+    # Only with a kubelet answering, covered in test_podresources; the watcher's state only where there could be one
+    # (a simulated node watches no default socket that is absent: test_podresources).
     hardware |= {"gpuwarden_gpu_allocation", "gpuwarden_pod_attribution_unmatched_devices", "gpuwarden_mig_allocation"}
+    hardware |= {"gpuwarden_pod_attribution_up"}
     # Only where GPM cannot be read for lack of permission, covered in test_gpm.
     hardware |= {"gpuwarden_gpm_unavailable_info"}
     # Only once the bottleneck window (300 s by default) has been watched, covered in test_gpm.

@@ -19,12 +19,12 @@ from tests.helpers.kubelet import FakeKubelet
 
 @pytest.mark.slow  # every scenario on an 8-GPU node
 def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: FakeKubelet) -> None:
-    from gpuwarden.sim.fake_device import DeviceSymbols
+    from gpuwarden.sim.fake_device import gpu_uuid
     from gpuwarden.sim.scenario import load_scenario
 
     # every GPU allocated to one container, as a training job holds them: allocation series counted too
     scenario = load_scenario("training")
-    uuids = [DeviceSymbols.uuid(type("S", (), {"scenario": scenario})(), i) for i in range(scenario.node.count)]
+    uuids = [gpu_uuid(scenario, i) for i in range(scenario.node.count)]
     kubelet.pods = [("ml", f"trainer-{i}", [("worker", [("nvidia.com/gpu", [u])])]) for i, u in enumerate(uuids)]
     # and the host's /proc showing the eight processes as the ranks of one torchrun job (the job view's series)
     proc = kubelet.socket_path.parent / "proc"

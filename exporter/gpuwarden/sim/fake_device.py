@@ -17,9 +17,20 @@ from gpuwarden.sim.fakecommon import (
     _set_pointer,
     _val,
 )
-from gpuwarden.sim.scenario import ProcessSpec
+from gpuwarden.sim.scenario import ProcessSpec, Scenario
 
 _GIB = 1024**3
+
+
+def node_identity(scenario: Scenario) -> str:
+    """What a simulated node's UUIDs are derived from: `node.identity`, else the scenario's name."""
+    return scenario.node.identity or scenario.name
+
+
+def gpu_uuid(scenario: Scenario, index: int) -> str:
+    """The UUID GPU `index` of this scenario's node has at every start."""
+    digest = hashlib.blake2b(f"{node_identity(scenario)}:{index}".encode(), digest_size=16).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
 class DeviceSymbols:
@@ -27,12 +38,10 @@ class DeviceSymbols:
 
     @property
     def identity(self) -> str:
-        """What the node's UUIDs are derived from: `node.identity`, else the scenario's name."""
-        return self.scenario.node.identity or self.scenario.name
+        return node_identity(self.scenario)
 
     def uuid(self, index: int) -> str:
-        digest = hashlib.blake2b(f"{self.identity}:{index}".encode(), digest_size=16).hexdigest()
-        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+        return gpu_uuid(self.scenario, index)
 
     def bus_id(self, index: int) -> str:
         return f"00000000:{0x18 + index * 0x10:02X}:00.0"
