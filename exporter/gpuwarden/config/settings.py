@@ -46,6 +46,14 @@ def _check_kernel_log(value: str) -> str:
     return value
 
 
+def _check_api_server(value: str) -> str:
+    if value not in ("", "in-cluster") and not (
+        value.startswith("https://") and value.isprintable() and " " not in value
+    ):
+        raise ValueError(f"'{value}' is neither empty (off), in-cluster nor an https:// URL")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -271,6 +279,22 @@ class PodsSettings:
         description="DRA drivers whose devices are GPUs (Kubernetes 1.34+): their devices gpu-<minor> and "
         "gpu-<minor>-mig-<profile>-<profile ID>-<start> are matched to GPUs and MIG slices without API access. "
         "Comma-separated in env and flags; empty: DRA allocations ignored.",
+    )
+    api_server: str = setting(
+        "",
+        description="The Kubernetes API server the job view asks for a GPU process's pod (one GET each: its training "
+        "operator's labels and the launcher variables written in its spec, for ranks and cross-node job keys where "
+        "the process's own environment belongs to another user): `in-cluster` (KUBERNETES_SERVICE_HOST), an "
+        "https:// URL, or empty (off). Needs RBAC `get` on pods (the Helm chart's jobs.podApi).",
+        check=_check_api_server,
+    )
+    api_token_file: Path = setting(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="Bearer token for pods.api_server, re-read on every request (projected tokens rotate).",
+    )
+    api_ca_file: Path | None = setting(
+        Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="CA bundle of pods.api_server's certificate (empty: the system's).",
     )
 
 

@@ -88,6 +88,11 @@ class Launch:
     source: str = ""  # which launcher's row gave the key: slurm, torchrun, kubeflow, deepspeed, mpi, rendezvous, spawn
 
 
+def safe(value: str) -> bool:
+    """Whether a value may go into a key: printable ASCII without spaces, at most _MAX_VALUE characters."""
+    return bool(_SAFE.fullmatch(value))
+
+
 def _integer(variables: Variables, name: str) -> int | None:
     value = variables.get(name, "")
     return int(value) if _INTEGER.fullmatch(value) else None

@@ -33,6 +33,8 @@ from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.jobs.collective import CollectiveStep
 from gpuwarden.jobs.evidence import HostEvidenceStep
 from gpuwarden.jobs.grouping import JobsStep
+from gpuwarden.jobs.pod_api import PodApi
+from gpuwarden.jobs.sources import SourceStates
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import Snapshot, Tier
@@ -90,6 +92,14 @@ def proc_root(settings: Settings) -> Path | None:
     return settings.processes.proc_root or (Path(beside) if beside else None)
 
 
+def pod_api(settings: Settings) -> PodApi | None:
+    """The job view's pod API client where pods.api_server is set."""
+    pods = settings.pods
+    if not pods.api_server:
+        return None
+    return PodApi(pods.api_server, pods.api_token_file, pods.api_ca_file, SourceStates())
+
+
 def configure_gpm(settings: Settings) -> None:
     nvml = settings.nvml
     gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
@@ -128,7 +138,7 @@ class Pipeline:
         self.host = HostProcesses(proc_root(settings), settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
         self.evidence = HostEvidenceStep(self.host.proc_root, self._job_window, lambda: self.collective.suspects)
-        self.jobs = JobsStep(self.host.proc_root)
+        self.jobs = JobsStep(self.host.proc_root, pod_api(settings))
         self.collective = CollectiveStep(lambda: self.health)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
         self._running = False
@@ -208,13 +218,15 @@ class Pipeline:
             if pods_changed:
                 self.pods = pod_attribution(new, self._wall)
             host_paths = (proc_root(new), new.processes.pod_logs_root)
-            if host_paths != (self.host.proc_root, self.host.pod_logs_root):
+            moved = host_paths != (self.host.proc_root, self.host.pod_logs_root)
+            if moved:
                 self.host = HostProcesses(*host_paths)
                 self.processes = ProcessesStep(self.host, self._pid_series)
                 self.evidence = HostEvidenceStep(
                     self.host.proc_root, self._job_window, lambda: self.collective.suspects
                 )
-                self.jobs = JobsStep(self.host.proc_root)
+            if moved or pods_changed:
+                self.jobs = JobsStep(self.host.proc_root, pod_api(new))
             self.settings = new
             return self._steps()
 
