@@ -350,3 +350,27 @@ def test_the_start_line_says_which_sources_work(tmp_path, caplog):
 def test_stat_is_read_past_a_command_name_with_parentheses():
     assert procfs.parse_stat("4242 (py (thon) x) S 17 4242 4200 0 -1") == procfs.Stat("py (thon) x", 17, 4200, 0)
     assert procfs.parse_stat("garbage") is None
+
+
+# --- the pod API's answer ------------------------------------------------------------------------------------------
+
+
+def test_a_pods_spec_gives_only_literal_launcher_variables_and_its_labels_a_job():
+    from gpuwarden.jobs.pod_api import parse_pod
+
+    pod = parse_pod({
+        "metadata": {"uid": POD_A, "namespace": "ml", "labels": {"leaderworkerset.sigs.k8s.io/name": "llama-serve",
+                                                                 "leaderworkerset.sigs.k8s.io/group-index": "3"}},
+        "spec": {"containers": [
+            {"name": "main", "env": [{"name": "MASTER_ADDR", "value": "10.0.0.5"},
+                                     {"name": "MASTER_PORT", "value": "29500"},
+                                     {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                     {"name": "HF_TOKEN", "value": "hf_secret"}, "not a dict"]},
+            {"name": "sidecar"},
+        ]},
+        "status": {"containerStatuses": [{"name": "main", "containerID": "containerd://" + "a" * 64}]},
+    })  # fmt: skip
+    assert pod.variables("a" * 64) == {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"}  # no secret, no reference
+    assert pod.variables("b" * 64) == {}  # two containers, none of them the process's: nothing guessed
+    assert pod.job_key() == "ml/lws/llama-serve/3"  # each LeaderWorkerSet group is a job of its own
+    assert parse_pod({"metadata": None, "spec": {"containers": None}}).job_key() == ""  # odd fields: no crash
