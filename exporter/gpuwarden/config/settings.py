@@ -80,6 +80,7 @@ def listen_port(listen_address: str) -> int:
 
 
 _section = dataclass(frozen=True)
+_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's service-account token and CA
 
 
 @_section
@@ -282,19 +283,14 @@ class PodsSettings:
     )
     api_server: str = setting(
         "",
-        description="The Kubernetes API server the job view asks for a GPU process's pod (one GET each: its training "
-        "operator's labels and the launcher variables written in its spec, for ranks and cross-node job keys where "
-        "the process's own environment belongs to another user): `in-cluster` (KUBERNETES_SERVICE_HOST), an "
-        "https:// URL, or empty (off). Needs RBAC `get` on pods (the Helm chart's jobs.podApi).",
+        description="The Kubernetes API server the job view asks for a GPU process's pod (one GET each: its operator's "
+        "labels and the launcher variables of its spec, for ranks and job keys where the process's environment is "
+        "another user's): `in-cluster`, an https:// URL, or empty (off). Needs RBAC `get` on pods (Helm: jobs.podApi).",
         check=_check_api_server,
     )
-    api_token_file: Path = setting(
-        Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
-        description="Bearer token for pods.api_server, re-read on every request (projected tokens rotate).",
-    )
+    api_token_file: Path = setting(Path(_ACCOUNT, "token"), description="Bearer token for pods.api_server (re-read).")
     api_ca_file: Path | None = setting(
-        Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
-        description="CA bundle of pods.api_server's certificate (empty: the system's).",
+        Path(_ACCOUNT, "ca.crt"), description="CA of pods.api_server (empty: the system's)."
     )
 
 
