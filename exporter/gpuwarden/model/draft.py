@@ -56,6 +56,7 @@ class Draft:
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
     jobs: dict[str, JobMember] = field(default_factory=dict)
+    job_sources: dict[str, bool] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
