@@ -171,6 +171,8 @@ def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(default_pip
     # by PCI bus id, as the runbook says: an index can shift once a GPU has fallen off the bus (issue 36)
     assert bus_id and f"nvidia-smi -r -i {bus_id}" in lost.recommended_action, lost.recommended_action
     assert lost.holders, lost  # the processes last seen on it: the job that died with it
+    # said as the last holders, not as holding a GPU that answers nothing
+    assert "held before the loss by" in lost.observed and "; held by" not in lost.observed, lost.observed
 
 
 def test_pending_page_retirement_is_not_called_a_row_remap(default_pipeline):

@@ -226,7 +226,9 @@ def diagnose(snapshot: Snapshot, explain: ExplainBottleneck | None = None) -> li
             observed, holders = verdict.observed, ()
             if verdict.check in WHO_HOLDS_IT:
                 holders = _holders(snapshot, gpu.uuid)
-                observed = f"{observed}; {_describe(holders)}"
+                # a lost GPU lists no process: its holders are the last ones seen, said as such (not as holding it)
+                before_loss = not snapshot.processes.get(gpu.uuid) and bool(snapshot.lost_holders.get(gpu.uuid))
+                observed = f"{observed}; {_describe(holders, 'held before the loss by' if before_loss else 'held by')}"
             if verdict.check == "gpu_lost":  # the command for this GPU, not the whole node
                 # by PCI bus id where the driver still gave one: indices can shift once a GPU leaves the bus
                 target = gpu.info.pci_bus_id or str(gpu.index)
@@ -280,7 +282,7 @@ def _who(holder: dict[str, object]) -> str:
     return f"pid {holder['pid']} ({holder['name'] or 'unknown'}, no pod found)"
 
 
-def _describe(holders: tuple[dict[str, object], ...]) -> str:
+def _describe(holders: tuple[dict[str, object], ...], held: str = "held by") -> str:
     """'held by ml/trainer-0/worker 60.0 GiB (75%), …; shared by 2 containers' — the sentence an SRE needs."""
     if not holders:
         return "no process listed (the holder may run in another PID namespace or be the driver itself)"
@@ -291,7 +293,7 @@ def _describe(holders: tuple[dict[str, object], ...]) -> str:
         share = holder["memory_share"]
         pid = f" pid {holder['pid']}" if holder["pod"] else ""  # _who names the PID when no pod was found
         parts.append(f"{_who(holder)}{pid} {size}" + ("" if share is None else f" ({share:.0%})"))
-    text = "held by " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
+    text = f"{held} " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
     containers = {(h["namespace"], h["pod"], h["container"]) for h in holders if h["pod"]}
     if len(containers) > 1:
         text += f"; shared by {len(containers)} containers"
