@@ -571,6 +571,9 @@ def check_bottleneck(c: CheckContext) -> Verdict:
     window = c.thresholds.bottleneck_window_s
     activity = window_activity(c.history, _running(c.values), c.now, window)
     if activity is None:
+        seen = c.history.span(c.now)
+        if (GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()) in c.values and seen < window:  # GPM read, the window not yet
+            return c.verdict(OK, f"measuring: {seen:.0f} s of the {window} s window", "")
         return c.verdict(OK, "n/a", "")
     nvlink, pcie_rx = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
     kind = bottleneck_class(c.thresholds, activity, c.peers)
