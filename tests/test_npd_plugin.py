@@ -46,6 +46,18 @@ def plugin(url: str, condition: str, state: Path, *flags: str) -> tuple[int, str
     return done.returncode, done.stdout.strip(), done.stderr.strip(), time.monotonic() - began
 
 
+def answer(url: str, condition: str, state: Path, *flags: str) -> tuple[int, str, str, float]:
+    """A run against a live exporter whose verdict the test asserts: repeated while the exporter says a GPU's
+    readings are stale (a read of a starved exporter outlasting its deadline: Unknown, as it must be), until they are
+    fresh again. Issue 48: with four busy processes beside the suite, the healthy node of the fabric case below once
+    answered "GPU 3 readings stale: not observed" (exit 2)."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = plugin(url, condition, state, *flags)
+        if not (result[0] == 2 and "readings stale" in result[1]) or time.monotonic() > deadline:
+            return result
+
+
 # two scenarios (a fault and NVML down) in every tier, the others with the slow tests
 QUICK_PROTOCOL_SCENARIOS = ("ecc-uncorrectable", "driver-not-loaded")
 
@@ -69,7 +81,15 @@ def test_every_scenario_follows_the_protocol(scenario: str, scenario_exporter, t
         ]
         if family == "hardware":  # GPUs NVML counts that were lost before discovery
             critical += [f"GPU{i} gpu_lost" for i, why in document["gpus_skipped"].items() if why == "gpu_is_lost"]
-        code, out, err, _ = plugin(server.url, family, tmp_path, "--debounce", "1")
+        # a check whose window has not been watched yet (NVLink down for 300 s, 92 °C for 120 s) and could be
+        # critical once it has: Unknown, never "no fault"
+        pending = [
+            f"GPU{gpu['index']} {check} pending"
+            for gpu in document["gpus"]
+            for check, verdict in gpu["checks"].items()
+            if check in FAMILY_CHECKS[family] and verdict["severity"] == "pending" and verdict["pending_level"] == 2
+        ]
+        code, out, err, _ = answer(server.url, family, tmp_path, "--debounce", "1")
         assert err == "", (family, err)  # how fast it answers is bench/remediation_timing.py's: a loaded test machine
         # took 5 s for one run here (2026-11-28), which says nothing about a node
         assert 0 < len(out.encode()) <= 80, out
@@ -78,6 +98,8 @@ def test_every_scenario_follows_the_protocol(scenario: str, scenario_exporter, t
         elif critical:
             assert code == 1, (family, out)
             assert any(out.startswith(fault) for fault in critical), (out, critical)  # the worst names its GPU
+        elif pending:
+            assert code == 2 and any(out.startswith(check) for check in pending), (family, out, pending)
         else:
             assert code == 0, (family, out, document)
 
@@ -105,14 +127,15 @@ def test_each_fault_is_reported_by_its_condition_and_only_there(
     tmp_path: Path,
 ) -> None:
     server = scenario_exporter(scenario, impatient=True)
-    code, out, _, _ = plugin(server.url, family, tmp_path, "--debounce", "1")
+    code, out, _, _ = answer(server.url, family, tmp_path, "--debounce", "1")
     assert code == 1 and out.startswith(starts), out
     others = [f for f in FAMILIES if f != family]
     expected_elsewhere = 2 if family == "driver" else 0  # with NVML down nothing else can be observed
     if scenario in ("nvlink-down", "thermal-throttling", "driver-not-loaded"):
-        assert [plugin(server.url, f, tmp_path, "--debounce", "1")[0] for f in others] == [expected_elsewhere] * 4
+        assert [answer(server.url, f, tmp_path, "--debounce", "1")[0] for f in others] == [expected_elsewhere] * 4
     healthy = scenario_exporter("training")  # the same plugin against a healthy node: the condition is False
-    assert plugin(healthy.url, family, tmp_path / "h", "--debounce", "1")[0] == 0
+    code, out, _, _ = answer(healthy.url, family, tmp_path / "h", "--debounce", "1")
+    assert code == 0, out
 
 
 @pytest.mark.slow  # a live exporter: the whole suite's
