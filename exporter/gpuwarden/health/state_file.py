@@ -25,6 +25,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,11 +134,16 @@ def read(path: Path, now: float, max_gap: float, boot: str) -> dict[str, GpuMemo
     return memory
 
 
+LEFTOVER_AGE_S = 60.0  # a write takes milliseconds: an older temporary file is one a crash left
+
+
 def _remove_leftovers(path: Path) -> None:
-    """Temporary files of writes a crash interrupted (bounded: one per interrupted write, removed at each start)."""
+    """Temporary files of writes a crash interrupted (bounded: one per interrupted write, removed at each start);
+    not a younger one, which may be another process's write in flight (an old pod still stopping beside the new)."""
     try:
         for leftover in path.parent.glob(f".{path.name}.*.tmp"):
-            leftover.unlink(missing_ok=True)
+            if time.time() - leftover.stat().st_mtime > LEFTOVER_AGE_S:
+                leftover.unlink(missing_ok=True)
     except OSError:
         pass
 

@@ -189,7 +189,7 @@ class Pipeline:
         if self.pods is not None:
             self.pods.stop()
         self.poller.stop(timeout)
-        if self.state is not None and self._running:  # a clean stop: the next start measures its gap from now
+        if self.state is not None:  # a clean stop: the next start measures its gap from now
             self.state.close(self.health.memory(), self._wall(), timeout)
         self._running = False
 
