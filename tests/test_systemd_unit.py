@@ -66,6 +66,11 @@ def test_hardening_and_restart_policy() -> None:
     assert service["Restart"] == ["always"]  # exit code 3 after a driver upgrade must restart it
     assert "MemoryDenyWriteExecute" not in service  # ctypes trampolines need it off
     assert "PrivateDevices" not in service  # NVML opens /dev/nvidia*
+    # the state file (issue 48): the directory health.state_file's `auto` writes to, the dynamic user's alone
+    assert service["StateDirectory"] == ["gpuwarden"] and service["StateDirectoryMode"] == ["0700"]
+    from gpuwarden.config.settings import HealthSettings
+
+    assert HealthSettings().state_path("nvml") == Path("/var/lib") / service["StateDirectory"][0] / "state.json"
 
 
 def test_resource_limits_follow_the_chart() -> None:

@@ -220,7 +220,8 @@ def sync() -> None:
     # fail this sync if a default ever needs more than the namespace admits.
     enforce = re.search(r"pod-security\.kubernetes\.io/enforce: (\S+)", (PLAIN / "namespace.yaml").read_text())
     labels = {"pod-security.kubernetes.io/enforce": enforce.group(1)} if enforce else {}
-    values = {"kernelLog": {"enabled": False}}
+    # and for the same reason keep the state file in an emptyDir (restricted admits no hostPath)
+    values = {"kernelLog": {"enabled": False}, "state": {"hostPath": ""}}
     core, monitoring = [], []
     for doc in map(as_plain, split_documents(template(values, namespace_labels=labels))):
         kind = re.search(r"^kind: (\S+)", doc, flags=re.M)
@@ -228,8 +229,8 @@ def sync() -> None:
         (monitoring if is_monitoring else core).append(doc)
         assert kind, doc
     header = (
-        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false (namespace gpuwarden,\n"
-        "# which enforces Pod Security restricted: docs/deploy.md, The kernel log) by\n"
+        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false and state.hostPath\n"
+        "# empty (namespace gpuwarden, which enforces Pod Security restricted: docs/deploy.md, The kernel log) by\n"
         "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
         "# chart, not this file.\n"
     )
