@@ -304,6 +304,8 @@ def test_a_gpu_whose_slow_readings_have_not_arrived_is_unknown_not_healthy(make_
             verdict = gpu6["checks"][check]
             assert (verdict["severity"], verdict["pending_level"]) == ("pending", 2), verdict
             assert verdict["observed"] == "not read yet (slow tier)"
+        findings = server.get("/api/v1/diagnosis").json()["findings"]
+        assert not [f for f in findings if f["gpu"] == 6], findings  # nothing seen yet: no cause to name
         code, out, _, _ = plugin(server.url, "fabric", tmp_path, "--debounce", "1")
         assert code == 2 and out == "GPU6 fabric pending: not read yet (slow tier)", out
         wait_for(lambda: plugin(server.url, "fabric", tmp_path, "--debounce", "1")[0] == 1, timeout=60, step=0.5)

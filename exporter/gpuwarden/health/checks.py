@@ -624,8 +624,11 @@ assert tuple(CHECK_FUNCTIONS) == CHECKS
 NEEDS_SLOW_READINGS = {"nvlink": CRITICAL, "fabric": CRITICAL, "pcie": WARNING}
 
 
+NOT_READ_YET = "not read yet (slow tier)"
+
+
 def not_read_yet(check: str) -> Verdict:
-    return Verdict(check, OK, "pending", "not read yet (slow tier)", "", pending_level=NEEDS_SLOW_READINGS[check])
+    return Verdict(check, OK, "pending", NOT_READ_YET, "", pending_level=NEEDS_SLOW_READINGS[check])
 
 
 class HealthEvaluator:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from gpuwarden.health.checks import NOT_READ_YET
 from gpuwarden.model.snapshot import HostEvidence, Snapshot
 
 # check → (likely cause, recommended action)
@@ -274,7 +275,7 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
     stragglers = {found.straggler for found in snapshot.collective if found.straggler}
     for gpu in snapshot.gpus:
         for verdict in snapshot.health.get(gpu.uuid, ()):
-            if verdict.severity == "ok":
+            if verdict.severity == "ok" or verdict.observed == NOT_READ_YET:  # nothing seen: no cause to name yet
                 continue
             if verdict.check == "bottleneck":
                 cause, action = BOTTLENECK_ADVICE[verdict.detail]
