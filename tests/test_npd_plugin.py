@@ -288,7 +288,7 @@ def test_a_gpu_whose_slow_readings_have_not_arrived_is_unknown_not_healthy(make_
     route was unhealthy. A late read is reproduced with the simulator's hang fault on GPU6's fabric query: until the
     slow tier has been read, the checks judged on it are pending (not read yet), which is Unknown."""
     from gpuwarden.sim.scenario import Scenario
-    from tests.helpers.common import LiveServer, wait_for, wait_for_slow_cycles
+    from tests.helpers.common import LiveServer, parse_exposition, wait_for, wait_for_slow_cycles
 
     data = yaml.safe_load(shipped_scenarios()["fabric-degraded"].read_text())
     # the simulator starts 30 s in (the faults have happened): GPU6's fabric query hangs for the exporter's first 8 s
@@ -306,6 +306,12 @@ def test_a_gpu_whose_slow_readings_have_not_arrived_is_unknown_not_healthy(make_
             assert verdict["observed"] == "not read yet (slow tier)"
         findings = server.get("/api/v1/diagnosis").json()["findings"]
         assert not [f for f in findings if f["gpu"] == 6], findings  # nothing seen yet: no cause to name
+        pending = {  # /metrics: pending and the level it can reach, where gpuwarden_health reads 0
+            dict(labels)["check"]: value
+            for (name, labels), value in parse_exposition(server.get("/metrics").text).items()
+            if name == "gpuwarden_health_pending" and dict(labels)["gpu"] == "6"
+        }
+        assert pending == {"fabric": 2, "nvlink": 2, "pcie": 1}, pending
         code, out, _, _ = plugin(server.url, "fabric", tmp_path, "--debounce", "1")
         assert code == 2 and out == "GPU6 fabric pending: not read yet (slow tier)", out
         wait_for(lambda: plugin(server.url, "fabric", tmp_path, "--debounce", "1")[0] == 1, timeout=60, step=0.5)
