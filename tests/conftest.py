@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "test_fleet_jobs.py",  # one 80 s test
     "test_hostile_clients.py",  # 147 s (serial phase)
     "test_pages_across_restarts.py",  # 85 s
+    "test_restart_verdicts.py",  # 80-100 s (serial phase)
     "test_fleet.py",  # 73 s
     "test_packaging.py",
     "test_alert_rules.py",
