@@ -136,7 +136,7 @@ def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_se
     early = by_check(diagnose(pipeline.poll_once()))
     temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
     assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
-    assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
+    assert "seen for 30 s of 120 s" in temperature.observed, temperature.observed
     assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
     assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
     assert ("temperature", 0) not in early  # the cool GPUs: nothing

@@ -289,16 +289,54 @@ def test_security_settings(variant: str) -> None:
         # the host's /proc and pod logs only when asked for, read-only, still non-root and without hostPID
         # the job view's (processes.hostProc, on by default)
         expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes", {}).get("hostProc", True) else set()
+        # the state file's directory, the exporter's one writable host path (test below)
+        expected |= {"state"}
         if VARIANTS[variant].get("npd"):
             expected |= {"npd-state"}  # NPD's debounce counts on the host's tmpfs (/run), written by NPD alone
         if kernel_log:
             expected |= {"kmsg"}  # the relay's alone (above)
         assert host_paths == expected
-        assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths)
+        assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths - {"state"})
         assert "--no-pods.attribution" in ctr["args"]
     # no GPU is requested: the exporter must not take GPUs away from the scheduler
     for section in ("requests", "limits"):
         assert not any(k.startswith("nvidia.com/") for k in ctr["resources"].get(section, {}))
+
+
+def test_the_state_file_lives_on_a_host_path_the_exporter_owns_or_in_an_emptydir() -> None:
+    """Issue 48: a replaced pod must not forget what pages or drains. The state file's host directory is mounted
+    writable at the path the exporter is told; where the exporter runs as non-root, an init container with CAP_CHOWN
+    alone makes the kubelet's root-owned directory the exporter's (its user and group, as the values set them); as
+    root (pod attribution) there is none; with no host path (the plain manifests) an emptyDir."""
+
+    def parts(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        objects = render(values)
+        pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "state")
+        owners = [c for c in pod.get("initContainers", []) if c["name"] == "state-owner"]
+        return container(objects), volume, owners
+
+    ctr, volume, (owner,) = parts({})
+    assert "--health.state-file=/var/lib/gpuwarden/state.json" in ctr["args"]
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "state")
+    assert mount["mountPath"] == "/var/lib/gpuwarden" and not mount.get("readOnly")
+    assert volume["hostPath"] == {"path": "/var/lib/gpuwarden", "type": "DirectoryOrCreate"}
+    assert owner["command"] == ["chown", "10045:10045", "/var/lib/gpuwarden"]
+    security = owner["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]} and security["runAsUser"] == 0
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert [m["name"] for m in owner["volumeMounts"]] == ["state"]
+    _, _, (owner,) = parts({"podSecurityContext": {"runAsUser": 2000}, "securityContext": {"runAsGroup": 3000}})
+    assert owner["command"][1] == "2000:3000"
+    _, volume, owners = parts({"podResources": {"enabled": True}})  # root already: nothing to chown
+    assert volume["hostPath"]["path"] == "/var/lib/gpuwarden" and owners == []
+    _, volume, owners = parts({"state": {"hostPath": "/srv/gpuwarden"}})
+    assert volume["hostPath"]["path"] == "/srv/gpuwarden" and owners
+    ctr, volume, owners = parts({"state": {"hostPath": ""}})
+    assert volume == {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}} and owners == []
+    assert "--health.state-file=/var/lib/gpuwarden/state.json" in ctr["args"]
+    result = run_render("template", "--values-json", json.dumps({"state": {"hostPath": "var/lib"}}))
+    assert result.returncode != 0 and "hostPath" in result.stderr
 
 
 def test_a_namespace_that_refuses_privileged_containers_fails_the_install_in_one_line() -> None:
@@ -562,7 +600,7 @@ def test_dashboard_configmaps_equal_the_dashboards() -> None:
 
 
 # their namespace enforces Pod Security restricted: no privileged relay, no hostPath
-PLAIN_VALUES = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}}
+PLAIN_VALUES = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}, "state": {"hostPath": ""}}
 
 
 def test_plain_manifests_are_the_default_render() -> None:
@@ -885,7 +923,7 @@ def test_npd_is_off_by_default_and_on_renders_the_shipped_config_with_a_token_fo
     npd = container(objects, "node-problem-detector")
     assert npd["image"] == container(objects)["image"]  # NPD runs where `gpuwarden npd-plugin` exists
     assert npd["command"][0] == "/npd/node-problem-detector"
-    (init,) = pod["initContainers"]
+    (init,) = [c for c in pod["initContainers"] if c["name"] == "npd-binary"]
     assert init["image"].startswith("registry.k8s.io/node-problem-detector/") and init["command"][0] == "cp"
     token = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert pod["automountServiceAccountToken"] is False

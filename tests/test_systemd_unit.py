@@ -68,6 +68,11 @@ def test_hardening_and_restart_policy() -> None:
     assert "PrivateDevices" not in service  # NVML opens /dev/nvidia*
     # the job view reads other users' processes' cgroups and command lines, never their environment or memory
     assert service["ProtectProc"] == ["default"] and not service["AmbientCapabilities"][0]
+    # the state file (issue 48): the directory health.state_file's `auto` writes to, the dynamic user's alone
+    assert service["StateDirectory"] == ["gpuwarden"] and service["StateDirectoryMode"] == ["0700"]
+    from gpuwarden.config.settings import HealthSettings
+
+    assert HealthSettings().state_path("nvml") == Path("/var/lib") / service["StateDirectory"][0] / "state.json"
 
 
 def test_resource_limits_follow_the_chart() -> None:

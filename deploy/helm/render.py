@@ -223,7 +223,8 @@ def sync() -> None:
     # the namespace's labels lets the chart's own check fail this sync if a default ever needs more than it admits.
     enforce = re.search(r"pod-security\.kubernetes\.io/enforce: (\S+)", (PLAIN / "namespace.yaml").read_text())
     labels = {"pod-security.kubernetes.io/enforce": enforce.group(1)} if enforce else {}
-    values = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}}
+    # and for the same reason keep the state file in an emptyDir (restricted admits no hostPath)
+    values = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}, "state": {"hostPath": ""}}
     core, monitoring = [], []
     for doc in map(as_plain, split_documents(template(values, namespace_labels=labels))):
         kind = re.search(r"^kind: (\S+)", doc, flags=re.M)
@@ -231,9 +232,9 @@ def sync() -> None:
         (monitoring if is_monitoring else core).append(doc)
         assert kind, doc
     header = (
-        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false and\n"
-        "# processes.hostProc=false (namespace gpuwarden, which enforces Pod Security restricted: docs/deploy.md, The\n"
-        "# kernel log, Who holds the GPU) by\n"
+        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false,\n"
+        "# processes.hostProc=false and state.hostPath empty (namespace gpuwarden, which enforces Pod Security\n"
+        "# restricted: docs/deploy.md, The kernel log, Who holds the GPU) by\n"
         "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
         "# chart, not this file.\n"
     )

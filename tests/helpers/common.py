@@ -242,6 +242,21 @@ def wait_for_slow_cycles(pipeline: Pipeline, cycles: int) -> None:
     wait_for(enough, timeout=15, step=0.02)
 
 
+def wait_for_every_gpu_read(pipeline: Pipeline, timeout: float = 60.0) -> None:
+    """Wait until every GPU that answers has had its slow tier read and none is stale (or NVML is down). Published
+    slow cycles are not enough: on a starved machine a GPU's read can outlast the cycle's publish wait (no slow
+    readings yet: its NVLink and fabric checks are pending) or its call deadline (stale: npd-plugin and
+    slurm-healthcheck answer Unknown), and a test that asserts a definite verdict must wait for a definite one."""
+
+    def read() -> bool:
+        snapshot = pipeline.snapshot
+        if snapshot.id > 0 and not snapshot.nvml_up:
+            return True
+        return snapshot.id > 0 and all("slow" in gpu.updated_at and not gpu.stale for gpu in snapshot.gpus if gpu.up)
+
+    wait_for(read, timeout=timeout, step=0.05)
+
+
 def polled(sim, make_pipeline, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario
     """A pipeline (from the make_pipeline fixture) after `polls` polls of `scenario`, one a second of a manual clock;
     and the fake library under it (close it to end the scenario before the test does)."""

@@ -54,6 +54,12 @@ def _check_api_server(value: str) -> str:
     return value
 
 
+def _check_state_file(value: str) -> str:
+    if value not in ("auto", "off") and not value.startswith("/"):
+        raise ValueError(f"'{value}' is neither auto, off nor an absolute path (/var/lib/gpuwarden/state.json)")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -257,6 +263,28 @@ class HealthSettings:
     thresholds_file: Path | None = setting(
         None, description="YAML file overriding health thresholds (keys of exporter/gpuwarden/health/thresholds.py)."
     )
+    state_file: str = setting(
+        "auto",
+        description="Where the verdicts' memory is kept across restarts (when each held condition and non-ok "
+        "verdict began, the NVLinks seen up; JSON, a few KB, written crash-safe): `auto` "
+        "(/var/lib/gpuwarden/state.json with the real driver, none with the simulator), an absolute path, or `off`. "
+        "Without it a restart starts every sustain window afresh: checks read pending, which npd-plugin and "
+        "slurm-healthcheck report as unknown. One file per exporter (docs/reliability.md, The state file).",
+        check=_check_state_file,
+    )
+    state_max_gap: float = setting(
+        300.0,
+        ge=0,
+        le=86400,
+        description="Seconds the exporter may have been down (from the state file's last write to the next start) "
+        "for the conditions it held to be recalled; a longer outage starts their windows afresh.",
+    )
+
+    def state_path(self, backend: str) -> Path | None:
+        """The state file in force: `auto` is the default path with the real driver, none with the simulator."""
+        if self.state_file == "off" or (self.state_file == "auto" and backend == "sim"):
+            return None
+        return Path("/var/lib/gpuwarden/state.json" if self.state_file == "auto" else self.state_file)
 
 
 @_section

@@ -38,6 +38,7 @@ from gpuwarden.model.families import (
     GPU_UP,
     GPUS,
     HEALTH,
+    HEALTH_PENDING,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,
     JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
@@ -198,6 +199,8 @@ def _health_rows(snap: Snapshot, rows: Rows) -> None:
             rows[HEALTH.name].append((ids + [verdict.check], verdict.level))
             if verdict.level > 0:
                 rows[HEALTH_SINCE_TIMESTAMP_SECONDS.name].append((ids + [verdict.check], verdict.since))
+            elif verdict.pending_level:
+                rows[HEALTH_PENDING.name].append((ids + [verdict.check], verdict.pending_level))
         if verdicts:
             rows[HEALTH_STATUS.name].append((ids, max(v.level for v in verdicts)))
         for verdict in verdicts:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from gpuwarden.health.checks import NOT_READ_YET
 from gpuwarden.model.snapshot import Snapshot
 
 # check → (likely cause, recommended action)
@@ -215,7 +216,7 @@ def diagnose(snapshot: Snapshot, explain: ExplainBottleneck | None = None) -> li
         return findings
     for gpu in snapshot.gpus:
         for verdict in snapshot.health.get(gpu.uuid, ()):
-            if verdict.severity == "ok":
+            if verdict.severity == "ok" or verdict.observed == NOT_READ_YET:  # nothing seen: no cause to name yet
                 continue
             if verdict.check == "bottleneck":
                 cause, action = BOTTLENECK_ADVICE[verdict.detail]

@@ -313,7 +313,7 @@ HEALTH_SINCE_TIMESTAMP_SECONDS = _f(
     "gpuwarden_health_since_timestamp_seconds",
     "gauge",
     "Unix time the current non-ok verdict of the check began, as this exporter saw it (present only while "
-    "gpuwarden_health > 0; restarts with the exporter).",
+    "gpuwarden_health > 0; kept across restarts where the state file is, health.state_file).",
     "check",
     unit="seconds",
 )
@@ -321,6 +321,14 @@ HEALTH_STATUS = _f(
     "gpuwarden_health_status",
     "gauge",
     "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical.",
+)
+HEALTH_PENDING = _f(
+    "gpuwarden_health_pending",
+    "gauge",
+    "Present while a check is pending: its condition holds but has not yet been watched for its window (after a "
+    "start without the state file, or a new onset), or its readings have not been read yet. The value is the level "
+    "the check turns into if the condition lasts (1 warning, 2 critical); gpuwarden_health reads 0 meanwhile.",
+    "check",
 )
 BOTTLENECK_INFO = _f(
     "gpuwarden_bottleneck_info",

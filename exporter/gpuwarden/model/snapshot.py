@@ -156,11 +156,14 @@ class Verdict:
 
     check: str
     level: int  # 0 ok, 1 warning, 2 critical
-    severity: str  # ok, info, warning, critical (info: worth showing, level stays 0)
+    severity: str  # ok, info, pending, warning, critical (info and pending: worth showing, level stays 0)
     observed: str
     threshold: str
     since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
     detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, waiting, ...)
+    # pending (a condition that holds but has not been watched for its window, or readings not read yet): the level
+    # the check turns into if the condition lasts; 0 otherwise. npd-plugin and slurm-healthcheck read it as unknown
+    pending_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from gpuwarden.collect.poller import Poller, PollPlan
 from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.readers import all_readers
 from gpuwarden.config.settings import Settings
+from gpuwarden.health import state_file
 from gpuwarden.health.checks import HealthEvaluator
 from gpuwarden.health.step import HealthStep
 from gpuwarden.health.thresholds import load_thresholds
@@ -125,6 +126,19 @@ def pod_attribution(settings: Settings, wall_clock: Callable[[], float]) -> podr
     )
 
 
+def recall_state(
+    settings: Settings, evaluator: HealthEvaluator, wall_clock: Callable[[], float]
+) -> state_file.StateKeeper | None:
+    """The state file's keeper, once the evaluator has recalled what the file remembers (None where none is kept:
+    `health.state_file` off, or auto under the simulator)."""
+    path = settings.health.state_path(settings.nvml.backend)
+    if path is None:
+        return None
+    boot = state_file.boot_id()
+    evaluator.recall(state_file.read(path, wall_clock(), settings.health.state_max_gap, boot))
+    return state_file.StateKeeper(path, boot)
+
+
 class Pipeline:
     """NVML → readings → snapshot, with every stage built here from the settings in force."""
 
@@ -141,6 +155,7 @@ class Pipeline:
         gpm_sampler.reset()
         configure_gpm(settings)
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
+        self.state = recall_state(settings, self.health, wall_clock)
         self.pods = pod_attribution(settings, wall_clock)
         self.host = HostProcesses(proc_root(settings), settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
@@ -157,7 +172,7 @@ class Pipeline:
             PodsStep(self.pods),
             self.processes,
             self.jobs,
-            HealthStep(self.health),
+            HealthStep(self.health, self.state),
             self.evidence,
             self.collective,
         )
@@ -199,6 +214,8 @@ class Pipeline:
         if self.pods is not None:
             self.pods.stop()
         self.poller.stop(timeout)
+        if self.state is not None:  # a clean stop: the next start measures its gap from now
+            self.state.close(self.health.memory(), self._wall(), timeout)
         self._running = False
 
     def poll_once(self) -> Snapshot:

@@ -37,6 +37,8 @@ def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
                         "observed": v.observed,
                         "threshold": v.threshold,
                         "since": v.since if v.level else None,  # null while ok, as the API has always answered
+                        # pending: the level it can reach, which npd-plugin and slurm-healthcheck report as unknown
+                        "pending_level": v.pending_level or None,
                     }
                     for v in snap.health.get(gpu.uuid, ())
                 },

@@ -28,7 +28,7 @@ LINKS = (
     "/healthz",
     "/docs",
 )
-SEVERITY_ORDER = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
+SEVERITY_ORDER = {"critical": 4, "warning": 3, "pending": 2, "info": 1, "ok": 0}
 
 
 @dataclass(frozen=True)
