@@ -8,14 +8,13 @@ Usage: python -m bench.pod_attribution_flap --seconds 600 --period 20 --json OUT
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from bench.pod_attribution_rss import simulated_uuids
-from bench.sim_daemon import proc_status
+from bench.sim_daemon import proc_status, report
 from tests.helpers.daemon import start_daemon
 from tests.helpers.kubelet import FakeKubelet
 
@@ -78,9 +77,7 @@ def main() -> int:
         "tracebacks": stderr.count("Traceback"),
         "attribution_log_lines": sum("pod attribution" in line for line in stderr.splitlines()),
     }
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 

@@ -8,13 +8,12 @@ Each run: 8 simulated H100s, fast poll 1 s, /metrics scraped every 5 s, pod-reso
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from bench.sim_daemon import proc_status
+from bench.sim_daemon import proc_status, report
 from tests.helpers.daemon import running_cli
 from tests.helpers.kubelet import FakeKubelet
 
@@ -65,9 +64,7 @@ def main() -> int:
         finally:
             kubelet.stop()
     result = {"seconds": args.seconds, "off": off, "on": on, "rss_delta_mib": round(on["rss_mib"] - off["rss_mib"], 1)}
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.daemon import start_daemon
 
@@ -30,6 +31,13 @@ def proc_status(pid: int) -> dict[str, float]:
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
         "cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
     }
+
+
+def report(result: dict[str, Any], path: str | None) -> None:
+    """A run's result on stdout (its per-minute samples left out) and, whole, as JSON into `path` if given."""
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
 def main() -> int:
@@ -72,9 +80,7 @@ def main() -> int:
         "samples": samples + [end],
         "exit_code": proc.returncode,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    report(result, args.json)
     return 0
 
 

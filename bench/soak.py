@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.sim_daemon import proc_status
+from bench.sim_daemon import proc_status, report
 from tests.helpers.daemon import start_daemon
 
 
@@ -65,9 +65,7 @@ def main() -> int:
         "exit_code": proc.returncode,
         "samples": samples,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    report(result, args.json)
     return 0
 
 
