@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import parse_exposition, wait_for
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 from tests.test_kernel_log import H200_BOOT, kmsg
 
 XID_GPU1 = "NVRM: Xid (PCI:0000:28:00): 13, pid=77, name=python, Graphics Exception"  # the simulator's GPU 1
