@@ -530,8 +530,22 @@ def moving() -> Case:
 
 # a co-located bf16 matmul beside a rank, as measured on 2x H200: the rank's GPU busy 99 %, SM 88 %; its peers wait
 # part of each step (busy 77 %, SM 43 %, tensor 9 %)
-SHARED: Values = {"utilization": 99, "sm_active": 88, "tensor_active": 52, "fp32_active": 1, "dram_active": 35}
-PARTIAL: Values = {"utilization": 77, "sm_active": 43, "tensor_active": 9, "fp32_active": 1, "dram_active": 18}
+SHARED: Values = {
+    "utilization": 99,
+    "sm_active": 88,
+    "tensor_active": 52,
+    "fp32_active": 1,
+    "dram_active": 35,
+    "nvlink": 8e9,
+}
+PARTIAL: Values = {
+    "utilization": 77,
+    "sm_active": 43,
+    "tensor_active": 9,
+    "fp32_active": 1,
+    "dram_active": 18,
+    "nvlink": 8e9,
+}
 
 
 def cotenants() -> list[Case]:

@@ -293,13 +293,19 @@ def thresholds_overrides() -> dict[str, Any]:
     return {}
 
 
-def run(case: Case, work: Path, health: dict[str, Any] | None = None) -> CaseRun:
-    """The case on the real pipeline over the simulator, polled every second of a manual clock."""
+Scrape = Callable[[float, Pipeline, Any], None]  # (wall time, the pipeline, its snapshot) after each poll
+
+
+def run(
+    case: Case, work: Path, health: dict[str, Any] | None = None, start: float = 0.0, scrape: Scrape | None = None
+) -> CaseRun:
+    """The case on the real pipeline over the simulator, polled every second of a manual clock that starts at
+    `start` (the case's t = 0); `scrape` sees every poll."""
     host = FakeHost(work / case.name, case)
-    clock = ManualClock(0.0)
+    clock = ManualClock(start)
     fake = install_simulator(scenario_from(scenario(case)), clock=clock)
     sections: dict[str, Any] = {
-        "processes": {"proc_root": str(host.proc), "pod_logs_root": str(host.pod_logs)},
+        "processes": {"proc_root": str(host.proc), "pod_logs_root": str(host.pod_logs), "sys_root": str(host.sys)},
     }
     if health:
         path = work / f"{case.name}-thresholds.yaml"
@@ -310,10 +316,12 @@ def run(case: Case, work: Path, health: dict[str, Any] | None = None) -> CaseRun
     texts: list[str] = []
     snapshot = None
     try:
-        while clock.now <= case.seconds:
-            host.advance(clock.now)
+        while clock.now - start <= case.seconds:
+            host.advance(clock.now - start)
             snapshot = pipeline.poll_once()
-            polls.append(_poll(clock.now, snapshot, texts))
+            polls.append(_poll(clock.now - start, snapshot, texts))
+            if scrape is not None:
+                scrape(clock.now, pipeline, snapshot)
             clock.advance(1)
     finally:
         pipeline.stop(timeout=0.2)
@@ -387,6 +395,7 @@ class Score:
     false: list[Episode]
     stale: list[Episode]  # right GPU, named long after its straggle ended
     grouping_ok: bool
+    causes_right: int = 0  # expectations with a cause named with it within their bound
 
     @property
     def false_hangs(self) -> int:
@@ -413,7 +422,16 @@ def score(result: CaseRun) -> Score:
         end = case.seconds if expect.end is None else expect.end
         stale += [e for e in matching if e.end > end + case.clear_within]
     false = [e for e in seen if e not in right]
-    return Score(case, found, sorted(right, key=lambda e: e.start), false, stale, _grouping_ok(case, result.groups))
+    causes = sum(_cause_named(result.polls, e) for e in case.expect if e.cause)
+    right_sorted = sorted(right, key=lambda e: e.start)
+    return Score(case, found, right_sorted, false, stale, _grouping_ok(case, result.groups), causes)
+
+
+def _cause_named(polls: list[Poll], expect: Expect) -> bool:
+    """Whether the expectation's GPU was named with its cause at some poll within its bound."""
+    check = "straggler" if expect.kind == "straggler" else "collective_hang"
+    key = (check, expect.gpu)
+    return any(p.causes.get(key) == expect.cause for p in polls if expect.start <= p.t <= expect.start + expect.within)
 
 
 def _grouping_ok(case: Case, groups: dict[int, str]) -> bool:
@@ -435,6 +453,8 @@ class Totals:
     false_episodes: int = 0
     false_hangs: int = 0
     stale: int = 0
+    causes_expected: int = 0
+    causes_right: int = 0
     worst: float = 0.0
     rows: list[str] = field(default_factory=list)
 
@@ -459,6 +479,8 @@ def tally(scores: Iterable[Score]) -> Totals:
         totals.false_episodes += len(s.false)
         totals.false_hangs += s.false_hangs
         totals.stale += len(s.stale)
+        totals.causes_expected += sum(1 for e in s.case.expect if e.cause)
+        totals.causes_right += s.causes_right
         totals.rows.append(_row(s))
     return totals
 
@@ -496,7 +518,8 @@ def report(totals: Totals, extra: Iterable[str] = ()) -> str:
         "",
         f"precision {totals.precision:.3f} (right episodes {totals.right_episodes} of "
         f"{totals.right_episodes + negatives_named}), recall {totals.recall:.3f} ({totals.in_time} of "
-        f"{totals.expected} in time), slowest on a node {totals.worst:.0f} s, false hangs {totals.false_hangs}",
+        f"{totals.expected} in time), slowest on a node {totals.worst:.0f} s, false hangs {totals.false_hangs}, "
+        f"causes named right {totals.causes_right} of {totals.causes_expected}",
     ]
     return "\n".join(lines)
 

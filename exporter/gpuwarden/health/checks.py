@@ -82,6 +82,7 @@ _HISTORY_KEYS = {
     (GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()),
     (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)),
     (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp16",)),
     (PCIE_BYTES_TOTAL.name, ("rx",)),
     (PCIE_BYTES_TOTAL.name, ("tx",)),
     (NVLINK_BYTES_TOTAL.name, ("rx",)),
@@ -467,7 +468,9 @@ HEALTHY_CLASSES = frozenset({"idle", "tensor_bound"})
 @dataclass(frozen=True)
 class WindowActivity:
     """What one GPU did over the bottleneck window: the ratios are shares of the window (GPM), the rates bytes per
-    second, `busy` the driver's busy ratio (None until the window has been sampled)."""
+    second, `busy` the driver's busy ratio (None until the window has been sampled). `paths`: the transfer paths
+    whose counters were read over the whole window ("nvlink", "pcie"): a rate of 0 from a counter not read is no
+    evidence that nothing moved. `throttle`: each clock-event reason's share of the window."""
 
     running: bool  # a process holds the GPU
     sm: float
@@ -478,21 +481,41 @@ class WindowActivity:
     nvlink_bytes_per_second: float = 0.0
     pcie_rx_bytes_per_second: float = 0.0
     busy: float | None = None
+    pcie_tx_bytes_per_second: float = 0.0
+    paths: frozenset[str] = frozenset()
+    throttle: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def math(self) -> float:
+        """The busiest math pipe: what the GPU computes, whatever the precision."""
+        return max(self.tensor, self.fp32, self.fp16)
+
+    @property
+    def pcie_bytes_per_second(self) -> float:
+        return self.pcie_rx_bytes_per_second + self.pcie_tx_bytes_per_second
+
+    def throttled(self, *reasons: str) -> float:
+        """The share of the window the clocks were held down for any of `reasons` (the largest)."""
+        return max((share for reason, share in self.throttle if reason in reasons), default=0.0)
 
 
 def collective_wait(limits: Thresholds, activity: WindowActivity) -> bool:
     """The signature of a rank spinning in a collective for a late peer: the driver busy (NCCL's kernel is
     resident), the SMs no busier than NCCL's CTAs (one per channel: 17-24 % of 132 SMs measured), the math pipes
-    idle, the links quiet. Measured on 2x and 4x H200 (docs/diagnosis.md): waiters at 85-99 % busy; single-GPU
-    tiny kernels from Python, the launch-bound look-alike, at 28-31 % busy with 0.3 % SM."""
+    idle, device memory and the links quiet. Measured on 2x and 4x H200 (docs/diagnosis.md): waiters at 85-99 %
+    busy, DRAM 4-10 %; single-GPU tiny kernels from Python, the launch-bound look-alike, at 28-31 % busy with 0.3 %
+    SM; decode replicas, busy with few tensor cycles, read device memory at 40-70 %; a job whose all-reduce crosses
+    PCIe moves gigabytes a second there."""
     busy = activity.busy
     return (
         activity.running
         and busy is not None
         and busy >= limits.collective_busy_ratio
         and activity.sm <= limits.collective_sm_ratio
-        and max(activity.tensor, activity.fp32, activity.fp16) < limits.collective_math_ratio
+        and activity.math < limits.collective_math_ratio
+        and activity.dram < limits.collective_dram_ratio
         and activity.nvlink_bytes_per_second < limits.bottleneck_nvlink_bytes_per_second
+        and activity.pcie_bytes_per_second < limits.bottleneck_pcie_bytes_per_second
     )
 
 
@@ -505,7 +528,9 @@ def bottleneck_class(limits: Thresholds, activity: WindowActivity, peers: int = 
     if not activity.running:
         return "idle"
     sm, tensor, fp32, dram, busy = activity.sm, activity.tensor, activity.fp32, activity.dram, activity.busy
-    nvlink_bps, pcie_rx_bps = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
+    nvlink_bps = activity.nvlink_bytes_per_second
+    # copies in either direction: a device-to-host copy loop reads PCIe tx 16.7 GB/s with SM 0 % (H200)
+    pcie_bps = max(activity.pcie_rx_bytes_per_second, activity.pcie_tx_bytes_per_second)
     tensor_dominates = (
         tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
     )
@@ -536,7 +561,7 @@ def bottleneck_class(limits: Thresholds, activity: WindowActivity, peers: int = 
     if sm < limits.bottleneck_sm_idle_ratio:
         if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
             return "communication_bound"
-        if pcie_rx_bps >= limits.bottleneck_pcie_bytes_per_second:
+        if pcie_bps >= limits.bottleneck_pcie_bytes_per_second:
             return "host_transfer_bound"
         launch = busy is not None and busy >= limits.bottleneck_launch_busy_ratio
         if launch and sm < limits.bottleneck_launch_sm_share * busy:
@@ -549,9 +574,12 @@ def _running(values: Values) -> bool:
     return values.get((PROCESSES.name, ()), 0) > 0
 
 
+THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
+
+
 def window_activity(history: _History, running: bool, now: float, window: float) -> WindowActivity | None:
-    """What the GPU did over the last `window` seconds (GPM, the driver's busy ratio, NVLink and PCIe rates); None
-    where the GPU has no GPM readings yet. `running`: a process holds the GPU now."""
+    """What the GPU did over the last `window` seconds (GPM, the driver's busy ratio, NVLink and PCIe rates,
+    throttle shares); None where the GPU has no GPM readings yet. `running`: a process holds the GPU now."""
     sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
     if sm is None:
         return None
@@ -559,11 +587,28 @@ def window_activity(history: _History, running: bool, now: float, window: float)
     def pipe(name: str) -> float:
         return history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, (name,)), WINDOW, now, window) or 0.0
 
+    def rates(name: str) -> tuple[float, ...] | None:
+        found = [history.rate((name, (d,)), now, window) for d in ("rx", "tx")]
+        return None if None in found else tuple(found)  # type: ignore[arg-type]
+
     dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
-    nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
-    pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
+    nvlink, pcie = rates(NVLINK_BYTES_TOTAL.name), rates(PCIE_BYTES_TOTAL.name)
     busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
-    return WindowActivity(running, sm, pipe("tensor"), pipe("fp32"), pipe("fp16"), dram, nvlink, pcie_rx, busy)
+    throttle = tuple((r, share) for r in THROTTLE_REASONS if (share := history.rate(_throttle(r), now, window)))
+    return WindowActivity(
+        running,
+        sm,
+        pipe("tensor"),
+        pipe("fp32"),
+        pipe("fp16"),
+        dram,
+        sum(nvlink or ()),
+        (pcie or (0.0, 0.0))[0],
+        busy,
+        pcie_tx_bytes_per_second=(pcie or (0.0, 0.0))[1],
+        paths=frozenset(name for name, read in (("nvlink", nvlink), ("pcie", pcie)) if read is not None),
+        throttle=throttle,
+    )
 
 
 def check_bottleneck(c: CheckContext) -> Verdict:
@@ -573,13 +618,14 @@ def check_bottleneck(c: CheckContext) -> Verdict:
     if activity is None:
         return c.verdict(OK, "n/a", "")
     nvlink, pcie_rx = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
+    pcie_tx = activity.pcie_tx_bytes_per_second
     kind = bottleneck_class(c.thresholds, activity, c.peers)
     busy = activity.busy
     busy_text = "n/a" if busy is None else f"{busy:.0%}"
     observed = (
         f"{kind}: driver busy {busy_text}, SM {activity.sm:.0%}, tensor {activity.tensor:.0%}, FP32 "
         f"{activity.fp32:.0%}, FP16 {activity.fp16:.0%}, DRAM {activity.dram:.0%}, NVLink {nvlink / 1e9:.1f} GB/s, "
-        f"PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
+        f"PCIe rx {pcie_rx / 1e9:.1f} GB/s, tx {pcie_tx / 1e9:.1f} GB/s over {window} s"
     )
     # Healthy classes (no process; tensor cores busy) are said by the gauge and the verdict, not as findings of
     # /api/v1/diagnosis: a healthy node has none.

@@ -23,7 +23,7 @@ def explain_waiting(snapshot: Snapshot, uuid: str, bottleneck: str, cause: str, 
         return cause, action
     member = snapshot.jobs.get(uuid)
     peers = None if member is None else member.peers
-    stragglers = {found.straggler for found in snapshot.collective if found.straggler}
+    stragglers = {found.straggler for found in snapshot.collective if found.straggler and found.kind != "imbalance"}
     return waiting_cause(snapshot.host_evidence.get(uuid), cause, action, peers, uuid in stragglers)
 
 
@@ -132,11 +132,21 @@ STRAGGLER_CAUSES: dict[str, tuple[str, str]] = {
     ),
 }
 HANG = (
-    "A collective hang: the job's ranks spin in a collective and nothing has moved over the links for "
-    "collective_hang_for_s: a rank died, deadlocked, or called a different collective.",
+    "A collective hang: the job's ranks spin in a collective, none computes, and nothing has moved on any path its "
+    "data may take (NVLink, PCIe, the host's RDMA ports) for collective_hang_for_s: a rank died, deadlocked, or "
+    "called a different collective.",
     "Dump every rank's stacks (`py-spy dump --pid PID`), the odd one out first where one is named; enable "
     "NCCL_DEBUG=INFO and the process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING) so a hang fails fast; "
     "restart the job from its last checkpoint.",
+)
+
+
+IMBALANCE = (
+    "An imbalance built into the job, not a straggler: the other ranks wait for this one, but have waited as much "
+    "since the job began (pipeline stages of unequal cost, a rank with extra work, a warm-up still running), and "
+    "its GPU shows no sign of being slower.",
+    "Nothing is wrong with the GPU. To gain throughput, even out the work: rebalance the pipeline's stages (layers "
+    "per stage, micro-batches), spread rank 0's extra work; a warm-up ends by itself.",
 )
 
 
@@ -157,6 +167,9 @@ def _job_finding(snapshot: Snapshot, found: CollectiveFinding, by_uuid: dict[str
     if found.kind == "collective_hang":
         cause, action = HANG
         check, severity = "collective_hang", "warning"
+    elif found.kind == "imbalance":
+        cause, action = IMBALANCE
+        check, severity = "imbalance", "info"
     else:
         cause, action = STRAGGLER_CAUSES.get(found.cause, STRAGGLER_CAUSES["unknown"])
         check, severity = ("straggler", "warning") if found.kind == "straggler" else ("waiting_elsewhere", "info")

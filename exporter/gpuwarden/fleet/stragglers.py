@@ -1,0 +1,45 @@
+"""A multi-node job's straggler, named across nodes from what every node's exporter says of its own ranks.
+
+Each node judges its ranks over its job view's window (20 s) with the job's usual waits (exporter/gpuwarden/jobs/):
+- a node that holds the straggler beside ranks that wait for it names it itself (`gpuwarden_job_finding`,
+  kind straggler or collective_hang, with its GPU, rank and cause): the fleet reports that;
+- a node whose every rank waits, more than they usually do, says the straggler is off it (kind waiting_elsewhere):
+  the fleet names the GPUs of the job on the other nodes that do not wait now (their wait counter's rate over the
+  last scrape interval at most STRAGGLER_SHARE), the least waiting first.
+Nothing here reads a long window: the findings are the exporter's current judgement, and the counter's last
+interval is one scrape old, so a job that has run for hours is named as fast as a new one (before, the waiters'
+class over `bottleneck_window_s` had to turn, 254 s for a job that had run a while). A warm-up's skew or a
+pipeline's built-in imbalance makes no node say waiting_elsewhere (no onset), so the fleet names no one for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STRAGGLER_SHARE = 0.2  # a GPU that waited at most this share of the last scrape interval is not waiting now
+NAMED_KINDS = ("straggler", "collective_hang")
+ELSEWHERE = "waiting_elsewhere"
+JOB_WINDOW = "1m"  # the wait counter's rate for the page; its last interval (irate) for who waits now
+
+
+def stragglers_of(gpus: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs holding one job back, each with its node, rank and cause ("" where its node cannot say), from the
+    job's GPUs (node, gpu, uuid, rank, wait_share, now_share) and its nodes' findings (node, kind, uuid, cause)."""
+    row = {(g["node"], g["uuid"]): g for g in gpus}
+    named = [(f, row[key]) for f in findings if f["kind"] in NAMED_KINDS and (key := (f["node"], f["uuid"])) in row]
+    if named:
+        found = [{**g, "cause": f.get("cause", ""), "kind": f["kind"]} for f, g in named]
+        waiting = [g for g in gpus if (g["node"], g["uuid"]) not in {(s["node"], s["uuid"]) for s in found}]
+        return _with_waiters(found, [g for g in waiting if g["now_share"] > STRAGGLER_SHARE])
+    elsewhere = {f["node"] for f in findings if f["kind"] == ELSEWHERE}
+    if not elsewhere:
+        return []
+    idle = [g for g in gpus if g["node"] not in elsewhere and g["now_share"] <= STRAGGLER_SHARE]
+    idle.sort(key=lambda g: (g["now_share"], g["wait_share"]))
+    found = [{**g, "cause": "", "kind": "straggler"} for g in idle]
+    return _with_waiters(found, [g for g in gpus if g["node"] in elsewhere])
+
+
+def _with_waiters(found: list[dict[str, Any]], waiting: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    nodes = sorted({g["node"] for g in waiting})
+    return [{**s, "waiting_gpus": len(waiting), "waiting_nodes": nodes} for s in found]
