@@ -119,8 +119,9 @@ class Thresholds:
     bottleneck_tensor_min_ratio: float = setting(0.1, gt=0, le=1)
     bottleneck_pipe_dominance: float = setting(2.0, ge=1)
     # "busy but SMs nearly idle": the driver counts a kernel running while the SMs barely work (a Python loop of
-    # tiny kernels on H100: driver busy 31 %, SM 0 %): launch overhead
-    bottleneck_launch_busy_ratio: float = setting(0.2, gt=0, le=1)
+    # tiny kernels on H100: driver busy 31 %, SM 0 %; a tiny-batch decode loop on H200: busy 15 %, SM 2 %): launch
+    # overhead
+    bottleneck_launch_busy_ratio: float = setting(0.1, gt=0, le=1)
     bottleneck_launch_sm_share: float = setting(0.25, gt=0, le=1)  # SM activity below this share of driver busy
     bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
     bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math

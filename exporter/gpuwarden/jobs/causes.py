@@ -14,7 +14,7 @@ from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import host_reading
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.families import CLOCK_HERTZ, POWER_DEFAULT_LIMIT_WATTS, POWER_LIMIT_WATTS
-from gpuwarden.model.snapshot import GpuSnapshot, HostEvidence
+from gpuwarden.model.snapshot import Cotenant, GpuSnapshot, HostEvidence
 
 # what a straggler's main process did (host_reading.dominant) → the straggler's cause; asleep is no cause of its own
 HOST_CAUSES = {"checkpoint": "io", "io_wait": "io", "workers_running": "input", "main_running": "cpu"}
@@ -57,10 +57,10 @@ def slower_gpu_reasons(
     straggler: str,
     peers: Iterable[str],
     activity: dict[str, WindowActivity],
-    cotenants: Iterable[int] = (),
+    cotenants: Iterable[Cotenant] = (),
 ) -> list[Reason]:
     """What makes the straggler's GPU slower than its peers', each with its numbers; empty where nothing is seen.
-    `cotenants`: PIDs outside the job seen computing on it within the window."""
+    `cotenants`: the processes outside the job seen computing on it within the window (jobs/sharing.py)."""
     peers = [p for p in peers if p != straggler]
     gpus = {gpu.uuid: gpu for gpu in draft.gpus}
     reasons = _clock_reason(gpus, straggler, peers) + _throttle_reasons(limits, activity, straggler, peers)
@@ -70,12 +70,18 @@ def slower_gpu_reasons(
         for verdict in draft.health.get(straggler, ())
         if verdict.check in SLOWER_GPU_CHECKS and verdict.level > 0
     ]
-    pids = set(cotenants)
-    others = [p for p in draft.processes.get(straggler, ()) if p.pid in pids]
+    others = list(cotenants)
     if others:
-        named = ", ".join(f"pid {p.pid} ({p.name or 'unknown'}{_sm(p.sm_ratio)})" for p in others[:3])
-        reasons.append(Reason(f"another process computes on it: {named}", True))
+        reasons.append(Reason(f"another process computes on it: {describe_cotenants(others)}", True))
     return reasons
+
+
+def describe_cotenants(cotenants: Iterable[Cotenant]) -> str:
+    """'pid 6001 (bench, SM 60%)', the three that used the most SMs first."""
+    ordered = sorted(cotenants, key=lambda c: -c.sm_ratio)
+    return ", ".join(f"pid {c.pid} ({c.name}, SM {c.sm_ratio:.0%})" for c in ordered[:3]) + (
+        f" and {len(ordered) - 3} more" if len(ordered) > 3 else ""
+    )
 
 
 def _clock_reason(gpus: dict[str, GpuSnapshot], straggler: str, peers: list[str]) -> list[Reason]:
@@ -113,10 +119,6 @@ def _power_limit_reason(gpu: GpuSnapshot | None) -> list[Reason]:
     if limit is not None and default is not None and limit < default * SLOWER_CLOCK_RATIO:
         return [Reason(f"power limit {limit:.0f} W, below its default {default:.0f} W", True)]
     return []
-
-
-def _sm(ratio: float | None) -> str:
-    return "" if ratio is None else f", SM {ratio:.0%}"
 
 
 def sm_clock(gpu: GpuSnapshot) -> float | None:

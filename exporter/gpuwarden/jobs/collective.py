@@ -25,6 +25,7 @@ from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import causes, judging, progress, waits
 from gpuwarden.jobs.onset import UsualWaits
 from gpuwarden.jobs.rdma import RdmaCounters
+from gpuwarden.jobs.sharing import Sharing
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import CollectiveFinding
 
@@ -39,13 +40,12 @@ class WaitPoint:
 
 @dataclass
 class GpuWatch:
-    """One GPU of a multi-GPU job: its wait counter for that job, the counter's points over the window (the share of
-    the window it waited), and the processes outside the job seen computing on it."""
+    """One GPU of a multi-GPU job: its wait counter for that job and the counter's points over the window (the share
+    of the window it waited)."""
 
     job: str
     waited: float = 0.0  # seconds spent waiting for a peer of this job
     points: deque[WaitPoint] = field(default_factory=deque)
-    cotenants: dict[int, float] = field(default_factory=dict)  # PID outside the job → last seen computing on it
 
     def wait_share(self, now: float) -> float:
         """The share of the window spent waiting, from the counter (the points are the earlier snapshots')."""
@@ -58,9 +58,6 @@ class GpuWatch:
         self.points.append(WaitPoint(now, self.waited))
         while len(self.points) > 1 and self.points[1].at <= now - window:
             self.points.popleft()
-
-    def forget_cotenants(self, before: float) -> None:
-        self.cotenants = {pid: at for pid, at in self.cotenants.items() if at >= before}
 
 
 @dataclass
@@ -94,6 +91,7 @@ class CollectiveStep:
         self._jobs: dict[str, JobWatch] = {}
         self._last_at: float | None = None
         self._rdma = RdmaCounters(sys_root)
+        self._sharing = Sharing()
         # GPUs that others of their job wait for, as of the last snapshot: host evidence samples these
         self.suspects: set[str] = set()
 
@@ -107,14 +105,13 @@ class CollectiveStep:
         elapsed = 0.0 if self._last_at is None else min(max(now - self._last_at, 0.0), MAX_CREDIT_S)
         self._last_at = now
         self._rdma.sample(now, limits.collective_window_s * 1.5)
+        draft.cotenants = self._sharing.update(draft, limits.collective_window_s)
         jobs = multi_gpu_jobs(draft)
         self._gpus = {uuid: self._gpu(uuid, job) for job, uuids in jobs.items() for uuid in uuids}
         self._jobs = {job: self._jobs.get(job) or JobWatch(now) for job in jobs}
         findings: list[CollectiveFinding] = []
         self.suspects = set()
         for job, uuids in sorted(jobs.items()):
-            for uuid, pids in judging.cotenants(draft, uuids).items():
-                self._gpus[uuid].cotenants.update(dict.fromkeys(pids, now))
             window = self._window(draft, evaluator, job, uuids, now)
             if window is None:
                 continue
@@ -127,7 +124,6 @@ class CollectiveStep:
                                       limits.collective_baseline_s, computing)  # fmt: skip
             findings += self._confirm(self._jobs[job], judged, limits, now)
         for watch in self._gpus.values():
-            watch.forget_cotenants(now - limits.collective_window_s)
             watch.record(now, limits.collective_window_s)
         draft.collective_wait_seconds = {uuid: watch.waited for uuid, watch in self._gpus.items()}
         draft.collective = tuple(findings)
@@ -165,7 +161,7 @@ class CollectiveStep:
         (NVML's per-process SM shares; 1 where none did, or where the shares are unknown)."""
         shares = {}
         for uuid in uuids:
-            others = self._gpus[uuid].cotenants
+            others = {c.pid for c in draft.cotenants.get(uuid, ())}
             sm = {p.pid: p.sm_ratio or 0.0 for p in draft.processes.get(uuid, ())}
             mine, theirs = sm.get(draft.jobs[uuid].pid, 0.0), sum(sm.get(pid, 0.0) for pid in others)
             shares[uuid] = mine / (mine + theirs) if others and mine + theirs > 0 else 1.0
@@ -176,7 +172,7 @@ class CollectiveStep:
 
         def reasons(uuid: str) -> list[causes.Reason]:
             peers = [u for u in window.uuids if u != uuid]
-            return causes.slower_gpu_reasons(draft, limits, uuid, peers, activity, self._gpus[uuid].cotenants)
+            return causes.slower_gpu_reasons(draft, limits, uuid, peers, activity, draft.cotenants.get(uuid, ()))
 
         judged = judging.judge(draft, window, reasons)
         self.suspects |= {f.straggler for f in judged.findings if f.straggler}

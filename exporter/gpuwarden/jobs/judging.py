@@ -22,9 +22,8 @@ from gpuwarden.jobs import causes
 from gpuwarden.jobs.progress import Progress
 from gpuwarden.jobs.waits import RankWindow
 from gpuwarden.model.draft import Draft
-from gpuwarden.model.snapshot import CollectiveFinding, ProcessView
+from gpuwarden.model.snapshot import CollectiveFinding
 
-SHARING_SM_RATIO = 0.05  # a process outside the job using this share of a rank's GPU's SMs computes on it
 ODD_ONE_OUT_BUSY = 0.2  # ranks idle on their GPU within this much busy of the least busy hold the spinners back
 
 
@@ -134,26 +133,3 @@ def _straggler(draft: Draft, window: JobWindow, uuid: str, reasons: Reasons) -> 
     if kind == "imbalance":
         detail += "; the others waited as much since the job began: an imbalance built into it, not a straggler"
     return CollectiveFinding(window.job, kind, uuid, cause, detail, waiters, 0.0)
-
-
-def _same_owner(process: ProcessView, main: ProcessView | None) -> bool:
-    """Whether a process belongs where the rank's main process does (its pod, or its Slurm job): the job's own
-    helpers (an asynchronous checkpoint writer, a compile worker) are not another tenant on the GPU."""
-    if main is None or not (main.pod or main.slurm_job):
-        return False
-    return (process.namespace, process.pod, process.slurm_job) == (main.namespace, main.pod, main.slurm_job)
-
-
-def cotenants(draft: Draft, uuids: tuple[str, ...]) -> dict[str, set[int]]:
-    """Per GPU of the job, the PIDs outside the job (and outside its pod or Slurm job) that compute on it."""
-    ours = {draft.jobs[u].pid for u in uuids}
-    found: dict[str, set[int]] = {}
-    for uuid in uuids:
-        on_gpu = draft.processes.get(uuid, ())
-        main = next((p for p in on_gpu if p.pid == draft.jobs[uuid].pid), None)
-        found[uuid] = {p.pid for p in on_gpu if p.pid not in ours and _computes_beside(p, main)}
-    return found
-
-
-def _computes_beside(process: ProcessView, main: ProcessView | None) -> bool:
-    return not _same_owner(process, main) and "compute" in process.kind and (process.sm_ratio or 0) >= SHARING_SM_RATIO

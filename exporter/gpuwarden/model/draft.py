@@ -15,6 +15,7 @@ from gpuwarden.model.snapshot import (
     Allocation,
     CollectiveFinding,
     ContainerUsage,
+    Cotenant,
     GpuSnapshot,
     HostEvidence,
     JobMember,
@@ -58,6 +59,7 @@ class Draft:
     jobs: dict[str, JobMember] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
+    cotenants: dict[str, tuple[Cotenant, ...]] = field(default_factory=dict)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
     # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
