@@ -118,8 +118,8 @@ class CollectiveStep:
             for uuid, rank in window.ranks.items():
                 self._gpus[uuid].waited += elapsed * rank.wait
             judged = self._judge(draft, limits, window, now)
-            stepped = waits.steps(limits, window.ranks)
-            computing = {u for u, r in window.ranks.items() if r.activity.math >= limits.collective_math_ratio}
+            stepped = waits.steps(window.ranks)
+            computing = {u for u, r in window.ranks.items() if r.computes}
             self._jobs[job].usual.add(now, {u: r.wait for u, r in window.ranks.items()}, stepped, elapsed,
                                       limits.collective_baseline_s, computing)  # fmt: skip
             findings += self._confirm(self._jobs[job], judged, limits, now)
@@ -158,13 +158,13 @@ class CollectiveStep:
 
     def _own_shares(self, draft: Draft, uuids: tuple[str, ...]) -> dict[str, float]:
         """Each rank's share of its GPU's SM time where a process outside the job computed on it within the window
-        (NVML's per-process SM shares; 1 where none did, or where the shares are unknown)."""
+        (NVML's per-process SM shares; 1 where none did, or where the rank's own share is unknown)."""
         shares = {}
         for uuid in uuids:
-            others = {c.pid for c in draft.cotenants.get(uuid, ())}
-            sm = {p.pid: p.sm_ratio or 0.0 for p in draft.processes.get(uuid, ())}
-            mine, theirs = sm.get(draft.jobs[uuid].pid, 0.0), sum(sm.get(pid, 0.0) for pid in others)
-            shares[uuid] = mine / (mine + theirs) if others and mine + theirs > 0 else 1.0
+            theirs = sum(c.sm_ratio for c in draft.cotenants.get(uuid, ()))
+            main = next((p for p in draft.processes.get(uuid, ()) if p.pid == draft.jobs[uuid].pid), None)
+            mine = None if main is None else main.sm_ratio
+            shares[uuid] = mine / (mine + theirs) if mine is not None and theirs > 0 and mine + theirs > 0 else 1.0
         return shares
 
     def _judge(self, draft: Draft, limits: Thresholds, window: judging.JobWindow, now: float) -> judging.Judgement:

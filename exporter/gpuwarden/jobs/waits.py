@@ -2,13 +2,15 @@
 
 - a rank *spins* when its whole window is a collective's spin (health/checks.py `collective_wait`): it waited all of
   it;
-- a rank *waits partially* when it is busy while its math pipes carry at least `collective_partial_wait_ratio` less
+- a rank *waits partially* when it is busy (at least half `collective_busy_ratio`: the driver's busy ratio swings by
+  30-50 points between the balanced ranks of one job on H200) while its math pipes carry at least
+  `collective_partial_wait_ratio` less
   than the busiest rank's: ranks in lockstep do the same work each step, so the rank that computes longest sets the
   step and each other waits the difference (a rank k times slower leaves its peers 1 - 1/k of each step), spinning
   in the collective meanwhile (busy);
 - a rank *computes* when its math pipes or SMs work beyond a spin's; a rank that neither spins nor computes is idle
   on its GPU (its process works on the CPU, reads input, writes a checkpoint or sleeps).
-The job *steps* over the window when some rank's math pipes work: only such windows teach the job's usual waits
+The job *steps* over the window when some rank computes: only such windows teach the job's usual waits
 (jobs/onset.py); a window in which every GPU idles (a checkpoint, a stall) says nothing about them.
 """
 
@@ -61,12 +63,12 @@ def read(
 
 def partial_wait(limits: Thresholds, mine: WindowActivity, math: float, top: float) -> float:
     """The share of the window a busy rank waited for the busiest one, from their math pipes; 0 below the noise."""
-    if top < limits.collective_partial_math_ratio or (mine.busy or 0.0) < limits.collective_busy_ratio:
+    if top < limits.collective_partial_math_ratio or (mine.busy or 0.0) < limits.collective_busy_ratio / 2:
         return 0.0
     deficit = 1.0 - math / top
     return round(deficit, 3) if deficit >= limits.collective_partial_wait_ratio else 0.0
 
 
-def steps(limits: Thresholds, ranks: dict[str, RankWindow]) -> bool:
-    """Whether the job computed over the window (some rank's math pipes at work)."""
-    return any(r.activity.math >= limits.collective_math_ratio for r in ranks.values())
+def steps(ranks: dict[str, RankWindow]) -> bool:
+    """Whether the job computed over the window (some rank's math pipes or SMs at work beyond a spin's)."""
+    return any(r.computes for r in ranks.values())
