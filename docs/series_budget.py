@@ -13,7 +13,9 @@ from collections import Counter
 BUDGET = 400
 BUDGET_SCENARIO = "training"  # 8x H100 SXM on NVSwitch, every GPU busy with one process: GPM and processes on
 POD_SERIES = 8 + 1  # pod attribution on the budget node: an allocation per GPU, and the unmatched-devices gauge
-JOB_SERIES = 8  # the job view on the budget node, its eight GPUs one torchrun job: a wait counter per GPU
+# the job view on the budget node, its eight GPUs one torchrun job: a wait counter per GPU, and the node's three
+# sources of job identity (gpuwarden_job_identity_source_up: cgroup, cmdline, environ)
+JOB_SERIES = 8 + 3
 BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottleneck_info is counted too
 POLL_STEP_S = 5  # simulated seconds between polls: every family is read at least this often at the defaults
 
@@ -56,7 +58,8 @@ def budget_table(counts: Counter[str]) -> str:
         f"(`pods.resources_socket`), each allocated GPU adds one `gpuwarden_gpu_allocation` series and the node one "
         f"`gpuwarden_pod_attribution_unmatched_devices`: **{sum(counts.values()) + POD_SERIES}** with every GPU "
         f"allocated; with the host's /proc showing one 8-rank job on the node, each GPU adds one "
-        f"`gpuwarden_job_collective_wait_seconds_total`: **{sum(counts.values()) + POD_SERIES + JOB_SERIES}** "
+        f"`gpuwarden_job_collective_wait_seconds_total` and the node three `gpuwarden_job_identity_source_up`: "
+        f"**{sum(counts.values()) + POD_SERIES + JOB_SERIES}** "
         "(tests/test_series_budget.py counts that case).",
         "",
         "| family | series |",

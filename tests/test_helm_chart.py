@@ -95,6 +95,8 @@ VARIANTS = {
     "process-attribution": {
         "processes": {"hostProc": True, "perPidSeries": True, "maxPidSeries": 8},
     },
+    "job-view-pod-api": {"jobs": {"podApi": {"enabled": True}}},
+    "no-host-proc": {"processes": {"hostProc": False}},
     "tls-and-basic-auth": {
         "webConfig": {
             **TLS,
@@ -130,6 +132,7 @@ VARIANTS = {
         "dashboards": {"enabled": False},
         "serviceAccount": {"create": False},
         "kernelLog": {"enabled": False},
+        "processes": {"hostProc": False},
     },
 }
 RELAY = "kernel-log-relay"
@@ -284,7 +287,8 @@ def test_security_settings(variant: str) -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
         host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
         # the host's /proc and pod logs only when asked for, read-only, still non-root and without hostPID
-        expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set()
+        # the job view's (processes.hostProc, on by default)
+        expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes", {}).get("hostProc", True) else set()
         if VARIANTS[variant].get("npd"):
             expected |= {"npd-state"}  # NPD's debounce counts on the host's tmpfs (/run), written by NPD alone
         if kernel_log:
@@ -298,15 +302,18 @@ def test_security_settings(variant: str) -> None:
 
 
 def test_a_namespace_that_refuses_privileged_containers_fails_the_install_in_one_line() -> None:
-    """The relay is privileged: a namespace enforcing Pod Security baseline or restricted would let the DaemonSet
-    make no pod at all, silently. The install fails instead, naming the two ways out; with the kernel log off, or in
-    a privileged namespace, it installs."""
+    """The relay is privileged, the host's /proc a hostPath: a namespace enforcing Pod Security baseline or
+    restricted would let the DaemonSet make no pod at all, silently. The install fails instead, naming the ways out;
+    with both off, or in a privileged namespace, it installs."""
     for level in ("baseline", "restricted"):
         labels = json.dumps({"pod-security.kubernetes.io/enforce": level})
         result = run_render("template", "--values-json", "{}", "--namespace-labels", labels)
         assert result.returncode == 1 and f"enforces Pod Security {level}" in result.stderr, result.stderr
         assert "kernelLog.enabled=false" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-        off_values = json.dumps({"kernelLog": {"enabled": False}})
+        no_relay = json.dumps({"kernelLog": {"enabled": False}})
+        result = run_render("template", "--values-json", no_relay, "--namespace-labels", labels)
+        assert result.returncode == 1 and "processes.hostProc=false" in result.stderr, result.stderr
+        off_values = json.dumps(PLAIN_VALUES)
         off = run_render("template", "--values-json", off_values, "--namespace-labels", labels)
         assert off.returncode == 0 and f"name: {RELAY}" not in off.stdout  # (the dashboards name it in a description)
     privileged = json.dumps({"pod-security.kubernetes.io/enforce": "privileged"})
@@ -379,7 +386,10 @@ def test_variants_switch_what_they_say() -> None:
     processes = container(render(VARIANTS["process-attribution"]))
     assert "--processes.proc-root=/host/proc" in processes["args"]
     assert "--processes.max-pid-series=8" in processes["args"]
-    assert not any(a.startswith("--processes.") for a in container(render())["args"])
+    defaults = container(render())["args"]  # the job view on by default: the host's /proc, no per-PID series
+    assert "--processes.proc-root=/host/proc" in defaults and "--processes.per-pid-series" not in defaults
+    assert not any(a.startswith("--processes.") for a in container(render(VARIANTS["no-host-proc"]))["args"])
+    assert not any(a.startswith("--pods.api") for a in defaults)
 
     bare = render(VARIANTS["nothing-optional"])
     assert kinds(bare) == ["ConfigMap", "DaemonSet", "Service"]
@@ -443,8 +453,17 @@ def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> No
         assert settings.web.port == 10045 and settings.web.probe_port == 10047
         assert settings.log.format == "json"
         assert settings.pods.attribution is bool(variant.get("podResources", {}).get("enabled"))
-        hosted = bool(variant.get("processes", {}).get("hostProc"))
+        hosted = variant.get("processes", {}).get("hostProc", True)  # the job view is on by default
         assert (settings.processes.proc_root == Path("/host/proc")) is hosted
+        pod_api = variant.get("jobs", {}).get("podApi", {}).get("enabled", False)
+        assert (settings.pods.api_server == "in-cluster") is pod_api
+        if pod_api:  # the token and CA the projected volume mounts, and nothing more than `get` on pods
+            mounts = {m["mountPath"] for m in container(objects)["volumeMounts"]}
+            assert settings.pods.api_token_file.parent.as_posix() in mounts
+            (role,) = [
+                o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("pod-reader")
+            ]
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
 def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
@@ -542,7 +561,8 @@ def test_dashboard_configmaps_equal_the_dashboards() -> None:
     assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in maps)
 
 
-PLAIN_VALUES = {"kernelLog": {"enabled": False}}  # their namespace enforces Pod Security restricted
+# their namespace enforces Pod Security restricted: no privileged relay, no hostPath
+PLAIN_VALUES = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}}
 
 
 def test_plain_manifests_are_the_default_render() -> None:

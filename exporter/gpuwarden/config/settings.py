@@ -46,6 +46,14 @@ def _check_kernel_log(value: str) -> str:
     return value
 
 
+def _check_api_server(value: str) -> str:
+    if value not in ("", "in-cluster") and not (
+        value.startswith("https://") and value.isprintable() and " " not in value
+    ):
+        raise ValueError(f"'{value}' is neither empty (off), in-cluster nor an https:// URL")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -72,6 +80,7 @@ def listen_port(listen_address: str) -> int:
 
 
 _section = dataclass(frozen=True)
+_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's service-account token and CA
 
 
 @_section
@@ -271,6 +280,17 @@ class PodsSettings:
         description="DRA drivers whose devices are GPUs (Kubernetes 1.34+): their devices gpu-<minor> and "
         "gpu-<minor>-mig-<profile>-<profile ID>-<start> are matched to GPUs and MIG slices without API access. "
         "Comma-separated in env and flags; empty: DRA allocations ignored.",
+    )
+    api_server: str = setting(
+        "",
+        description="The Kubernetes API server the job view asks for a GPU process's pod (one GET each: its operator's "
+        "labels and the launcher variables of its spec, for ranks and job keys where the process's environment is "
+        "another user's): `in-cluster`, an https:// URL, or empty (off). Needs RBAC `get` on pods (Helm: jobs.podApi).",
+        check=_check_api_server,
+    )
+    api_token_file: Path = setting(Path(_ACCOUNT, "token"), description="Bearer token for pods.api_server (re-read).")
+    api_ca_file: Path | None = setting(
+        Path(_ACCOUNT, "ca.crt"), description="CA of pods.api_server (empty: the system's)."
     )
 
 

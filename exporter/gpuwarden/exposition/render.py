@@ -42,6 +42,7 @@ from gpuwarden.model.families import (
     HEALTH_STATUS,
     JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
     JOB_FINDING,
+    JOB_IDENTITY_SOURCE_UP,
     KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS,
     KERNEL_DRIVER_TRAPS_TOTAL,
     KERNEL_FALLEN_OFF_BUS_TOTAL,
@@ -142,6 +143,8 @@ def _node_rows(snap: Snapshot, rows: Rows) -> None:
     for call, count in sorted(snap.collect_timeouts.items()):
         node(COLLECT_TIMEOUTS_TOTAL, count, call)
     node(NVML_REINIT_TOTAL, snap.reinit_total)
+    for source, up in sorted(snap.job_sources.items()):
+        node(JOB_IDENTITY_SOURCE_UP, 1 if up else 0, source)
     if snap.pods_state != "disabled":
         node(POD_ATTRIBUTION_UP, 1 if snap.pods_state == "ok" else 0)
         if snap.pods_state == "ok":

@@ -5,7 +5,8 @@ environment at exec time, and the process tree. No hook in the job.
 there; proc_pid_environ(5)), readable with the same UID or CAP_SYS_PTRACE. Each launcher's conventions are one row
 of `LAUNCHERS` (docs/diagnosis.md, "Jobs"), tried in order; the first that applies gives the key, rank and world
 size:
-- Slurm (srun): SLURM_JOB_ID (the job the cgroup names outranks it), SLURM_PROCID, SLURM_NTASKS;
+- Slurm (srun): the job slurmstepd put the process in (its cgroup, or a slurmstepd ancestor: jobs/identity.py);
+  SLURM_PROCID, SLURM_NTASKS. SLURM_JOB_ID alone names no job: any process can set it;
 - torchrun / torch.distributed.elastic: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT,
   RANK, WORLD_SIZE;
 - Kubeflow PyTorchJob and Trainer: MASTER_ADDR/PORT or PET_MASTER_ADDR/PORT, PET_NNODES, PET_NPROC_PER_NODE,
@@ -20,19 +21,25 @@ size:
 
 The job key is the same on every node of a job, so the fleet can join a job's nodes: the Slurm job, else the
 rendezvous (MASTER_ADDR:MASTER_PORT, with the torchrun run id and restart count where set), qualified by the pod's
-namespace (a loopback rendezvous, as single-node jobs use, is this node's only: `local/...`). Reads are bounded; a
-value that is not printable ASCII is dropped, never exported.
+namespace. A loopback rendezvous, as single-node jobs use, is this node's only and its pod's, container's or
+cgroup's only (`local/<scope>/...`): two pods may both use localhost:29500. The environment is scanned in chunks for
+the launcher variables, however large it is (bounded by a deadline and a fixed buffer, not by a first-N cut); a value
+that is not printable ASCII is dropped, never exported.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-_MAX_ENVIRON = 256 * 1024  # a process's environment is limited by ARG_MAX; read no more than this
+ENVIRON_CHUNK = 64 * 1024
+ENVIRON_DEADLINE_S = 0.2  # per process; a scan cut short keeps what it found (jobs/sources.py counts none)
 _MAX_VALUE = 96
+_MAX_ENTRY = 160  # NAME=value of any launcher variable fits; a longer entry is skipped as it streams past
 _SAFE = re.compile(rf"[\x21-\x7e]{{1,{_MAX_VALUE}}}")
 _INTEGER = re.compile(r"\d{1,7}")
 UNKNOWN = "unknown"
@@ -48,10 +55,14 @@ WorldRule = str | tuple[str, str]
 @dataclass(frozen=True)
 class Where:
     """What the host says of the process besides its environment: its pod's namespace (qualifies a rendezvous
-    address: two namespaces may both run a `trainer-master-0`) and the Slurm job its cgroup names."""
+    address: two namespaces may both run a `trainer-master-0`), the Slurm job slurmstepd put it in, and the scope
+    of a loopback address (its pod, container or cgroup: jobs/identity.py). `unnamed_pod`: in a pod whose namespace
+    is not known, so a rendezvous by name is kept to the pod."""
 
     namespace: str = ""
     slurm_job: str = ""
+    scope: str = ""
+    unnamed_pod: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,13 +88,9 @@ class Launch:
     source: str = ""  # which launcher's row gave the key: slurm, torchrun, kubeflow, deepspeed, mpi, rendezvous, spawn
 
 
-@dataclass(frozen=True)
-class ProcessTree:
-    """/proc/PID/stat's parent and session: ranks started by one launcher share a parent (torchrun's agent,
-    mp.spawn's main process) or at least a session."""
-
-    ppid: int
-    session: int
+def safe(value: str) -> bool:
+    """Whether a value may go into a key: printable ASCII without spaces, at most _MAX_VALUE characters."""
+    return bool(_SAFE.fullmatch(value))
 
 
 def _integer(variables: Variables, name: str) -> int | None:
@@ -118,21 +125,29 @@ def _first_world(variables: Variables, rules: tuple[WorldRule, ...]) -> int | No
 # --- the keys ------------------------------------------------------------------------------------------------------
 
 
-def _slurm_job(variables: Variables, where: Where) -> str:
-    """The cgroup's job, else the environment's where it is a number."""
-    from_environ = variables.get("SLURM_JOB_ID", "")
-    return where.slurm_job or (from_environ if _INTEGER.fullmatch(from_environ) else "")
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def rendezvous_key(address: str, port: str, where: Where) -> str:
+    """A rendezvous address as a job key: namespaced in a pod; a loopback address (the same on every node that runs
+    such a job), or a name in a pod of unknown namespace, is kept to its scope on this node."""
+    if address in LOOPBACK or (where.unnamed_pod and not _is_ip(address)):
+        return "/".join(part for part in ("local", where.scope, f"{address}:{port}") if part)
+    return f"{where.namespace}/{address}:{port}" if where.namespace else f"{address}:{port}"
 
 
 def _rendezvous(variables: Variables, where: Where) -> str:
-    """MASTER_ADDR:MASTER_PORT (or the Kubeflow PET_ twins), namespaced; a loopback address is this node's only."""
+    """MASTER_ADDR:MASTER_PORT (or the Kubeflow PET_ twins) as a key."""
     address = variables.get("MASTER_ADDR") or variables.get("PET_MASTER_ADDR")
     port = variables.get("MASTER_PORT") or variables.get("PET_MASTER_PORT")
     if not (address and port and _INTEGER.fullmatch(port)):
         return ""
-    if address in LOOPBACK:  # the same on every node that runs such a job: a key for this node only
-        return f"local/{address}:{port}"
-    return f"{where.namespace}/{address}:{port}" if where.namespace else f"{address}:{port}"
+    return rendezvous_key(address, port, where)
 
 
 def _run_id(variables: Variables) -> str:
@@ -172,8 +187,8 @@ _PET_WORLD = ("PET_NNODES", "PET_NPROC_PER_NODE")
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher(
         "slurm",
-        applies=lambda variables, where: bool(_slurm_job(variables, where)),
-        key=lambda variables, where: f"slurm/{_slurm_job(variables, where)}",
+        applies=lambda _, where: bool(where.slurm_job),
+        key=lambda _, where: f"slurm/{where.slurm_job}",
         rank=("RANK", "SLURM_PROCID"),
         world=("WORLD_SIZE", "SLURM_NTASKS"),
     ),
@@ -247,34 +262,82 @@ LAUNCH_VARIABLES = frozenset(
 )
 
 
-def _read(path: Path, limit: int) -> bytes:
-    try:
-        with path.open("rb") as handle:
-            return handle.read(limit)
-    except OSError:
-        return b""
+class _Entries:
+    """NUL-separated entries of a stream, fed in chunks: only entries up to _MAX_ENTRY bytes come out, so memory stays
+    bounded by one chunk whatever the environment's size."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self._skipping = False  # inside an entry already longer than _MAX_ENTRY
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        *complete, last = chunk.split(b"\0")
+        for piece in complete:
+            if self._skipping:
+                self._skipping = False
+                continue
+            entry, self._partial = self._partial + piece, b""
+            if len(entry) <= _MAX_ENTRY:
+                yield entry
+        if not self._skipping:
+            self._partial += last
+            if len(self._partial) > _MAX_ENTRY:
+                self._partial, self._skipping = b"", True
+
+    def finish(self) -> Iterator[bytes]:
+        if self._partial and not self._skipping:
+            yield self._partial
+        self._partial = b""
+
+
+def _keep(entry: bytes, found: dict[str, str]) -> None:
+    name, sep, value = entry.partition(b"=")
+    if not sep:
+        return
+    key = name.decode("ascii", "replace")
+    if key not in LAUNCH_VARIABLES:
+        return
+    text = value.decode("ascii", "replace")
+    if _SAFE.fullmatch(text):
+        found[key] = text
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
     """The launcher variables of a NUL-separated environment; unsafe or overlong values are dropped."""
     found: dict[str, str] = {}
-    for entry in raw.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if not sep:
-            continue
-        key = name.decode("ascii", "replace")
-        if key not in LAUNCH_VARIABLES:
-            continue
-        text = value.decode("ascii", "replace")
-        if _SAFE.fullmatch(text):
-            found[key] = text
+    entries = _Entries()
+    for entry in (*entries.feed(raw), *entries.finish()):
+        _keep(entry, found)
     return found
 
 
-def launch_from(variables: Variables, namespace: str = "", slurm_job: str = "") -> Launch:
-    """The job key, rank and world size from the first launcher row that applies; `namespace` qualifies a
-    rendezvous address, `slurm_job` is the job the cgroup names (stronger than the environment)."""
-    where = Where(namespace, slurm_job)
+def read_environ(
+    path: Path, deadline_s: float = ENVIRON_DEADLINE_S, clock: Callable[[], float] = time.monotonic
+) -> dict[str, str] | None:
+    """The launcher variables of /proc/PID/environ, scanned in chunks to its end or the deadline; None where this
+    process may not read it (another user's process: the same UID or CAP_SYS_PTRACE is needed)."""
+    found: dict[str, str] = {}
+    entries = _Entries()
+    started = clock()
+    try:
+        with path.open("rb", buffering=0) as handle:
+            while chunk := handle.read(ENVIRON_CHUNK):
+                for entry in entries.feed(chunk):
+                    _keep(entry, found)
+                if clock() - started > deadline_s:
+                    break
+    except PermissionError:
+        return None
+    except OSError:
+        pass  # gone while read: what was found stands
+    for entry in entries.finish():
+        _keep(entry, found)
+    return found
+
+
+def launch_from(variables: Variables, where: Where | None = None) -> Launch:
+    """The job key, rank and world size from the first launcher row that applies."""
+    where = where or Where()
     row = next((row for row in LAUNCHERS if row.applies(variables, where)), None)
     if row is None:
         rank, world = _first_rank(variables, ("RANK",)), _first_world(variables, ("WORLD_SIZE",))
@@ -284,21 +347,3 @@ def launch_from(variables: Variables, namespace: str = "", slurm_job: str = "") 
     return Launch(
         key, UNKNOWN if rank is None else str(rank), _first_world(variables, row.world), row.name if key else ""
     )
-
-
-def read_launch(proc_root: Path, pid: int, namespace: str = "", slurm_job: str = "") -> Launch:
-    return launch_from(parse_environ(_read(proc_root / str(pid) / "environ", _MAX_ENVIRON)), namespace, slurm_job)
-
-
-def parse_stat(text: str) -> ProcessTree | None:
-    """(ppid, session) from /proc/PID/stat; the command name may hold spaces and parentheses, so the fields are
-    read after its last ')'."""
-    _, sep, rest = text.rpartition(")")
-    fields = rest.split()
-    if not sep or len(fields) < 4 or not all(_INTEGER.fullmatch(f) for f in fields[1:4]):
-        return None
-    return ProcessTree(int(fields[1]), int(fields[3]))
-
-
-def read_tree(proc_root: Path, pid: int) -> ProcessTree | None:
-    return parse_stat(_read(proc_root / str(pid) / "stat", 4096).decode("ascii", "replace"))

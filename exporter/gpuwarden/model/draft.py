@@ -57,6 +57,7 @@ class Draft:
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
     jobs: dict[str, JobMember] = field(default_factory=dict)
+    job_sources: dict[str, bool] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
     cotenants: dict[str, tuple[Cotenant, ...]] = field(default_factory=dict)

@@ -427,6 +427,15 @@ JOB_FINDING = _f(
     "cause",
     per_gpu=False,
 )
+JOB_IDENTITY_SOURCE_UP = _f(
+    "gpuwarden_job_identity_source_up",
+    "gauge",
+    "1 where the job view's last read of this source of job identity worked, 0 where it could not read it: cgroup "
+    "and cmdline (the host's /proc, other users' processes visible), environ (the same UID or CAP_SYS_PTRACE), "
+    "pod_api (the pod's labels and spec; absent when off).",
+    "source",
+    per_gpu=False,
+)
 PROCESS_GPU_MEMORY_USED_BYTES = _f(
     "gpuwarden_process_gpu_memory_used_bytes",
     "gauge",

@@ -323,6 +323,8 @@ class Snapshot:
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
     jobs: dict[str, JobMember] = field(default_factory=dict)  # uuid → the job of its main process
+    # source of job identity (cgroup, cmdline, environ, pod_api) → whether its last read worked (jobs/sources.py)
+    job_sources: dict[str, bool] = field(default_factory=dict)
     # uuid → seconds its main process spent waiting in collectives (a counter; GPUs of multi-GPU jobs only)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs

@@ -17,6 +17,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.attribution import podresources
@@ -32,6 +33,8 @@ from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.jobs.collective import CollectiveStep
 from gpuwarden.jobs.evidence import HostEvidenceStep
 from gpuwarden.jobs.grouping import JobsStep
+from gpuwarden.jobs.pod_api import PodApi
+from gpuwarden.jobs.sources import SourceStates
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import Snapshot, Tier
@@ -82,6 +85,21 @@ def kernel_log_path(settings: Settings) -> str:
     return "" if chosen == "off" else chosen
 
 
+def proc_root(settings: Settings) -> Path | None:
+    """The host's /proc: processes.proc_root; unset, the simulator's /proc of its scenario's host processes (none
+    under the real driver: the host's is read only where configured)."""
+    beside = library.host_proc()
+    return settings.processes.proc_root or (Path(beside) if beside else None)
+
+
+def pod_api(settings: Settings) -> PodApi | None:
+    """The job view's pod API client where pods.api_server is set."""
+    pods = settings.pods
+    if not pods.api_server:
+        return None
+    return PodApi(pods.api_server, pods.api_token_file, pods.api_ca_file, SourceStates())
+
+
 def configure_gpm(settings: Settings) -> None:
     nvml = settings.nvml
     gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
@@ -117,10 +135,10 @@ class Pipeline:
         configure_gpm(settings)
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
         self.pods = pod_attribution(settings, wall_clock)
-        self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
+        self.host = HostProcesses(proc_root(settings), settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
         self.evidence = HostEvidenceStep(self.host.proc_root, self._job_window, lambda: self.collective.suspects)
-        self.jobs = JobsStep(self.host.proc_root)
+        self.jobs = JobsStep(self.host.proc_root, pod_api(settings))
         self.collective = CollectiveStep(lambda: self.health, settings.processes.sys_root)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
         self._running = False
@@ -199,14 +217,16 @@ class Pipeline:
             self.health = evaluator
             if pods_changed:
                 self.pods = pod_attribution(new, self._wall)
-            host_paths = (new.processes.proc_root, new.processes.pod_logs_root)
-            if host_paths != (old.processes.proc_root, old.processes.pod_logs_root):
+            host_paths = (proc_root(new), new.processes.pod_logs_root)
+            moved = host_paths != (self.host.proc_root, self.host.pod_logs_root)
+            if moved:
                 self.host = HostProcesses(*host_paths)
                 self.processes = ProcessesStep(self.host, self._pid_series)
                 self.evidence = HostEvidenceStep(
                     self.host.proc_root, self._job_window, lambda: self.collective.suspects
                 )
-                self.jobs = JobsStep(self.host.proc_root)
+            if moved or pods_changed:
+                self.jobs = JobsStep(self.host.proc_root, pod_api(new))
             if new.processes.sys_root != old.processes.sys_root:
                 self.collective.read_rdma_under(new.processes.sys_root)
             self.settings = new

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuwarden.config.errors import describe_error
 from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.sim.host_spec import HostProcessSpec
 from gpuwarden.sim.models import MODELS
 
 VALUE_KEYS = (
@@ -396,6 +397,9 @@ class Scenario(_Strict):
         (), description="processes holding GPUs; a GPU with any has its memory used = their sum"
     )
     kernel_log: tuple[KernelRecord, ...] = Field((), description="what the host's kernel logged before the start")
+    host_processes: tuple[HostProcessSpec, ...] = Field(
+        (), description="what the host's /proc shows: the ranks' launchers and environments (the job view)"
+    )
 
     @model_validator(mode="after")
     def _check_keys(self) -> Scenario:
@@ -411,6 +415,9 @@ class Scenario(_Strict):
         for index in self.gpus:
             if not 0 <= index < self.node.count:
                 raise ValueError(f"gpus.{index}: the node has GPUs 0-{self.node.count - 1}")
+        pids = [process.pid for process in self.host_processes]
+        if len(set(pids)) < len(pids) or 1 in pids:
+            raise ValueError("host_processes: each pid once, and not 1 (the simulated host's init)")
         for number, record in enumerate(self.kernel_log):
             if record.gpu is not None and record.gpu >= self.node.count:
                 raise ValueError(f"kernel_log.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
