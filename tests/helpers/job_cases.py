@@ -209,6 +209,12 @@ class FakeHost:
         self.proc, self.sys, self.pod_logs = root / "proc", root / "sys", root / "pods"
         shutil.rmtree(root, ignore_errors=True)
         (self.proc / "self").mkdir(parents=True)
+        init = self.proc / "1"  # the host's init, as every /proc shows it
+        (init / "task" / "1").mkdir(parents=True)
+        (init / "stat").write_text("1 (systemd) S 0 1 1 0 -1\n")
+        (init / "cgroup").write_text("0::/init.scope\n")
+        (init / "cmdline").write_bytes(b"/sbin/init\0")
+        (init / "environ").write_bytes(b"HOME=/\0")
         self.pod_logs.mkdir()
         for name in case.pod_logs:
             (self.pod_logs / name / "main").mkdir(parents=True)
