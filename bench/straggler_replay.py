@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwarden.fleet.stragglers import stragglers_of
-from gpuwarden.health.checks import WindowActivity
+from gpuwarden.health.bottleneck import WindowActivity
 from gpuwarden.health.thresholds import DEFAULT, Thresholds
 from gpuwarden.jobs import waits
 from gpuwarden.jobs.collective import CollectiveStep
@@ -228,31 +228,36 @@ def _cleared(who: str, t: float, stale: list[tuple[str, float]]) -> bool:
 
 
 def _judge(injection: Injection, named: list, fleet: list, timeline: list, injections: list[Injection]) -> dict:
-    """When the injection's rank is first named; any other GPU named meanwhile, except the last injection's rank
-    within CLEARED_S of its end (the window still holds it)."""
+    """When the injection's rank is first named, and with which causes; any other GPU named meanwhile (except the
+    last injection's rank within CLEARED_S of its end: the window still holds it); when the fleet named it."""
     start, end = injection.onset, injection.end
     mine = UUIDS[injection.rank]
-    right = [(t - start, kind, cause) for t, kind, who, cause in named if start <= t <= end + 30 and who == mine]
-    hang = [(t - start) for t, kind, who, _ in named if start <= t <= end + 30 and kind == "collective_hang"]
-    stale = [(UUIDS[i.rank], i.end) for i in injections if i is not injection]
-    wrong = sorted(
-        f"{kind} GPU {who[-1]} at {t - start:+.0f} s"
-        for t, kind, who, _ in named
-        if start <= t <= end
-        and who not in (mine, None)
-        and not any(w == who and e <= t <= e + CLEARED_S for w, e in stale)
-    )
+    during = [(t - start, kind, who, cause) for t, kind, who, cause in named if start <= t <= end + CLEARED_S]
+    right = [(t, kind, cause) for t, kind, who, cause in during if who == mine]
     first = min((t for t, kind, _ in right if kind == "straggler" or injection.kind == "hang"), default=None)
-    causes = list(dict.fromkeys(cause for _, _, cause in sorted(right)))  # in the order they were given
-    fleet_at = min((t - start for t, who in fleet if who == mine and start <= t <= end + 30), default=None)
+    fleet_at = min((t - start for t, who in fleet if who == mine and start <= t <= end + CLEARED_S), default=None)
     return {
         "injection": injection.label, "kind": injection.kind, "rank": injection.rank,
-        "recorded_s": injection.recorded, "replayed_s": None if first is None else round(first, 1),
-        "hang_s": None if not hang else round(min(hang), 1), "causes": causes, "recorded_cause": injection.cause,
-        "other_named": wrong,
-        "fleet_s": None if fleet_at is None else round(fleet_at, 1),
+        "recorded_s": injection.recorded, "recorded_cause": injection.cause, "replayed_s": _round(first),
+        "hang_s": _round(min((t for t, kind, _, _ in during if kind == "collective_hang"), default=None)),
+        "causes": list(dict.fromkeys(cause for _, _, cause in sorted(right))),  # in the order they were given
+        "other_named": _others(injection, during, injections), "fleet_s": _round(fleet_at),
         "answers": sum(1 for t, _ in timeline if start <= t <= end),
     }  # fmt: skip
+
+
+def _others(injection: Injection, during: list, injections: list[Injection]) -> list[str]:
+    mine, length = UUIDS[injection.rank], injection.end - injection.onset
+    stale = [(UUIDS[i.rank], i.end - injection.onset) for i in injections if i is not injection]
+    return sorted(
+        f"{kind} GPU {who[-1]} at {t:+.0f} s"
+        for t, kind, who, _ in during
+        if t <= length and who not in (mine, None) and not _cleared(who, t, stale)
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gpuwarden.health.checks import WindowActivity, bottleneck_class
+from gpuwarden.health.bottleneck import WindowActivity, bottleneck_class
 from gpuwarden.health.diagnosis import diagnose
 from gpuwarden.health.thresholds import DEFAULT
 from tests.helpers.common import poll_series, sweep, values, write_yaml

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.job_cases import CaseRun, report, run, score, tally
+from tests.helpers.job_cases import CaseRun, run
+from tests.helpers.job_scoring import report, score, tally
 from tests.helpers.stack import PROMETHEUS
 from tests.job_case_fleet import BOUND_S, FleetResult, run_fleet_case
-from tests.job_case_list import all_cases
+from tests.job_case_named import all_cases
 
 CASES = {case.name: case for case in all_cases()}
 pytestmark = pytest.mark.slow  # minutes of simulated jobs

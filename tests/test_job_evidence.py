@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.health.checks import WindowActivity
+from gpuwarden.health.bottleneck import WindowActivity
 from gpuwarden.health.thresholds import DEFAULT
 from gpuwarden.jobs.onset import UsualWaits
 from gpuwarden.jobs.progress import evidence

@@ -25,19 +25,27 @@ JOB_WINDOW = "1m"  # the wait counter's rate for the page; its last interval (ir
 def stragglers_of(gpus: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The GPUs holding one job back, each with its node, rank and cause ("" where its node cannot say), from the
     job's GPUs (node, gpu, uuid, rank, wait_share, now_share) and its nodes' findings (node, kind, uuid, cause)."""
+    return _named_by_their_nodes(gpus, findings) or _off_the_waiting_nodes(gpus, findings)
+
+
+def _named_by_their_nodes(gpus: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     row = {(g["node"], g["uuid"]): g for g in gpus}
-    named = [(f, row[key]) for f in findings if f["kind"] in NAMED_KINDS and (key := (f["node"], f["uuid"])) in row]
-    if named:
-        found = [{**g, "cause": f.get("cause", ""), "kind": f["kind"]} for f, g in named]
-        waiting = [g for g in gpus if (g["node"], g["uuid"]) not in {(s["node"], s["uuid"]) for s in found}]
-        return _with_waiters(found, [g for g in waiting if g["now_share"] > STRAGGLER_SHARE])
+    named = [f for f in findings if f["kind"] in NAMED_KINDS]
+    found = [{**row[key], "cause": f.get("cause", ""), "kind": f["kind"]} for f in named if (key := _key(f)) in row]
+    keys = {_key(s) for s in found}
+    return _with_waiters(found, [g for g in gpus if _key(g) not in keys and g["now_share"] > STRAGGLER_SHARE])
+
+
+def _off_the_waiting_nodes(gpus: list[dict[str, Any]], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     elsewhere = {f["node"] for f in findings if f["kind"] == ELSEWHERE}
-    if not elsewhere:
-        return []
-    idle = [g for g in gpus if g["node"] not in elsewhere and g["now_share"] <= STRAGGLER_SHARE]
+    idle = [g for g in gpus if elsewhere and g["node"] not in elsewhere and g["now_share"] <= STRAGGLER_SHARE]
     idle.sort(key=lambda g: (g["now_share"], g["wait_share"]))
     found = [{**g, "cause": "", "kind": "straggler"} for g in idle]
     return _with_waiters(found, [g for g in gpus if g["node"] in elsewhere])
+
+
+def _key(item: dict[str, Any]) -> tuple[str, str]:
+    return item["node"], item["uuid"]
 
 
 def _with_waiters(found: list[dict[str, Any]], waiting: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpuwarden.health.checks import WindowActivity
+from gpuwarden.health.bottleneck import WindowActivity
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import host_reading
 from gpuwarden.model.draft import Draft

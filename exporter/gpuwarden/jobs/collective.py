@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuwarden.health.checks import HealthEvaluator, WindowActivity
+from gpuwarden.health.bottleneck import WindowActivity
+from gpuwarden.health.checks import HealthEvaluator
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import causes, judging, progress, waits
 from gpuwarden.jobs.onset import UsualWaits

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwarden.health.checks import WindowActivity, collective_wait
+from gpuwarden.health.bottleneck import WindowActivity, collective_wait
 from gpuwarden.health.thresholds import Thresholds
 
 
