@@ -110,13 +110,15 @@ def _busy_sms(limits: Thresholds, activity: WindowActivity) -> str:
 
 def _idle_sms(limits: Thresholds, activity: WindowActivity) -> str:
     """The SMs mostly idle: what they wait on. Copies count in either direction: a device-to-host copy loop reads
-    PCIe tx 16.7 GB/s with SM 0 % (H200)."""
+    PCIe tx 16.7 GB/s with SM 0 % (H200), and one into pageable memory 1.6 GB/s at busy 5 %: a GPU that does
+    nothing but copy is bound by its transfers however slow they are."""
     busy = activity.busy
     if activity.nvlink_bytes_per_second >= limits.bottleneck_nvlink_bytes_per_second:
         return "communication_bound"
-    if (
-        max(activity.pcie_rx_bytes_per_second, activity.pcie_tx_bytes_per_second)
-        >= limits.bottleneck_pcie_bytes_per_second
+    pcie = max(activity.pcie_rx_bytes_per_second, activity.pcie_tx_bytes_per_second)
+    only_copies = activity.sm < limits.bottleneck_copy_sm_ratio and activity.math < limits.bottleneck_copy_sm_ratio
+    if pcie >= limits.bottleneck_pcie_bytes_per_second or (
+        only_copies and pcie >= limits.bottleneck_copy_only_bytes_per_second
     ):
         return "host_transfer_bound"
     if (

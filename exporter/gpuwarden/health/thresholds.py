@@ -119,15 +119,21 @@ class Thresholds:
     bottleneck_tensor_min_ratio: float = setting(0.1, gt=0, le=1)
     bottleneck_pipe_dominance: float = setting(2.0, ge=1)
     # "busy but SMs nearly idle": the driver counts a kernel running while the SMs barely work (a Python loop of
-    # tiny kernels on H100: driver busy 31 %, SM 0 %; a tiny-batch decode loop on H200: busy 15 %, SM 2 %): launch
-    # overhead
+    # tiny kernels on H100: driver busy 31 %, SM 0 %; tiny-batch decode loops on H200: busy 15 %, SM 2 %, and busy
+    # 36 %, SM 12 %): launch overhead. Kernels that fill the GPU keep SM activity near the busy ratio (bf16
+    # training on H200: SM 87 % at busy 99 %), so SMs under half of busy are kernels too small for the GPU
     bottleneck_launch_busy_ratio: float = setting(0.1, gt=0, le=1)
-    bottleneck_launch_sm_share: float = setting(0.25, gt=0, le=1)  # SM activity below this share of driver busy
+    bottleneck_launch_sm_share: float = setting(0.5, gt=0, le=1)  # SM activity below this share of driver busy
     bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
     bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
     bottleneck_sm_idle_ratio: float = setting(0.3, gt=0, le=1)  # SMs below this: waiting on something
     bottleneck_nvlink_bytes_per_second: float = setting(10e9, gt=0)  # NVLink traffic that means communication
-    bottleneck_pcie_bytes_per_second: float = setting(5e9, gt=0)  # host→device traffic that means transfers
+    bottleneck_pcie_bytes_per_second: float = setting(5e9, gt=0)  # PCIe traffic (either way) that means transfers
+    # PCIe traffic with the SMs idle (under bottleneck_copy_sm_ratio) and no math: a loop that only copies, however
+    # slowly the host side lets it (device-to-host into pageable memory on H200: 1.6 GB/s, busy 5 %, SM 0 %: the
+    # driver stages each copy through a pinned buffer on the CPU)
+    bottleneck_copy_only_bytes_per_second: float = setting(0.5e9, gt=0)
+    bottleneck_copy_sm_ratio: float = setting(0.02, gt=0, le=1)
     # FP32 training is told to use bf16 only where the FP32 pipe carries this share (FP32 matmul on H100: 77 %);
     # a bf16 LayerNorm + softmax job reads FP32 22 % with SMs at 99 %: fusion, not bf16, is its advice
     bottleneck_fp32_ratio: float = setting(0.4, gt=0, le=1)
