@@ -23,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
 from gpuwarden.fleet import planner
+from gpuwarden.fleet.backpressure import ResponseBudget
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
-from gpuwarden.fleet.refresh import AnswerCache
+from gpuwarden.fleet.refresh import AnswerCache, Compute, render
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
 from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
@@ -91,7 +92,7 @@ def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRoute
     @router.get("/readyz")
     async def readyz() -> JSONResponse:
         started = time.monotonic()
-        await client.query("vector(1)")  # Prometheus errors become 503/504 through the handler
+        await client.query("vector(1)", queued=False)  # Prometheus errors become 503/504 through the handler
         return JSONResponse(
             {"status": "ready", "prometheus": settings.prometheus_url, "seconds": round(time.monotonic() - started, 3)}
         )
@@ -99,12 +100,40 @@ def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRoute
     return router
 
 
+class SharedJson(Response):
+    """A view's answer: its JSON as rendered once for every reader (refresh.AnswerCache), then this reader's
+    `freshness`; two body messages, the first the shared bytes themselves (a view, no copy)."""
+
+    media_type = "application/json"
+
+    def __init__(self, shared: bytes, freshness: dict[str, Any]) -> None:
+        tail = b'"freshness":' + render(freshness) + b"}"
+        opened = memoryview(shared)[:-1]  # without its closing brace
+        self.parts = (opened, tail if shared == b"{}" else b"," + tail)
+        size = sum(len(part) for part in self.parts)
+        super().__init__(headers={"content-length": str(size)})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.parts[0], "more_body": True})
+        await send({"type": "http.response.body", "body": self.parts[1], "more_body": False})
+
+
 class Views:
     """The fleet's views through the answer cache (exporter/gpuwarden/fleet/refresh.py): one key per view and
-    parameters."""
+    parameters; as objects (the page) or as the JSON rendered once per answer (the API)."""
 
     def __init__(self, fleet: Fleet, answers: AnswerCache) -> None:
         self.fleet, self.answers = fleet, answers
+        self.computations: dict[str, Compute] = {
+            "inventory": fleet.inventory,
+            "health": fleet.health,
+            "cordon-candidates": fleet.cordon_candidates,
+            "jobs": fleet.jobs,
+        }
+
+    async def json(self, key: str, compute: Compute | None = None) -> SharedJson:
+        return SharedJson(*await self.answers.get_rendered(key, compute or self.computations[key]))
 
     async def inventory(self) -> dict[str, Any]:
         return await self.answers.get("inventory", self.fleet.inventory)
@@ -133,7 +162,11 @@ class Problem(BaseModel):
 # a client knows a 5xx is the backend's and what its body holds.
 PROMETHEUS_FAILURES: dict[int | str, dict[str, Any]] = {
     502: {"model": Problem, "description": "Prometheus refused or failed the query (its error in `detail`)."},
-    503: {"model": Problem, "description": "Prometheus is unreachable."},
+    503: {
+        "model": Problem,
+        "description": "Prometheus is unreachable, or its answers would take the service past --max-answers-bytes "
+        "(`detail` says which; retry).",
+    },
     504: {"model": Problem, "description": "Prometheus did not answer within --query-timeout."},
 }
 
@@ -141,35 +174,36 @@ PROMETHEUS_FAILURES: dict[int | str, dict[str, Any]] = {
 def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) -> APIRouter:
     router = APIRouter(responses=PROMETHEUS_FAILURES)
 
-    @router.get("/api/v1/fleet")
-    async def inventory() -> dict[str, Any]:
+    # JSON rendered once per answer and shared by its readers (SharedJson); the schema stays "an object"
+    @router.get("/api/v1/fleet", response_model=dict[str, Any])
+    async def inventory() -> Response:
         """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
-        return await views.inventory()
+        return await views.json("inventory")
 
-    @router.get("/api/v1/fleet/health")
-    async def health() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/health", response_model=dict[str, Any])
+    async def health() -> Response:
         """Every GPU that is not healthy, with its failing checks, severity and since when."""
-        return await views.health()
+        return await views.json("health")
 
-    @router.get("/api/v1/fleet/cordon-candidates")
-    async def cordon_candidates() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/cordon-candidates", response_model=dict[str, Any])
+    async def cordon_candidates() -> Response:
         """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
-        return await views.cordon_candidates()
+        return await views.json("cordon-candidates")
 
-    @router.get("/api/v1/fleet/jobs")
-    async def jobs() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/jobs", response_model=dict[str, Any])
+    async def jobs() -> Response:
         """Jobs across nodes (by the job key the exporters agree on), each GPU's share of time waiting in
         collectives and its bottleneck class, and the straggler: the GPU, node and rank the others wait for."""
-        return await views.jobs()
+        return await views.json("jobs")
 
-    @router.get("/api/v1/fleet/utilization")
+    @router.get("/api/v1/fleet/utilization", response_model=dict[str, Any])
     async def utilization(
         window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
         check_window(window, max_window_s, settings.max_window)
-        return await views.utilization(window, limit)
+        return await views.json(f"utilization:{window}:{limit}", lambda: views.fleet.utilization(window, limit))
 
     return router
 
@@ -302,6 +336,7 @@ def create_app(
         max_answer_series=settings.max_answer_series,
         max_concurrent=settings.max_concurrent_queries,
         cache_max_bytes=settings.cache_max_bytes,
+        max_answers_bytes=settings.max_answers_bytes,
     )
     fleet = Fleet(client, settings)
     answers = AnswerCache(
@@ -357,4 +392,5 @@ def create_app(
     add_offline_docs(app)
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
+    app.add_middleware(ResponseBudget, limit_bytes=settings.max_response_bytes)  # outermost: a refusal costs least
     return app

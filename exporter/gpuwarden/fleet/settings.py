@@ -86,6 +86,22 @@ class FleetSettings(BaseModel):
         le=4 * 1024**3,
         description="Memory the cache of Prometheus answers may hold (bytes, estimated); the oldest answers go first.",
     )
+    max_answers_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        le=64 * 1024**3,
+        description="Memory all of Prometheus' answers may hold at once (bytes, estimated: being read, parsed, used "
+        "by views or cached); a query that would pass it drops cached answers, then is refused (503). Sized for the "
+        "chart's 384 MiB limit: raise both together.",
+    )
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024 * 1024,
+        le=16 * 1024**3,
+        description="Bytes of answers on their way to clients at once (a view's JSON, shared by its readers, counted "
+        "once); past it new requests are answered 503 with Retry-After until clients read or are cut off (the "
+        "probes and /metrics never are).",
+    )
     recording_rules: Literal["auto", "off"] = Field(
         "auto",
         description="auto: read the recording rules (alert_rules/gpuwarden.recording.yaml) where Prometheus has "
