@@ -20,10 +20,10 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.helpers.cgroup import memory_cgroup  # noqa: E402
 from tests.helpers.common import free_port  # noqa: E402
-from tests.helpers.fake_prometheus import FakePrometheus, reply, vector  # noqa: E402
+from tests.helpers.fake_prometheus import FakePrometheus, capped_answer, everyday_answer, reply  # noqa: E402
+from tests.helpers.hostile import never_reading_client  # noqa: E402
 
 LIMIT_MIB = 384  # deploy/helm/gpuwarden/values.yaml: fleet.resources.limits.memory
 CLIENTS = 1100
@@ -51,47 +52,6 @@ ENDPOINTS = (
     "/api/v1/fleet/jobs",
     "/",
 )
-
-
-def answer_body(series: int, target_bytes: int | None = None) -> bytes:
-    """An instant vector of `series` series, each a node's GPU, padded so the whole is about `target_bytes`."""
-
-    def labels(i: int, pad: int) -> dict[str, str]:
-        return {"node": f"gpu-node-{i:05d}" + "x" * pad, "uuid": f"GPU-{i:08x}", "gpu": str(i % 8), "check": "ecc"}
-
-    def body(pad: int) -> bytes:
-        items = [{"metric": labels(i, pad), "value": [1.0, "2"]} for i in range(series)]
-        return json.dumps(vector(items)).encode()
-
-    plain = body(0)
-    if target_bytes is None or len(plain) >= target_bytes:
-        return plain
-    return body((target_bytes - len(plain)) // series)
-
-
-# what a real Prometheus answers to the readiness probe's query and the latency calibration's, whatever the fleet
-SMALL = {
-    "vector(1)": lambda: vector([{"metric": {}, "value": [time.time(), "1"]}]),
-    "time()": lambda: {
-        "status": "success",
-        "data": {"resultType": "scalar", "result": [time.time(), f"{time.time()}"]},
-    },
-}
-
-
-def never_reading_client(port: int, path: str) -> socket.socket | None:
-    """One `Connection: close` request from a client with MSS 1,400 and a 4 KiB receive buffer; never read."""
-    sock = socket.socket()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1400)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    try:
-        sock.settimeout(5)
-        sock.connect(("127.0.0.1", port))
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: fleet\r\nConnection: close\r\n\r\n".encode())
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 class Prober(threading.Thread):
@@ -162,20 +122,21 @@ def memory_mib(pid: int) -> dict[str, float]:
 def run_shape(shape: str, hold_s: float, series: int | None = None) -> dict[str, Any]:
     prometheus = FakePrometheus()
     if series is not None:
-        body = answer_body(series)
+        body = capped_answer(series)
     elif shape == "never-read":
-        body = answer_body(2000)  # /api/v1/fleet ≈ 730 KB: 2,000 nodes
+        body = capped_answer(2000)  # /api/v1/fleet ≈ 730 KB: 2,000 nodes
     else:
-        body = answer_body(MAX_ANSWER_SERIES - 1, MAX_ANSWER_BYTES - 64 * 1024)
-    prometheus.answer = lambda query, handler: reply(handler, body if query not in SMALL else SMALL[query]())
+        body = capped_answer(MAX_ANSWER_SERIES - 1, MAX_ANSWER_BYTES - 64 * 1024)
+    prometheus.answer = lambda query, handler: reply(handler, everyday_answer(query) or body)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     result: dict[str, Any] = {"shape": shape, "answer_bytes": len(body), "answer_series": body.count(b'"metric"')}
-    with memory_cgroup(LIMIT_MIB, tcp=True) as cgroup:
+    log_path = Path(tempfile.mkdtemp()) / "fleet.log"  # a file: a pipe nobody reads stalls the service once full
+    with memory_cgroup(LIMIT_MIB, tcp=True) as cgroup, log_path.open("w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwarden", "fleet", "--prometheus-url", prometheus.url, "--node-label", "node",
              "--web.listen-address", f"127.0.0.1:{port}"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log_file, text=True,
             preexec_fn=cgroup.enter,  # noqa: PLW1509 - joins the cgroup before exec
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -214,6 +175,7 @@ def run_shape(shape: str, hold_s: float, series: int | None = None) -> dict[str,
             result["probes"] = prober.summary()
             result["answers"] = dict(sorted(readers.statuses.items()))
             result["fleet_metrics"] = _own_metrics(url)
+            result["traceback_in_log"] = "Traceback" in log_path.read_text()
         finally:
             result["cgroup_peak_mib"] = round(cgroup.peak_mib(), 1)
             result["cgroup_tcp_peak_mib"] = round(cgroup.tcp_peak_mib(), 1)
@@ -221,8 +183,8 @@ def run_shape(shape: str, hold_s: float, series: int | None = None) -> dict[str,
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-            log = proc.stderr.read() if proc.stderr else ""
-            result["traceback_in_log"] = "Traceback" in log
+            # uvicorn logs a traceback per request it cancels past its graceful shutdown (views still waiting)
+            result["tracebacks_at_stop"] = log_path.read_text().count("Traceback")
             prometheus.close()
     return result
 

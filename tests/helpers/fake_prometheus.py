@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,3 +60,34 @@ def reply(handler: BaseHTTPRequestHandler, body: Any, status: int = 200) -> None
 
 def vector(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"status": "success", "data": {"resultType": "vector", "result": items}}
+
+
+def everyday_answer(query: str) -> dict[str, Any] | None:
+    """What a real Prometheus answers to the fleet's own small queries, whatever the fake answers to the rest: the
+    readiness probe's `vector(1)` and the latency calibration's `time()` (now: no latency offset)."""
+    now = time.time()
+    if query == "vector(1)":
+        return vector([{"metric": {}, "value": [now, "1"]}])
+    if query == "time()":
+        return {"status": "success", "data": {"resultType": "scalar", "result": [now, f"{now:.3f}"]}}
+    return None
+
+
+def capped_answer(series: int, target_bytes: int | None = None) -> bytes:
+    """An instant vector of `series` series, each a node's GPU, its node names padded so that the whole is about
+    `target_bytes`: the largest answer the fleet's caps admit is max_answer_series of max_answer_bytes in all."""
+
+    def body(pad: int) -> bytes:
+        items = [
+            {
+                "metric": {"node": f"gpu-node-{i:05d}" + "x" * pad, "uuid": f"GPU-{i:08x}", "gpu": str(i % 8)},
+                "value": [1.0, "2"],
+            }
+            for i in range(series)
+        ]
+        return json.dumps(vector(items)).encode()
+
+    plain = body(0)
+    if target_bytes is None or len(plain) >= target_bytes:
+        return plain
+    return body((target_bytes - len(plain)) // series)

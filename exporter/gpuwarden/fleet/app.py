@@ -356,6 +356,7 @@ def create_app(
         answers.start_refreshing()
         calibration = asyncio.get_running_loop().create_task(_calibrate_forever(client))
         yield
+        client.stop_parsing()  # first: the views being stopped wait on their answers' parsing otherwise
         calibration.cancel()
         await answers.stop()
         await client.close()
