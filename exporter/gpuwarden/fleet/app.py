@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gpuwarden import __version__
 from gpuwarden.fleet import planner
 from gpuwarden.fleet.backpressure import ResponseBudget
+from gpuwarden.fleet.nodes import NodeLabel
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
 from gpuwarden.fleet.refresh import AnswerCache, Compute, render
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
@@ -126,29 +128,44 @@ class Views:
     def __init__(self, fleet: Fleet, answers: AnswerCache) -> None:
         self.fleet, self.answers = fleet, answers
         self.computations: dict[str, Compute] = {
-            "inventory": fleet.inventory,
-            "health": fleet.health,
-            "cordon-candidates": fleet.cordon_candidates,
-            "jobs": fleet.jobs,
+            "inventory": self._named(fleet.inventory),
+            "health": self._named(fleet.health),
+            "cordon-candidates": self._named(fleet.cordon_candidates),
+            "jobs": self._named(fleet.jobs),
         }
+
+    def _named(self, compute: Compute) -> Compute:
+        """`compute` once the label naming a node is known (fleet/nodes.py: `node`, or `instance` without it)."""
+
+        async def named() -> dict[str, Any]:
+            await self.fleet.nodes.resolve(self.fleet.client, self.fleet.selector)
+            return await compute()
+
+        return named
+
+    def _utilization(self, window: str, limit: int) -> tuple[str, Compute]:
+        return f"utilization:{window}:{limit}", self._named(lambda: self.fleet.utilization(window, limit))
 
     async def json(self, key: str, compute: Compute | None = None) -> SharedJson:
         return SharedJson(*await self.answers.get_rendered(key, compute or self.computations[key]))
 
+    async def utilization_json(self, window: str, limit: int) -> SharedJson:
+        return await self.json(*self._utilization(window, limit))
+
     async def inventory(self) -> dict[str, Any]:
-        return await self.answers.get("inventory", self.fleet.inventory)
+        return await self.answers.get("inventory", self.computations["inventory"])
 
     async def health(self) -> dict[str, Any]:
-        return await self.answers.get("health", self.fleet.health)
+        return await self.answers.get("health", self.computations["health"])
 
     async def cordon_candidates(self) -> dict[str, Any]:
-        return await self.answers.get("cordon-candidates", self.fleet.cordon_candidates)
+        return await self.answers.get("cordon-candidates", self.computations["cordon-candidates"])
 
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
-        return await self.answers.get(f"utilization:{window}:{limit}", lambda: self.fleet.utilization(window, limit))
+        return await self.answers.get(*self._utilization(window, limit))
 
     async def jobs(self) -> dict[str, Any]:
-        return await self.answers.get("jobs", self.fleet.jobs)
+        return await self.answers.get("jobs", self.computations["jobs"])
 
 
 class Problem(BaseModel):
@@ -203,7 +220,7 @@ def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) ->
     ) -> Response:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
         check_window(window, max_window_s, settings.max_window)
-        return await views.json(f"utilization:{window}:{limit}", lambda: views.fleet.utilization(window, limit))
+        return await views.utilization_json(window, limit)
 
     return router
 
@@ -269,32 +286,54 @@ def _plan_routes(fleet: Fleet) -> APIRouter:
     return router
 
 
+class PageCache:
+    """The overview page rendered at most once a second for the same answers, every reader sent the same bytes: a
+    flood of page requests rendered it each time (grouping every unhealthy GPU by node included), which held the
+    event loop for seconds at 10,000 unhealthy GPUs, and held a copy per reader that never read."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._key: tuple[Any, ...] | None = None
+        self._page = b""
+
+    def get(self, answers: tuple[dict[str, Any], ...], render: Callable[[], str]) -> bytes:
+        key = (*((a["freshness"]["computed_at"], a["freshness"]["stale"]) for a in answers), int(self.clock()))
+        if key != self._key:
+            self._page, self._key = render().encode(), key
+        return self._page
+
+
 def _page_routes(views: Views, settings: FleetSettings) -> APIRouter:
     router = APIRouter()
+    pages = PageCache()
 
     @router.get("/", response_class=HTMLResponse)
-    async def overview() -> HTMLResponse:
+    async def overview() -> Response:
         """A quick look when Grafana is not at hand."""
         try:
-            inventory, health, cordon, usage, jobs = await asyncio.gather(
+            answers = await asyncio.gather(
                 views.inventory(), views.health(), views.cordon_candidates(), views.utilization("1h", 20), views.jobs()
             )
         except PrometheusError as exc:
             page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
             return HTMLResponse(page, status_code=exc.status)
-        page = TEMPLATES.get_template("overview.html").render(
-            inventory=inventory,
-            health=health,
-            health_nodes=health_by_node(health["unhealthy_gpus"]),
-            rows=PAGE_ROWS,
-            cordon=cordon,
-            usage=usage,
-            jobs=jobs,
-            settings=settings,
-            version=__version__,
-            generated=_as_of(inventory, health, cordon, usage, jobs),
-        )
-        return HTMLResponse(page)
+        inventory, health, cordon, usage, jobs = answers
+
+        def render() -> str:
+            return TEMPLATES.get_template("overview.html").render(
+                inventory=inventory,
+                health=health,
+                health_nodes=health_by_node(health["unhealthy_gpus"]),
+                rows=PAGE_ROWS,
+                cordon=cordon,
+                usage=usage,
+                jobs=jobs,
+                settings=settings,
+                version=__version__,
+                generated=_as_of(*answers),
+            )
+
+        return Response(pages.get(tuple(answers), render), media_type="text/html; charset=utf-8")
 
     return router
 
@@ -338,7 +377,7 @@ def create_app(
         cache_max_bytes=settings.cache_max_bytes,
         max_answers_bytes=settings.max_answers_bytes,
     )
-    fleet = Fleet(client, settings)
+    fleet = Fleet(client, settings, NodeLabel(settings.node_label))
     answers = AnswerCache(
         settings.cache_ttl,
         settings.cache_ttl + settings.max_stale,

@@ -41,7 +41,10 @@ class FleetSettings(BaseModel):
     listen_address: str = Field(":10046", description="Address to listen on, HOST:PORT.")
     selector: str = Field('job="gpuwarden"', description="Label matchers that select gpuwarden's series.")
     node_label: str = Field(
-        "instance", description="The label that names a node (`node` with the Helm chart's ServiceMonitor)."
+        "node",
+        description="The label that names a node: `node`, which the Helm chart's ServiceMonitor/PodMonitor and "
+        "deploy/prometheus/prometheus.yml add; where no gpuwarden target carries it (a plain static scrape config), "
+        "`instance` is used instead.",
     )
     query_timeout: float = Field(5.0, gt=0, le=60, description="Seconds a Prometheus query may take.")
     cache_ttl: float = Field(15.0, ge=0, le=600, description="Seconds an answer from Prometheus is reused.")

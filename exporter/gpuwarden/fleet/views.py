@@ -12,10 +12,11 @@ import asyncio
 import re
 import shlex
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.fleet import recording
+from gpuwarden.fleet.nodes import NodeLabel
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
@@ -39,6 +40,7 @@ class FleetQueries:
 
     client: PrometheusClient
     settings: FleetSettings
+    nodes: NodeLabel = field(default_factory=lambda: NodeLabel(""))  # resolved before each view (app.Views)
 
     @property
     def selector(self) -> str:
@@ -46,7 +48,7 @@ class FleetQueries:
 
     @property
     def node_label(self) -> str:
-        return self.settings.node_label
+        return self.nodes.current or self.settings.node_label
 
     async def many(self, *exprs: str, at: float | None = None) -> list[list[Series]]:
         """Evaluate the queries of one answer concurrently, at one instant (default: the current evaluation time)."""
