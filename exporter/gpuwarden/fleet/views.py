@@ -57,8 +57,10 @@ class FleetQueries:
 
     def node(self, series: Series) -> str:
         """The series' node; a page for a lasting fault has no `instance` but always a `node` (the instance where
-        the scrape gave none: health.rules.held), whatever --node-label names."""
-        return series.labels.get(self.node_label) or series.labels.get("node", "")
+        the scrape gave none: health.rules.held), whatever --node-label names; a series without either label, its
+        instance (as the rules name a node: health.rules.nodeish)."""
+        labels = series.labels
+        return labels.get(self.node_label) or labels.get("node") or labels.get("instance", "")
 
     async def _recorded(self, *records: str) -> Recorded:
         """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) can answer for `records`:
