@@ -21,6 +21,24 @@ XID_LATEST = "gpuwarden:xid_latest:timestamp_seconds"
 MIB = 1024 * 1024
 WINDOW_OF = 'gpuwarden_gpm_window_seconds_total{job="gpuwarden"}'
 WINDOW = "1m"  # rates for dcgm's per-second and 0-1 fields: dcgm samples every 30 s by default
+SLOW_READ = 'gpuwarden_last_collect_timestamp_seconds{job="gpuwarden",tier="slow"}'
+POWER_WINDOWS = ("1m", "4m")  # the first with two reads in it: 1m at scrape intervals up to ~30 s, 4m up to 60 s+
+
+
+def average_power(energy: str, slow_read: str, window: str) -> str:
+    """Average watts over `window` from the energy counter, right at any scrape interval: its increase divided by the
+    time between the two reads it came from (the slow tier's own timestamp, read in the same cycle), not by the time
+    between the scrapes. The counter is read every slow interval (15 s: 3 ms a call on H100): with 15 s scrapes each
+    scrape saw the last read, 0-15 s old, so rate(...[1m]) over ~45 s of scrapes counted 30-60 s of energy and read
+    497-735 W for 585-635 W (issue 48). Both series are scraped together, so increase() and delta() extrapolate them
+    alike and the quotient is the exact mean between the reads; none where the window holds only one read."""
+    return f"increase({energy}[{window}]) / on (job, instance) group_left () (delta({slow_read}[{window}]) > 0)"
+
+
+def power() -> str:
+    """The compat power: the mean over 1m where that window holds two reads, else over 4m."""
+    energy = _s("gpuwarden_energy_joules_total")
+    return " or ".join(f"({average_power(energy, SLOW_READ, window)})" for window in POWER_WINDOWS)
 
 
 @dataclass(frozen=True)
@@ -74,15 +92,19 @@ FIELDS: tuple[Field, ...] = (
     Field(
         "DCGM_FI_DEV_POWER_USAGE",
         "W",
-        "rate(gpuwarden_energy_joules_total): the exact average; gpuwarden_power_usage_watts is the driver's 1 s "
-        "reading (metrics group point_samples)",
-        f"rate({_s('gpuwarden_energy_joules_total')}[{WINDOW}])",
+        "gpuwarden_energy_joules_total's increase over the time between its reads "
+        '(gpuwarden_last_collect_timestamp_seconds{tier="slow"}): the exact mean over 1m (4m at scrape intervals '
+        "past ~30 s); gpuwarden_power_usage_watts is the driver's 1 s reading (metrics group point_samples)",
+        power(),
+        "not rate(gpuwarden_energy_joules_total[1m]): the counter is read every slow interval, so a rate over the "
+        "scrapes' time misreads by up to a read interval's energy (497-735 W for 585-635 W at 15 s)",
     ),
     Field(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "mJ (counter)",
         "gpuwarden_energy_joules_total (J)",
         f"{_s('gpuwarden_energy_joules_total')} * 1000",
+        "read every slow interval: for power read DCGM_FI_DEV_POWER_USAGE, not a short rate of this",
     ),
     Field(
         "DCGM_FI_DEV_GPU_UTIL",

@@ -27,6 +27,14 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 NODE_SELECTOR = 'job=~"$job",node=~"$node",instance=~"$instance"'
 GPU_SELECTOR = NODE_SELECTOR + ',gpu=~"$gpu"'
 RATE_INTERVAL = "$__rate_interval"
+# Average watts: the energy counter's increase over the time between the reads it came from (the slow tier's
+# timestamp), right at any scrape interval; a plain rate over $__rate_interval misread by up to a read interval's
+# energy (the counter is read every 15 s). The compat rules' formula (alert_rules/dcgm_compat.average_power; a test
+# keeps them equal).
+AVERAGE_POWER = (
+    f"increase(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]) / on (job, instance) group_left () "
+    f'(delta(gpuwarden_last_collect_timestamp_seconds{{{NODE_SELECTOR},tier="slow"}}[{RATE_INTERVAL}]) > 0)'
+)
 JOIN = [
     {"id": "merge", "options": {}},
     {"id": "organize", "options": {"excludeByName": {"Time": True, "__name__": True, "job": True}}},
@@ -435,16 +443,9 @@ def _node_power(layout: Layout, gpu_legend: str) -> None:
     layout.add(
         kind="timeseries",
         title="Power draw / limit",
-        description="Average draw (from the energy counter) as a share of the enforced limit: below 30 % is idle, "
-        "60-90 % "
-        "healthy, 100 % sustained is power throttling.",
-        targets=[
-            target(
-                f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}]) / "
-                f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}",
-                gpu_legend,
-            )
-        ],
+        description="Average draw (from the energy counter, over the time between its reads) as a share of the "
+        "enforced limit: below 30 % is idle, 60-90 % healthy, 100 % sustained is power throttling.",
+        targets=[target(f"({AVERAGE_POWER}) / gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", gpu_legend)],
         unit="percentunit",
         thresholds=_steps((None, "blue"), (0.3, "green"), (0.9, "orange")),
         custom=threshold_lines(),
@@ -453,10 +454,10 @@ def _node_power(layout: Layout, gpu_legend: str) -> None:
     layout.add(
         kind="timeseries",
         title="Power draw and limit (W), average from energy",
-        description="The true average draw from the energy counter and the enforced limit (the instant draw: "
-        "point_samples group).",
+        description="The true average draw from the energy counter (its increase over the time between the reads "
+        "it came from, right at any scrape interval) and the enforced limit (the instant draw: point_samples group).",
         targets=[
-            target(f"rate(gpuwarden_energy_joules_total{{{GPU_SELECTOR}}}[{RATE_INTERVAL}])", "average " + gpu_legend),
+            target(AVERAGE_POWER, "average " + gpu_legend),
             target(f"gpuwarden_power_limit_watts{{{GPU_SELECTOR}}}", "limit " + gpu_legend),
         ],
         unit="watt",

@@ -9,13 +9,10 @@ import json
 import re
 import shlex
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, suppress
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs
+from contextlib import AbstractContextManager
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -24,6 +21,7 @@ from gpuwarden.fleet.settings import parse_duration
 from gpuwarden.fleet.views import _node_name
 from tests.helpers.common import rss_mib
 from tests.helpers.daemon import running_cli
+from tests.helpers.fake_prometheus import Answer, FakePrometheus, reply, vector
 
 pytestmark = pytest.mark.slow
 QUERY_TIMEOUT = 2.0
@@ -34,54 +32,6 @@ ENDPOINTS = [
     "/api/v1/fleet/utilization",
     "/readyz",
 ]
-
-Answer = Callable[[str, BaseHTTPRequestHandler], None]
-
-
-class FakePrometheus:
-    """/api/v1/query answered by `answer(query, handler)`; every query received is recorded."""
-
-    def __init__(self) -> None:
-        self.answer: Answer = lambda query, handler: reply(handler, vector([]))
-        self.rules: Callable[[BaseHTTPRequestHandler], None] = lambda handler: reply(handler, {"status": "success"})
-        self.queries: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", 0))).decode())
-                query = form.get("query", [""])[0]
-                fake.queries.append(query)
-                with suppress(BrokenPipeError, ConnectionResetError):
-                    fake.answer(query, self)
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server API: /api/v1/rules
-                with suppress(BrokenPipeError, ConnectionResetError):
-                    fake.rules(self)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
-def reply(handler: BaseHTTPRequestHandler, body: Any, status: int = 200) -> None:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
-def vector(items: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"status": "success", "data": {"resultType": "vector", "result": items}}
 
 
 def fleet(prometheus: FakePrometheus) -> AbstractContextManager[tuple[str, subprocess.Popen]]:

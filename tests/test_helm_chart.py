@@ -76,6 +76,8 @@ def container(objects: list[dict[str, Any]], name: str = "gpuwarden") -> dict[st
     return found
 
 
+FLEET_PASSWORD = "fleet-password"
+FLEET_HASH = "$2b$04$o.BvFAQHUp0wJW549VjTVeYX5cV2zlyp8nox2sKKcJXqb7c2SDkIq"  # bcrypt of FLEET_PASSWORD, cost 4
 # the exporter serving TLS from a Secret's certificate
 TLS = {
     "enabled": True,
@@ -121,6 +123,14 @@ VARIANTS = {
             "pricePerGpuHour": 3.2,
         }
     },
+    "fleet-with-tls-basic-auth-and-policy": {
+        "fleet": {
+            "enabled": True,
+            "prometheusURL": "http://prometheus-operated.monitoring:9090",
+            "webConfig": {**TLS, "config": {**TLS["config"], "basic_auth_users": {"sre": FLEET_HASH}}},
+        },
+        "networkPolicy": {"fleet": {"from": [{"namespaceSelector": {"matchLabels": {"team": "sre"}}}]}},
+    },
     "npd": {"npd": {"enabled": True}},
     "npd-with-tls-and-basic-auth": {
         "npd": {"enabled": True, "debounce": 3, "pluginArgs": ["--auth.username=npd"]},
@@ -133,6 +143,7 @@ VARIANTS = {
         "serviceAccount": {"create": False},
         "kernelLog": {"enabled": False},
         "processes": {"hostProc": False},
+        "networkPolicy": {"enabled": False},
     },
 }
 RELAY = "kernel-log-relay"
@@ -232,6 +243,7 @@ def test_default_install_objects() -> None:
         "ConfigMap",
         "ConfigMap",
         "DaemonSet",
+        "NetworkPolicy",
         "PrometheusRule",
         "Service",
         "ServiceAccount",
@@ -870,7 +882,12 @@ def test_pod_monitor_takes_tls_basic_auth_and_relabelings() -> None:
 
 
 def test_network_policy_admits_only_the_listed_scrapers_to_the_metrics_port() -> None:
-    assert "NetworkPolicy" not in kinds(render())  # opt-in: it needs a CNI that enforces it
+    # on by default: any source, but to the metrics port alone (the probe port is closed to pods; the kubelet probes
+    # from the node, which NetworkPolicy always admits), so no scrape breaks where the CNI enforces it
+    default = one(render(), "NetworkPolicy")
+    (rule,) = default["spec"]["ingress"]
+    assert "from" not in rule and rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert "NetworkPolicy" not in kinds(render({"networkPolicy": {"enabled": False}}))
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     policy = one(render({"networkPolicy": {"enabled": True, "from": peers}}), "NetworkPolicy")
     pods = one(render(), "DaemonSet")["spec"]["template"]["metadata"]["labels"]
@@ -879,6 +896,79 @@ def test_network_policy_admits_only_the_listed_scrapers_to_the_metrics_port() ->
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == peers and rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_the_fleet_gets_its_own_network_policy_selecting_its_pods_alone() -> None:
+    objects = render(VARIANTS["fleet-with-tls-basic-auth-and-policy"])
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "NetworkPolicy"}
+    deployment, daemonset = one(objects, "Deployment"), one(objects, "DaemonSet")
+    fleet_pods = deployment["spec"]["template"]["metadata"]["labels"].items()
+    exporter_pods = daemonset["spec"]["template"]["metadata"]["labels"].items()
+    fleet = policies.pop(deployment["metadata"]["name"])
+    (exporter,) = policies.values()
+    assert fleet["spec"]["podSelector"]["matchLabels"].items() <= fleet_pods
+    assert not fleet["spec"]["podSelector"]["matchLabels"].items() <= exporter_pods
+    assert not exporter["spec"]["podSelector"]["matchLabels"].items() <= fleet_pods
+    (rule,) = fleet["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"team": "sre"}}}]
+    port = deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+
+
+def test_the_fleets_basic_auth_and_tls_come_from_a_secret_and_its_probes_stay_open(tmp_path: Path) -> None:
+    """The chart's fleet web-config, rendered, mounted and passed as --web.config.file, is one the fleet loads; the
+    fleet then refuses an unauthenticated reader (401) and answers the credentials and the probes (the CLI over
+    the rendered Secret's file, TLS left out: its certificate is a Secret the test does not have)."""
+    from gpuwarden.config.web import load_web_config
+    from gpuwarden.fleet.settings import parse
+
+    objects = render(VARIANTS["fleet-with-tls-basic-auth-and-policy"])
+    deployment = one(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    ctr = pod["containers"][0]
+    settings = parse(ctr["args"][1:], environ={})
+    assert str(settings.web_config_file) == "/etc/gpuwarden/web/web-config.yml"
+    mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+    assert mounts["web-config"] == "/etc/gpuwarden/web" and mounts["tls"] == "/etc/gpuwarden/tls"
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    secret = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == volumes["web-config"])
+    assert ctr["livenessProbe"]["httpGet"]["scheme"] == ctr["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    web = yaml.safe_load(secret["stringData"]["web-config.yml"])
+    assert web["basic_auth_users"] == {"sre": FLEET_HASH} and "tls_server_config" in web
+    assert "checksum/web-config" in deployment["spec"]["template"]["metadata"]["annotations"]
+    # an existing Secret (the exporter's, say) instead: none rendered, that one mounted
+    shared = render({"fleet": {**VARIANTS["fleet"]["fleet"], "webConfig": {"enabled": True, "existingSecret": "x"}}})
+    assert not [o for o in shared if o["kind"] == "Secret"]
+    (volume,) = [v for v in one(shared, "Deployment")["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "x"
+    nothing = run_render(
+        "template",
+        "--values-json",
+        json.dumps({"fleet": {**VARIANTS["fleet"]["fleet"], "webConfig": {"enabled": True}}}),
+    )
+    assert nothing.returncode == 1 and "fleet.webConfig.enabled needs fleet.webConfig.config" in nothing.stderr
+
+    del web["tls_server_config"]
+    (tmp_path / "web-config.yml").write_text(yaml.safe_dump(web))
+    assert load_web_config(tmp_path / "web-config.yml").basic_auth_users == {"sre": FLEET_HASH}
+    _fleet_answers_only_with_the_password(tmp_path / "web-config.yml")
+
+
+def _fleet_answers_only_with_the_password(web_config: Path) -> None:
+    import httpx
+
+    from tests.helpers.fake_prometheus import FakePrometheus
+    from tests.helpers.stack import running_cli
+
+    backend = FakePrometheus()
+    try:
+        with running_cli("fleet", "--prometheus-url", backend.url, "--web.config.file", str(web_config)) as (url, _):
+            assert httpx.get(url + "/api/v1/fleet", timeout=30).status_code == 401
+            assert httpx.get(url + "/metrics", timeout=30).status_code == 401
+            assert httpx.get(url + "/api/v1/fleet", auth=("sre", FLEET_PASSWORD), timeout=30).status_code == 200
+            assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+    finally:
+        backend.close()
 
 
 def test_the_runbooks_kubectl_commands_match_what_the_chart_deploys() -> None:

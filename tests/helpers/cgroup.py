@@ -32,6 +32,16 @@ class MemoryCgroup:
         except (OSError, ValueError):
             return float("nan")
 
+    def tcp_peak_mib(self) -> float:
+        """Peak memory of the cgroup's TCP buffers where it is accounted apart (v1, with `tcp=True`); 0 under v2,
+        which counts it in memory.peak."""
+        if self.v2:
+            return 0.0
+        try:
+            return int((self.path / "memory.kmem.tcp.max_usage_in_bytes").read_text()) / 2**20
+        except (OSError, ValueError):
+            return float("nan")
+
     def oom_kills(self) -> int:
         try:
             text = (self.path / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
@@ -62,12 +72,17 @@ class PeakRss:
                 total += int(status.split("VmHWM:")[1].split()[0]) / 1024
         return total
 
+    def tcp_peak_mib(self) -> float:
+        return float("nan")
+
     def oom_kills(self) -> int:
         return int(self.peak_mib() > self.limit_mib)
 
 
 @contextlib.contextmanager
-def memory_cgroup(limit_mib: int) -> Iterator[MemoryCgroup | PeakRss]:
+def memory_cgroup(limit_mib: int, tcp: bool = False) -> Iterator[MemoryCgroup | PeakRss]:
+    """`tcp`: under v1, account the cgroup's TCP buffers too (memory.kmem.tcp.*, apart from memory.usage: v2
+    counts them in the one figure), limited to the same size."""
     name = f"gpuwarden-test-{uuid.uuid4().hex[:8]}"
     v2 = (V2 / "cgroup.controllers").exists() and "memory" in (V2 / "cgroup.controllers").read_text()
     root = V2 if v2 else V1
@@ -78,6 +93,9 @@ def memory_cgroup(limit_mib: int) -> Iterator[MemoryCgroup | PeakRss]:
         if not v2:
             with contextlib.suppress(OSError):
                 (path / "memory.memsw.limit_in_bytes").write_text(str(limit_mib * 2**20))  # no escape into swap
+            if tcp:
+                with contextlib.suppress(OSError):
+                    (path / "memory.kmem.tcp.limit_in_bytes").write_text(str(limit_mib * 2**20))
     except OSError:
         import tempfile
 

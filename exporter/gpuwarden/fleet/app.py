@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,8 +24,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
 from gpuwarden.fleet import planner
+from gpuwarden.fleet.backpressure import ResponseBudget
+from gpuwarden.fleet.nodes import NodeLabel
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
-from gpuwarden.fleet.refresh import AnswerCache
+from gpuwarden.fleet.refresh import AnswerCache, Compute, render
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
 from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
@@ -91,7 +94,7 @@ def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRoute
     @router.get("/readyz")
     async def readyz() -> JSONResponse:
         started = time.monotonic()
-        await client.query("vector(1)")  # Prometheus errors become 503/504 through the handler
+        await client.query("vector(1)", queued=False)  # Prometheus errors become 503/504 through the handler
         return JSONResponse(
             {"status": "ready", "prometheus": settings.prometheus_url, "seconds": round(time.monotonic() - started, 3)}
         )
@@ -99,27 +102,70 @@ def _probe_routes(client: PrometheusClient, settings: FleetSettings) -> APIRoute
     return router
 
 
+class SharedJson(Response):
+    """A view's answer: its JSON as rendered once for every reader (refresh.AnswerCache), then this reader's
+    `freshness`; two body messages, the first the shared bytes themselves (a view, no copy)."""
+
+    media_type = "application/json"
+
+    def __init__(self, shared: bytes, freshness: dict[str, Any]) -> None:
+        tail = b'"freshness":' + render(freshness) + b"}"
+        opened = memoryview(shared)[:-1]  # without its closing brace
+        self.parts = (opened, tail if shared == b"{}" else b"," + tail)
+        size = sum(len(part) for part in self.parts)
+        super().__init__(headers={"content-length": str(size)})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.parts[0], "more_body": True})
+        await send({"type": "http.response.body", "body": self.parts[1], "more_body": False})
+
+
 class Views:
     """The fleet's views through the answer cache (exporter/gpuwarden/fleet/refresh.py): one key per view and
-    parameters."""
+    parameters; as objects (the page) or as the JSON rendered once per answer (the API)."""
 
     def __init__(self, fleet: Fleet, answers: AnswerCache) -> None:
         self.fleet, self.answers = fleet, answers
+        self.computations: dict[str, Compute] = {
+            "inventory": self._named(fleet.inventory),
+            "health": self._named(fleet.health),
+            "cordon-candidates": self._named(fleet.cordon_candidates),
+            "jobs": self._named(fleet.jobs),
+        }
+
+    def _named(self, compute: Compute) -> Compute:
+        """`compute` once the label naming a node is known (fleet/nodes.py: `node`, or `instance` without it)."""
+
+        async def named() -> dict[str, Any]:
+            await self.fleet.nodes.resolve(self.fleet.client, self.fleet.selector)
+            return await compute()
+
+        return named
+
+    def _utilization(self, window: str, limit: int) -> tuple[str, Compute]:
+        return f"utilization:{window}:{limit}", self._named(lambda: self.fleet.utilization(window, limit))
+
+    async def json(self, key: str, compute: Compute | None = None) -> SharedJson:
+        return SharedJson(*await self.answers.get_rendered(key, compute or self.computations[key]))
+
+    async def utilization_json(self, window: str, limit: int) -> SharedJson:
+        return await self.json(*self._utilization(window, limit))
 
     async def inventory(self) -> dict[str, Any]:
-        return await self.answers.get("inventory", self.fleet.inventory)
+        return await self.answers.get("inventory", self.computations["inventory"])
 
     async def health(self) -> dict[str, Any]:
-        return await self.answers.get("health", self.fleet.health)
+        return await self.answers.get("health", self.computations["health"])
 
     async def cordon_candidates(self) -> dict[str, Any]:
-        return await self.answers.get("cordon-candidates", self.fleet.cordon_candidates)
+        return await self.answers.get("cordon-candidates", self.computations["cordon-candidates"])
 
     async def utilization(self, window: str, limit: int) -> dict[str, Any]:
-        return await self.answers.get(f"utilization:{window}:{limit}", lambda: self.fleet.utilization(window, limit))
+        return await self.answers.get(*self._utilization(window, limit))
 
     async def jobs(self) -> dict[str, Any]:
-        return await self.answers.get("jobs", self.fleet.jobs)
+        return await self.answers.get("jobs", self.computations["jobs"])
 
 
 class Problem(BaseModel):
@@ -133,7 +179,11 @@ class Problem(BaseModel):
 # a client knows a 5xx is the backend's and what its body holds.
 PROMETHEUS_FAILURES: dict[int | str, dict[str, Any]] = {
     502: {"model": Problem, "description": "Prometheus refused or failed the query (its error in `detail`)."},
-    503: {"model": Problem, "description": "Prometheus is unreachable."},
+    503: {
+        "model": Problem,
+        "description": "Prometheus is unreachable, or its answers would take the service past --max-answers-bytes "
+        "(`detail` says which; retry).",
+    },
     504: {"model": Problem, "description": "Prometheus did not answer within --query-timeout."},
 }
 
@@ -141,35 +191,36 @@ PROMETHEUS_FAILURES: dict[int | str, dict[str, Any]] = {
 def _fleet_routes(views: Views, settings: FleetSettings, max_window_s: float) -> APIRouter:
     router = APIRouter(responses=PROMETHEUS_FAILURES)
 
-    @router.get("/api/v1/fleet")
-    async def inventory() -> dict[str, Any]:
+    # JSON rendered once per answer and shared by its readers (SharedJson); the schema stays "an object"
+    @router.get("/api/v1/fleet", response_model=dict[str, Any])
+    async def inventory() -> Response:
         """Nodes, GPUs per node, models, memory, driver and exporter versions, stale exporters."""
-        return await views.inventory()
+        return await views.json("inventory")
 
-    @router.get("/api/v1/fleet/health")
-    async def health() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/health", response_model=dict[str, Any])
+    async def health() -> Response:
         """Every GPU that is not healthy, with its failing checks, severity and since when."""
-        return await views.health()
+        return await views.json("health")
 
-    @router.get("/api/v1/fleet/cordon-candidates")
-    async def cordon_candidates() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/cordon-candidates", response_model=dict[str, Any])
+    async def cordon_candidates() -> Response:
         """Nodes with hardware findings that warrant draining, the evidence, runbooks and kubectl commands."""
-        return await views.cordon_candidates()
+        return await views.json("cordon-candidates")
 
-    @router.get("/api/v1/fleet/jobs")
-    async def jobs() -> dict[str, Any]:
+    @router.get("/api/v1/fleet/jobs", response_model=dict[str, Any])
+    async def jobs() -> Response:
         """Jobs across nodes (by the job key the exporters agree on), each GPU's share of time waiting in
         collectives and its bottleneck class, and the straggler: the GPU, node and rank the others wait for."""
-        return await views.jobs()
+        return await views.json("jobs")
 
-    @router.get("/api/v1/fleet/utilization")
+    @router.get("/api/v1/fleet/utilization", response_model=dict[str, Any])
     async def utilization(
         window: Annotated[str, Query(description="e.g. 1h, 24h, 7d")] = "1h",
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Idle and starved GPUs over the window, GPU-hours wasted and their cost, by node and namespace."""
         check_window(window, max_window_s, settings.max_window)
-        return await views.utilization(window, limit)
+        return await views.utilization_json(window, limit)
 
     return router
 
@@ -235,32 +286,54 @@ def _plan_routes(fleet: Fleet) -> APIRouter:
     return router
 
 
+class PageCache:
+    """The overview page rendered at most once a second for the same answers, every reader sent the same bytes: a
+    flood of page requests rendered it each time (grouping every unhealthy GPU by node included), which held the
+    event loop for seconds at 10,000 unhealthy GPUs, and held a copy per reader that never read."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._key: tuple[Any, ...] | None = None
+        self._page = b""
+
+    def get(self, answers: tuple[dict[str, Any], ...], render: Callable[[], str]) -> bytes:
+        key = (*((a["freshness"]["computed_at"], a["freshness"]["stale"]) for a in answers), int(self.clock()))
+        if key != self._key:
+            self._page, self._key = render().encode(), key
+        return self._page
+
+
 def _page_routes(views: Views, settings: FleetSettings) -> APIRouter:
     router = APIRouter()
+    pages = PageCache()
 
     @router.get("/", response_class=HTMLResponse)
-    async def overview() -> HTMLResponse:
+    async def overview() -> Response:
         """A quick look when Grafana is not at hand."""
         try:
-            inventory, health, cordon, usage, jobs = await asyncio.gather(
+            answers = await asyncio.gather(
                 views.inventory(), views.health(), views.cordon_candidates(), views.utilization("1h", 20), views.jobs()
             )
         except PrometheusError as exc:
             page = TEMPLATES.get_template("error.html").render(error=str(exc), settings=settings, version=__version__)
             return HTMLResponse(page, status_code=exc.status)
-        page = TEMPLATES.get_template("overview.html").render(
-            inventory=inventory,
-            health=health,
-            health_nodes=health_by_node(health["unhealthy_gpus"]),
-            rows=PAGE_ROWS,
-            cordon=cordon,
-            usage=usage,
-            jobs=jobs,
-            settings=settings,
-            version=__version__,
-            generated=_as_of(inventory, health, cordon, usage, jobs),
-        )
-        return HTMLResponse(page)
+        inventory, health, cordon, usage, jobs = answers
+
+        def render() -> str:
+            return TEMPLATES.get_template("overview.html").render(
+                inventory=inventory,
+                health=health,
+                health_nodes=health_by_node(health["unhealthy_gpus"]),
+                rows=PAGE_ROWS,
+                cordon=cordon,
+                usage=usage,
+                jobs=jobs,
+                settings=settings,
+                version=__version__,
+                generated=_as_of(*answers),
+            )
+
+        return Response(pages.get(tuple(answers), render), media_type="text/html; charset=utf-8")
 
     return router
 
@@ -302,8 +375,9 @@ def create_app(
         max_answer_series=settings.max_answer_series,
         max_concurrent=settings.max_concurrent_queries,
         cache_max_bytes=settings.cache_max_bytes,
+        max_answers_bytes=settings.max_answers_bytes,
     )
-    fleet = Fleet(client, settings)
+    fleet = Fleet(client, settings, NodeLabel(settings.node_label))
     answers = AnswerCache(
         settings.cache_ttl,
         settings.cache_ttl + settings.max_stale,
@@ -321,6 +395,7 @@ def create_app(
         answers.start_refreshing()
         calibration = asyncio.get_running_loop().create_task(_calibrate_forever(client))
         yield
+        client.stop_parsing()  # first: the views being stopped wait on their answers' parsing otherwise
         calibration.cancel()
         await answers.stop()
         await client.close()
@@ -357,4 +432,5 @@ def create_app(
     add_offline_docs(app)
     if basic_auth_users:  # /healthz and /readyz stay open for the kubelet's probes
         app.add_middleware(BasicAuth, users=basic_auth_users, guard=guard)
+    app.add_middleware(ResponseBudget, limit_bytes=settings.max_response_bytes)  # outermost: a refusal costs least
     return app

@@ -10,6 +10,7 @@ Failures are typed so the HTTP layer can answer 503 (unreachable, 5xx) or 504 (t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
@@ -21,7 +22,19 @@ from typing import Any
 
 import anyio
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuwarden.fleet.memory import (
+    PARSE_FACTOR,
+    SMALL_ANSWER,
+    Answer,
+    AnswerBudget,
+    AnswerTooLarge,
+    BoundedDecoder,
+    OverBudget,
+    Reading,
+    held_estimate,
+)
 
 
 class PrometheusError(Exception):
@@ -44,7 +57,13 @@ class PrometheusQueryError(PrometheusError):
     status = 502
 
 
-@dataclass(frozen=True)
+class AnswersOverBudget(PrometheusError):
+    """The answer would take what the service holds of Prometheus' answers past max_answers_bytes: 503, retry."""
+
+    status = 503
+
+
+@dataclass(frozen=True, slots=True)
 class Series:
     labels: dict[str, str]
     value: float
@@ -71,11 +90,22 @@ class ClientMetrics:
             "Queries answered from the cache or shared with a concurrent caller.",
             registry=registry,
         )
-        for outcome in ("ok", "unavailable", "timeout", "refused"):
+        for outcome in ("ok", "unavailable", "timeout", "refused", "over_budget"):
             self.queries.labels(outcome)
+        self.held = Gauge(
+            "gpuwarden_fleet_answers_held_bytes",
+            "Estimated memory of Prometheus' answers held at once (being read, parsed, used or cached); at most "
+            "--max-answers-bytes.",
+            registry=registry,
+        )
 
 
-_OUTCOME = {"PrometheusUnavailable": "unavailable", "PrometheusTimeout": "timeout", "PrometheusQueryError": "refused"}
+_OUTCOME = {
+    "PrometheusUnavailable": "unavailable",
+    "PrometheusTimeout": "timeout",
+    "PrometheusQueryError": "refused",
+    "AnswersOverBudget": "over_budget",
+}
 
 
 class PrometheusClient:
@@ -91,6 +121,7 @@ class PrometheusClient:
         max_answer_series: int = 50_000,
         max_concurrent: int = 4,
         cache_max_bytes: int = 64 * 1024 * 1024,
+        max_answers_bytes: int = 128 * 1024 * 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -102,6 +133,7 @@ class PrometheusClient:
         self.max_answer_bytes = max_answer_bytes
         self.max_answer_series = max_answer_series
         self._parsing = threading.Lock()  # one large answer turned into objects at a time: the peak is one answer's
+        self._closed = False
         self.timeout = timeout
         self.cache_ttl = cache_ttl
         self._client = httpx.AsyncClient(
@@ -114,11 +146,19 @@ class PrometheusClient:
         self._inflight: dict[str, asyncio.Future[list[Series]]] = {}
         self.registry = registry or CollectorRegistry()
         self.metrics = ClientMetrics(self.registry)
+        self.budget = AnswerBudget(max_answers_bytes, self._make_room)
+        self.metrics.held.set_function(lambda: self.budget.used)
         self.latency_offset = 0.0  # seconds the backend shifts a recent instant back (VictoriaMetrics: 30 s)
         self._rule_health: tuple[float, dict[str, str] | None] | None = None
         self._record_intervals: dict[str, float] = {}  # record name → its group's interval, as the backend lists it
 
+    def stop_parsing(self) -> None:
+        """Drop the answers still waiting to be parsed: a stop must not wait for them (ten 8 MB answers queued for
+        the parser, which the stopping views' threads cannot be cancelled out of, kept a service up for a minute)."""
+        self._closed = True
+
     async def close(self) -> None:
+        self.stop_parsing()
         await self._client.aclose()
 
     def evaluation_time(self) -> float:
@@ -143,8 +183,10 @@ class PrometheusClient:
         self.latency_offset = float(math.ceil(shift) + 1) if shift >= 1 else 0.0
         return self.latency_offset
 
-    async def query(self, expr: str, at: float | None = None) -> list[Series]:
-        """Instant vector (or scalar) at `at` (default: now); cached and shared between concurrent callers."""
+    async def query(self, expr: str, at: float | None = None, queued: bool = True) -> list[Series]:
+        """Instant vector (or scalar) at `at` (default: now); cached and shared between concurrent callers.
+        `queued=False` skips the max_concurrent queue: the readiness probe's one small query, which must not wait
+        behind a page's 35 large ones (it waited 7 s of the chart's 8 s timeout)."""
         key = f"{at}|{expr}"
         now = self._clock()
         cached = self._cache.get(key)
@@ -159,7 +201,7 @@ class PrometheusClient:
         self._inflight[key] = future
         started = time.monotonic()
         try:
-            async with self._slot():
+            async with self._slot() if queued else contextlib.nullcontext():
                 result = await self._fetch(expr, at)
         except BaseException as exc:
             self.metrics.duration.observe(time.monotonic() - started)
@@ -184,7 +226,10 @@ class PrometheusClient:
 
     def _remember(self, key: str, result: list[Series]) -> None:
         """Cache an answer; the oldest answers (and any expired) go while the estimate is over cache_max_bytes."""
-        size = len(key) + sum(96 + sum(len(k) + len(v) + 100 for k, v in s.labels.items()) for s in result)
+        held = getattr(result, "held", None)
+        if held is None:  # not read by _fetch (a test's list): estimated as _fetch would
+            held = held_estimate(len(result), sum(len(k) + len(v) + 6 for s in result for k, v in s.labels.items()))
+        size = len(key) + held
         previous = self._cache.pop(key, None)
         if previous is not None:
             self._cache_bytes -= previous[2]
@@ -204,6 +249,13 @@ class PrometheusClient:
     def cache_bytes(self) -> int:
         return self._cache_bytes
 
+    def _make_room(self, wanted: int) -> None:
+        """Drop cached answers, oldest first, until `wanted` more bytes fit the answers' budget or none is left
+        (an answer a view still uses stays counted until that view is done). On the event loop only."""
+        while self._cache and self.budget.used + wanted > self.budget.limit:
+            oldest = next(iter(self._cache))
+            self._cache_bytes -= self._cache.pop(oldest)[2]
+
     async def rule_health(self) -> dict[str, str] | None:
         """Each recording rule's health where the backend lists its rules (`GET /api/v1/rules`: Prometheus, and
         vmalert or VictoriaMetrics proxying to it with -vmalert.proxyURL): record name → "" where every rule
@@ -215,11 +267,16 @@ class PrometheusClient:
             return self._rule_health[1]
         try:
             async with self._slot(), asyncio.timeout(self.timeout):
-                status, raw = await self._read("GET", "/api/v1/rules", params={"type": "record"})
-            body = await anyio.to_thread.run_sync(self._parse_bounded, raw)
+                with Reading(self.budget) as reading:
+                    status = await self._read("GET", "/api/v1/rules", reading, params={"type": "record"})
+                    peak = self._reserve_parse(held_estimate(0, len(reading.text)), len(reading.text))
+                    try:
+                        body = await anyio.to_thread.run_sync(self._parse_bounded, reading.text)
+                    finally:
+                        self.budget.give(peak)
             listed = status == 200 and isinstance(body, dict)
             health, self._record_intervals = _recording_rules(body) if listed else (None, {})
-        except (TimeoutError, httpx.HTTPError, PrometheusQueryError):
+        except (TimeoutError, httpx.HTTPError, PrometheusError):
             health, self._record_intervals = None, {}
         self._rule_health = (now, health)
         return health
@@ -235,25 +292,55 @@ class PrometheusClient:
         form = {"query": expr, "timeout": f"{self.timeout:g}"}
         if at is not None:
             form["time"] = f"{at:.3f}"
-        try:
-            # One deadline for the whole exchange, body included: httpx's timeout applies to each read, so an
-            # upstream trickling a byte every second would otherwise never be cut off.
-            async with asyncio.timeout(self.timeout):
-                status, body = await self._read("POST", "/api/v1/query", data=form)
-        except TimeoutError:
-            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
-        except httpx.TimeoutException:
-            raise PrometheusTimeout(f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s") from None
-        except httpx.HTTPError as exc:
-            raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
-        # Parsed off the event loop: a large answer must not stall the probes and the other requests.
-        parsed = await anyio.to_thread.run_sync(self._parse_bounded, body)
-        return self._interpret(status, parsed, body)
+        with Reading(self.budget) as reading:
+            try:
+                # One deadline for the whole exchange, body included: httpx's timeout applies to each read, so an
+                # upstream trickling a byte every second would otherwise never be cut off.
+                async with asyncio.timeout(self.timeout):
+                    status = await self._read("POST", "/api/v1/query", reading, data=form)
+            except TimeoutError:
+                raise PrometheusTimeout(
+                    f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s"
+                ) from None
+            except httpx.TimeoutException:
+                raise PrometheusTimeout(
+                    f"Prometheus at {self.base_url} did not answer within {self.timeout:g} s"
+                ) from None
+            except httpx.HTTPError as exc:
+                raise PrometheusUnavailable(f"Prometheus at {self.base_url} is unreachable: {exc}") from None
+            series = reading.text.count(b'"metric"')
+            held = held_estimate(series, len(reading.text)) if series <= self.max_answer_series else 0
+            peak = self._reserve_parse(held, len(reading.text))
+            try:
+                # Parsed off the event loop: a large answer must not stall the probes and the other requests.
+                answer = await anyio.to_thread.run_sync(self._parse_answer, status, reading.text)
+            except BaseException:
+                self.budget.give(peak)
+                raise
+            answer.held = held
+            self.budget.give(peak - held)
+            self.budget.hold(answer, held)  # until nothing refers to its series: views done, cache dropped it
+            return answer
 
-    def _parse_bounded(self, raw: bytes) -> dict[str, Any] | str:
+    def _reserve_parse(self, held: int, text_bytes: int) -> int:
+        """Reserve what parsing an answer peaks at (its text decoded, json.loads' objects, the series kept)."""
+        peak = int(held * PARSE_FACTOR) + text_bytes
+        try:
+            self.budget.take(peak, small=text_bytes <= SMALL_ANSWER)
+        except OverBudget as exc:
+            raise AnswersOverBudget(f"an answer of Prometheus at {self.base_url} is not held: {exc}") from None
+        return peak
+
+    def _parse_answer(self, status: int, raw: bytearray) -> Answer:
+        """The answer's series (a worker thread's job: a large answer must not stall the event loop)."""
+        return Answer(self._interpret(status, self._parse_bounded(raw), raw))
+
+    def _parse_bounded(self, raw: bytes | bytearray) -> dict[str, Any] | str:
         """The JSON answer, refused before parsing where it holds more series than max_answer_series (parsed JSON
         costs ~1 MiB per 1,000 series: 95,000 series in an 8 MB answer OOM-killed the service at 384 MiB); large
         answers are parsed one at a time."""
+        if self._closed:
+            return "not parsed: the fleet service is stopping"
         series = raw.count(b'"metric"')
         if series > self.max_answer_series:
             return (
@@ -263,20 +350,23 @@ class PrometheusClient:
         if len(raw) < 1024 * 1024:
             return _parse(raw)
         with self._parsing:
+            if self._closed:  # while this one waited for the parser
+                return "not parsed: the fleet service is stopping"
             return _parse(raw)
 
-    async def _read(self, method: str, path: str, **request: Any) -> tuple[int, bytes]:
-        """The answer's status and body, refusing a body larger than max_answer_bytes as it arrives, counted after
-        decompression (a 500 KB gzip answer expanding to 512 MB killed the service in a second: httpx's decoder
-        inflates a whole chunk at once, so the body is read raw and inflated here in bounded steps). Every request
-        to the backend reads its answer here."""
+    async def _read(self, method: str, path: str, reading: Reading, **request: Any) -> int:
+        """The answer's status, its body read into `reading`, refusing a body larger than max_answer_bytes as it
+        arrives, counted after decompression (a 500 KB gzip answer expanding to 512 MB killed the service in a
+        second: httpx's decoder inflates a whole chunk at once, so the body is read raw and inflated here in bounded
+        steps), each piece reserved in the answers' budget. Every request to the backend reads its answer here."""
         async with self._client.stream(method, path, **request) as response:
-            chunks = []
             try:
                 decoder = BoundedDecoder(response.headers.get("content-encoding", ""), self.max_answer_bytes)
                 async for chunk in response.aiter_raw():
-                    chunks.append(decoder.feed(chunk))
-                chunks.append(decoder.flush())
+                    reading.add(decoder.feed(chunk))
+                reading.add(decoder.flush())
+            except OverBudget as exc:
+                raise AnswersOverBudget(f"an answer of Prometheus at {self.base_url} is not read: {exc}") from None
             except AnswerTooLarge:
                 raise PrometheusQueryError(
                     f"Prometheus at {self.base_url} answered more than {self.max_answer_bytes} bytes "
@@ -286,9 +376,9 @@ class PrometheusClient:
                 raise PrometheusQueryError(
                     f"Prometheus at {self.base_url} answered a body that does not decode: {exc}"
                 ) from None
-            return response.status_code, b"".join(chunks)
+            return response.status_code
 
-    def _interpret(self, status: int, parsed: dict[str, Any] | str, raw: bytes) -> list[Series]:
+    def _interpret(self, status: int, parsed: dict[str, Any] | str, raw: bytes | bytearray) -> list[Series]:
         where = f"Prometheus at {self.base_url}"
         body = parsed if isinstance(parsed, dict) else {}
         if body.get("errorType") == "timeout":
@@ -307,46 +397,6 @@ class PrometheusClient:
             return _series(body)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PrometheusQueryError(f"{where} answered a malformed result: {exc}") from None
-
-
-class AnswerTooLarge(Exception):
-    pass
-
-
-class BoundedDecoder:
-    """Content-Encoding undone (identity, gzip, deflate) in steps that never produce more than `limit` bytes in all:
-    zlib's max_length bounds each step, and what it has not consumed waits in its unconsumed tail."""
-
-    def __init__(self, encoding: str, limit: int) -> None:
-        encoding = encoding.strip().lower()
-        if encoding in ("", "identity"):
-            self._inflate = None
-        elif encoding in ("gzip", "x-gzip"):
-            self._inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._inflate = zlib.decompressobj(wbits=zlib.MAX_WBITS)
-        else:
-            raise ValueError(f"content-encoding {encoding[:40]!r} was not asked for")
-        self.limit, self.size = limit, 0
-
-    def feed(self, data: bytes) -> bytes:
-        if self._inflate is None:
-            return self._count(data)
-        out = []
-        while data:
-            piece = self._inflate.decompress(data, self.limit - self.size + 1)
-            out.append(self._count(piece))
-            data = self._inflate.unconsumed_tail
-        return b"".join(out)
-
-    def flush(self) -> bytes:
-        return b"" if self._inflate is None else self._count(self._inflate.flush(self.limit - self.size + 1))
-
-    def _count(self, piece: bytes) -> bytes:
-        self.size += len(piece)
-        if self.size > self.limit:
-            raise AnswerTooLarge
-        return piece
 
 
 def _recording_rules(body: dict[str, Any]) -> tuple[dict[str, str] | None, dict[str, float]]:
@@ -372,14 +422,14 @@ def _recording_rules(body: dict[str, Any]) -> tuple[dict[str, str] | None, dict[
     return health or None, intervals
 
 
-def _reason(raw: bytes, keep: int = 600) -> str:
+def _reason(raw: bytes | bytearray, keep: int = 600) -> str:
     """A plain-text error's reason: VictoriaMetrics echoes the whole request first and says why at the end, so the
     end is kept (the first 200 characters were the echoed query, and the reason was lost)."""
     text = " ".join(raw.decode("utf-8", "replace").split())
     return text if len(text) <= keep else "…" + text[-keep:]
 
 
-def _parse(raw: bytes) -> dict[str, Any] | str:
+def _parse(raw: bytes | bytearray) -> dict[str, Any] | str:
     """The JSON answer, or a one-line reason it is not one."""
     try:
         body = json.loads(raw)

@@ -41,7 +41,10 @@ class FleetSettings(BaseModel):
     listen_address: str = Field(":10046", description="Address to listen on, HOST:PORT.")
     selector: str = Field('job="gpuwarden"', description="Label matchers that select gpuwarden's series.")
     node_label: str = Field(
-        "instance", description="The label that names a node (`node` with the Helm chart's ServiceMonitor)."
+        "node",
+        description="The label that names a node: `node`, which the Helm chart's ServiceMonitor/PodMonitor and "
+        "deploy/prometheus/prometheus.yml add; where no gpuwarden target carries it (a plain static scrape config), "
+        "`instance` is used instead.",
     )
     query_timeout: float = Field(5.0, gt=0, le=60, description="Seconds a Prometheus query may take.")
     cache_ttl: float = Field(15.0, ge=0, le=600, description="Seconds an answer from Prometheus is reused.")
@@ -85,6 +88,22 @@ class FleetSettings(BaseModel):
         ge=1024 * 1024,
         le=4 * 1024**3,
         description="Memory the cache of Prometheus answers may hold (bytes, estimated); the oldest answers go first.",
+    )
+    max_answers_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=16 * 1024 * 1024,
+        le=64 * 1024**3,
+        description="Memory all of Prometheus' answers may hold at once (bytes, estimated: being read, parsed, used "
+        "by views or cached); a query that would pass it drops cached answers, then is refused (503). Sized for the "
+        "chart's 384 MiB limit: raise both together.",
+    )
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024 * 1024,
+        le=16 * 1024**3,
+        description="Bytes of answers on their way to clients at once (a view's JSON, shared by its readers, counted "
+        "once); past it new requests are answered 503 with Retry-After until clients read or are cut off (the "
+        "probes and /metrics never are).",
     )
     recording_rules: Literal["auto", "off"] = Field(
         "auto",

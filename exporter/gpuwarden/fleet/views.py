@@ -12,10 +12,11 @@ import asyncio
 import re
 import shlex
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.fleet import recording, stragglers
+from gpuwarden.fleet.nodes import NodeLabel
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
@@ -39,6 +40,7 @@ class FleetQueries:
 
     client: PrometheusClient
     settings: FleetSettings
+    nodes: NodeLabel = field(default_factory=lambda: NodeLabel(""))  # resolved before each view (app.Views)
 
     @property
     def selector(self) -> str:
@@ -46,7 +48,7 @@ class FleetQueries:
 
     @property
     def node_label(self) -> str:
-        return self.settings.node_label
+        return self.nodes.current or self.settings.node_label
 
     async def many(self, *exprs: str, at: float | None = None) -> list[list[Series]]:
         """Evaluate the queries of one answer concurrently, at one instant (default: the current evaluation time)."""
@@ -55,8 +57,10 @@ class FleetQueries:
 
     def node(self, series: Series) -> str:
         """The series' node; a page for a lasting fault has no `instance` but always a `node` (the instance where
-        the scrape gave none: health.rules.held), whatever --node-label names."""
-        return series.labels.get(self.node_label) or series.labels.get("node", "")
+        the scrape gave none: health.rules.held), whatever --node-label names; a series without either label, its
+        instance (as the rules name a node: health.rules.nodeish)."""
+        labels = series.labels
+        return labels.get(self.node_label) or labels.get("node") or labels.get("instance", "")
 
     async def _recorded(self, *records: str) -> Recorded:
         """Whether this release's recording rules (alert_rules/gpuwarden.recording.yaml) can answer for `records`:

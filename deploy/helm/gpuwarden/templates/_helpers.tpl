@@ -57,6 +57,14 @@ app.kubernetes.io/component: fleet
 {{- default (printf "%s-web-config" (include "gpuwarden.fullname" .)) .Values.webConfig.existingSecret }}
 {{- end }}
 
+{{- define "gpuwarden.fleetWebConfigSecret" -}}
+{{- default (printf "%s-fleet-web-config" (include "gpuwarden.fullname" .)) .Values.fleet.webConfig.existingSecret }}
+{{- end }}
+
+{{- define "gpuwarden.fleetName" -}}
+{{- printf "%s-fleet" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "gpuwarden.scheme" -}}
 {{- if and .Values.webConfig.enabled .Values.webConfig.tls }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
