@@ -167,6 +167,9 @@ BUSY = (BUSY_SECONDS_TOTAL.name, ())
 SAMPLED = (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ())
 
 
+THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+
+
 def _throttle(reason: str) -> tuple[str, tuple[str, ...]]:
     return (THROTTLE_SECONDS_TOTAL.name, (reason,))
 
@@ -367,9 +370,19 @@ def check_temperature(c: CheckContext) -> Verdict:
 
 
 def check_thermal_throttling(c: CheckContext) -> Verdict:
+    """Critical where the page is (GpuwardenThermalThrottling: HW or SW thermal slowdown above thermal_page_ratio of
+    thermal_page_window_s, for thermal_page_for_s); a warning above thermal_slowdown_ratio of thermal_slowdown_for_s,
+    as GpuwardenHwThermalSlowdown and GpuwardenSwThermalSlowdown are."""
     limits = c.thresholds
+    shares = [c.history.rate(_throttle(r), c.now, limits.thermal_page_window_s) for r in THERMAL_REASONS]
+    most = max((share for share in shares if share is not None), default=None)
+    if c.sustained("thermal_page", most is not None and most > limits.thermal_page_ratio, limits.thermal_page_for_s):
+        window = f"{limits.thermal_page_window_s} s"
+        return c.verdict(
+            CRITICAL, f"thermal slowdown {most:.0%} of {window}", f"<= {limits.thermal_page_ratio:.0%} of {window}"
+        )
     active_now = None
-    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
+    for reason in THERMAL_REASONS:
         active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
         held = c.sustained(f"{reason}_active", active, limits.thermal_slowdown_for_s)
         share = c.history.rate(_throttle(reason), c.now, limits.thermal_slowdown_for_s)
@@ -637,6 +650,7 @@ class HealthEvaluator:
         windows = (
             limits.utilization_for_s,
             limits.thermal_slowdown_for_s,
+            limits.thermal_page_window_s,
             limits.power_cap_for_s,
             limits.pstate_for_s,
             limits.nvlink_crc_for_s,
