@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alert_rules import generate
+from alert_rules import generate, restarts
 from gpuwarden.health import rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,6 +105,22 @@ def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
         for alert in check["exp_alerts"]
     ]  # fmt: skip
     assert expected and all(alert.get("exp_annotations", {}).get("description") for alert in expected)
+
+
+def test_the_generated_promtool_tests_are_committed_as_generated():
+    """The restart, fresh-Prometheus and verdict-agreement tests (alert_rules/restarts.py, agreement.py)."""
+    for path, text in generate.generated_tests().items():
+        assert path.read_text() == text, f"{path.name}: run `python alert_rules/generate.py`"
+
+
+def test_every_page_for_a_lasting_fault_has_a_restart_test():
+    """A new page cannot ship without its 2-minute-gap tests (both restart styles), or a reason it has none."""
+    pages = {r.alert for g in rules.build() for r in g.rules if r.severity == "critical"}
+    tested = {fault.alert for fault in restarts.FAULTS}
+    assert pages - tested == set(restarts.NOT_HELD), "add the page to restarts.FAULTS"
+    assert tested <= pages
+    named = {test["name"].split(":")[0] for test in yaml.safe_load(generate.RESTARTS_TESTS_FILE.read_text())["tests"]}
+    assert named == tested
 
 
 def test_every_alert_has_a_firing_test_and_a_silent_healthy_case():
