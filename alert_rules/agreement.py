@@ -38,7 +38,6 @@ NO_VERDICT = {
     "GpuwardenNvmlDown": "no NVML, no per-GPU verdict (npd-plugin and slurm-healthcheck report it as unknown)",
     "GpuwardenCollectionStale": "about the exporter's poller: a wedged poller publishes no new verdicts",
     "GpuwardenRecoveryActionNeeded": "the driver's own verdict, passed through as gpuwarden_recovery_action",
-    "GpuwardenDriverLibraryCrash": "a process crashed, not a GPU fault: information for the node's owner",
     "GpuwardenMemoryTemperatureHigh": "no HBM temperature check in the exporter (the die temperature is judged)",
     "GpuwardenCollectiveHang": "a job's finding (gpuwarden_job_finding), judged by the job view, not a GPU check",
     "GpuwardenGpuCountDropped": "about the node over a day of Prometheus' history: the exporter sees only now",
@@ -96,6 +95,17 @@ def gauge(name: str, **labels: str) -> Callable[[float], Readings]:
 def share(name: str, **labels: str) -> Callable[[float], Readings]:
     """A counter of seconds rising `v` seconds a second: a share of the time."""
     return lambda v: Readings((Series(name, 0, v, labels=labels),))
+
+
+def throttled(reason: str) -> Callable[[float], Readings]:
+    """Clocks held down for `reason` `v` of the time: its throttle-time counter, and its clock-event gauge reading
+    active at the polls (a reason active most of the time)."""
+    return lambda v: Readings(
+        (
+            Series("gpuwarden_throttle_seconds_total", 0, v, {"reason": reason}),
+            Series("gpuwarden_clock_event_active", 1 if v >= 0.5 else 0, labels={"reason": reason}),
+        )
+    )
 
 
 def nvlink_errors(kind: str) -> Callable[[float], Readings]:
@@ -177,7 +187,6 @@ def fabric_fault(kind: str) -> Callable[[float], Readings]:
 
 
 STATE = (1, 0)  # a state alert: the fault present, then absent
-THROTTLE = "gpuwarden_throttle_seconds_total"
 # alert, readings for a value, when both judge (s: past the windows, `for:` and the exporter's own sustain), then how
 # the fault compares with its boundary (default: the declared threshold's shipped value, one step each side)
 TABLE = [
@@ -192,11 +201,11 @@ TABLE = [
     Row("GpuwardenRetiredPagesLimit", gauge("gpuwarden_retired_pages", cause="double_bit"), 120, ">="),
     Row("GpuwardenTemperatureHigh", gauge("gpuwarden_temperature_celsius"), 420),
     Row("GpuwardenTemperatureCritical", gauge("gpuwarden_temperature_celsius"), 240),
-    Row("GpuwardenHwThermalSlowdown", share(THROTTLE, reason="hw_thermal_slowdown"), 720, step=0.01),
-    Row("GpuwardenSwThermalSlowdown", share(THROTTLE, reason="sw_thermal_slowdown"), 720, step=0.01),
-    Row("GpuwardenThermalThrottling", share(THROTTLE, reason="hw_thermal_slowdown"), 1320, step=0.01),
-    Row("GpuwardenHwPowerBrake", share(THROTTLE, reason="hw_power_brake_slowdown"), 720, step=0.01),
-    Row("GpuwardenPowerCapSustained", share(THROTTLE, reason="sw_power_cap"), 1920, step=0.01),
+    Row("GpuwardenHwThermalSlowdown", throttled("hw_thermal_slowdown"), 720, step=0.01),
+    Row("GpuwardenSwThermalSlowdown", throttled("sw_thermal_slowdown"), 720, step=0.01),
+    Row("GpuwardenThermalThrottling", throttled("hw_thermal_slowdown"), 1320, step=0.01),
+    Row("GpuwardenHwPowerBrake", throttled("hw_power_brake_slowdown"), 720, step=0.01),
+    Row("GpuwardenPowerCapSustained", throttled("sw_power_cap"), 1920, step=0.01),
     Row("GpuwardenPowerLimitReduced", power_limit, 3720, "<", boundary=700),
     Row("GpuwardenMemoryNearlyFull", memory_used, 1020, step=0.01),
     Row("GpuwardenUnderutilized", starved, 2220, "<", 0.01, boundary=DEFAULT.utilization_low_ratio),

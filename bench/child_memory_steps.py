@@ -2,7 +2,7 @@
 gpuwarden's GPM modules, nvmlInit, a handle, two GPM sample buffers, one window. Anonymous memory and PSS from
 /proc/self/smaps_rollup after each step (a full collection first).
 
-    python3 bench/child_memory_steps.py OUT.json
+    python3 -m bench.child_memory_steps OUT.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Find what kills the exporter under a real NCCL job (GPM with the throttle-time field counters).
 
 Run on a GPU host with 2+ GPUs, from the repository root, while nothing else uses the GPUs:
-  python3 bench/gpm_crash_probe.py --out DIR
+  python3 -m bench.gpm_crash_probe --out DIR
 It starts a 2-rank DDP bf16 transformer job (bench/workloads/train.py) and, while it trains, runs in turn:
   fields   what the throttle-time field counters answer (return codes, value types) under the job;
   exporter the exporter at its defaults with faulthandler and debug logs, scraped every 0.5 s (collect errors,

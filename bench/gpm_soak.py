@@ -2,7 +2,7 @@
 
 Run on a GPU host with 2 GPUs, from the repository root, with nothing else on the GPUs (`bench/source_env.sh`
 makes the checkout importable as gpuwarden, with the dependencies from .whl/):
-  . bench/source_env.sh && python3 bench/gpm_soak.py --seconds 600 --out /tmp/soak
+  . bench/source_env.sh && python3 -m bench.gpm_soak --seconds 600 --out /tmp/soak
 The schedule repeats until `--seconds` of jobs have run (bench/workloads/train.py, each started fresh):
   ddp-bf16         2-rank DistributedDataParallel over NCCL, bf16 autocast, checkpoints, ends by itself;
   single+fill      single-GPU bf16 training on GPU 0 while another job fills 95 % of GPU 1's memory;
@@ -29,6 +29,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.helpers.daemon import start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -169,13 +171,13 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **NCCL_ENV, "PYTHONUNBUFFERED": "1"}
-    argv = [sys.executable, "-X", "faulthandler", "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{args.port}"]
-    if args.dry_run:
-        argv += ["--sim", "--nvml.scenario", "healthy"]
-    log = open(out / "exporter.log", "w")  # noqa: SIM115 - the exporter's whole run
-    exporter = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    time.sleep(3)
+    unbuffered = {**NCCL_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **unbuffered}
+    sim = ["--sim", "--nvml.scenario", "healthy"] if args.dry_run else []
+    daemon = start_daemon(
+        *sim, port=args.port, python_flags=("-X", "faulthandler"), env=unbuffered, log=out / "exporter.log", cwd=ROOT
+    )
+    exporter = daemon.proc
     watch = Watch(args.port, exporter.pid)
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
@@ -223,10 +225,7 @@ def main() -> int:
     watch.stop.set()
     thread.join(5)
     alive = exporter.poll() is None
-    if alive:
-        exporter.send_signal(signal.SIGTERM)
-        exporter.wait(15)
-    log.close()
+    daemon.stop(timeout=15)
     summary = summarise(watch, exporter, alive, started, jobs)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("rss_mib_exporter_child", "jobs")}, indent=1))

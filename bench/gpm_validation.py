@@ -3,7 +3,7 @@ each compared with an independent GPM read of the same window, the bottleneck cl
 against the bytes copied, ncu running beside the exporter, the exporter unprivileged, and the poll cost with
 profiling on and off.
 
-    python3 bench/gpm_validation.py OUTDIR      # on the GPU host (PyTorch there; our dependencies as wheels)
+    python3 -m bench.gpm_validation OUTDIR      # on the GPU host (PyTorch there; our dependencies as wheels)
 
 Writes OUTDIR/results.json and OUTDIR/report.md. GPU 0 is used.
 """
@@ -18,6 +18,8 @@ import textwrap
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.helpers.daemon import start_daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 10045
@@ -114,19 +116,10 @@ def get_json(path: str, port: int = PORT) -> dict:
 
 
 def exporter(*flags: str, port: int = PORT, user: str | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}", *flags]
-    if user:
-        cmd = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups", *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"exporter did not get ready: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+    """The exporter on the driver's library, ready; `user`: as that unprivileged user (setpriv)."""
+    setpriv = ["setpriv", "--reuid", user, "--regid", user, "--clear-groups"] if user else []
+    command = [*setpriv, sys.executable, "-m", "gpuwarden"]
+    return start_daemon(*flags, port=port, command=command, cwd=ROOT, ready="/readyz", timeout=30).proc
 
 
 class IndependentGpm:
@@ -284,7 +277,6 @@ def poll_cost() -> dict:
             "millicores": round(1000 * (c1 - c0) / (t1 - t0), 2),
             "fast_tier_ms": round(1000 * durations[0], 3),
         }
-    sys.path.insert(0, str(ROOT))
     from gpuwarden.config.settings import load_settings
     from gpuwarden.model.snapshot import Tier
     from gpuwarden.runtime.pipeline import Pipeline

@@ -11,10 +11,10 @@ rm -rf /tmp/site; find "$PWD/exporter" "$PWD/build" -name __pycache__ -type d -p
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/host.txt"
 python3 --version >> "$out/host.txt"
 env | grep -i "^PYTHON" >> "$out/host.txt"
-python3 bench/import_costs.py "$out/import_costs_as_installed.json" > /dev/null
-python3 bench/startup_variants.py "$out/startup_race.json" 10 > /dev/null
+python3 -m bench.import_costs "$out/import_costs_as_installed.json" > /dev/null
+python3 -m bench.startup_variants "$out/startup_race.json" 10 > /dev/null
 find /tmp/site "$PWD/exporter" -name __pycache__ -type d -prune -exec rm -rf {} +   # as installed again
-python3 bench/side_by_side.py "$out/side_by_side.json"
-python3 bench/import_costs.py "$out/import_costs_bytecode.json"
-python3 bench/startup_profile.py /tmp/startup > /dev/null 2>&1 || echo "startup profile failed"
+python3 -m bench.side_by_side "$out/side_by_side.json"
+python3 -m bench.import_costs "$out/import_costs_bytecode.json"
+python3 -m bench.startup_profile /tmp/startup > /dev/null 2>&1 || echo "startup profile failed"
 cp /tmp/startup/startup.json "$out/startup.json"; cp /tmp/startup/importtime.stderr "$out/importtime.txt"

@@ -1,7 +1,7 @@
 """What each import (and NVML's initialisation) costs in resident memory and time on a GPU host, each set in a
 fresh interpreter, three times (median): the numbers behind the serving process's choice of libraries.
 
-    python3 bench/import_costs.py OUT.json
+    python3 -m bench.import_costs OUT.json
 """
 
 from __future__ import annotations

@@ -1,23 +1,19 @@
 """The job view's CPU per poll on the simulator: the training scenario (8x H100, a process per GPU) with and without
 a host /proc showing the eight processes as one torchrun job (61 threads each). docs/benchmarks.md records it.
-    python bench/job_view_cost.py
+    python -m bench.job_view_cost
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "exporter")]
-
-from gpuwarden.nvml import library  # noqa: E402
-from gpuwarden.runtime.pipeline import Pipeline  # noqa: E402
-from gpuwarden.sim import install_simulator  # noqa: E402
-from gpuwarden.sim.scenario import load_scenario  # noqa: E402
-from tests.helpers.common import ManualClock, settings  # noqa: E402
+from gpuwarden.nvml import library
+from gpuwarden.runtime.pipeline import Pipeline
+from gpuwarden.sim import install_simulator
+from gpuwarden.sim.scenario import load_scenario
+from tests.helpers.common import ManualClock, settings
 
 THREADS = 60  # besides the main thread: a training process has dozens (loader pins, NCCL, autograd)
 

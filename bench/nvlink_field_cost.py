@@ -1,6 +1,6 @@
 """What each NVLink field costs in one nvmlDeviceGetFieldValues batch (all links), on a real NVLink GPU.
 
-Usage (GPU host): python3 bench/nvlink_field_cost.py   — prints one line per field group, wall and CPU ms.
+Usage (GPU host): python3 -m bench.nvlink_field_cost   — prints one line per field group, wall and CPU ms.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `gpuwarden_nvlink_bytes_total` rate over a window inside the load against an independent GPM read of the same
 window (NVLINK_TOTAL_TX/RX_PER_SEC) and against the bytes copied, and the bottleneck class each GPU gets.
 
-    python3 bench/nvlink_validation.py OUT.json      # on the GPU host (PyTorch there; our dependencies as wheels)
+    python3 -m bench.nvlink_validation OUT.json      # on the GPU host (PyTorch there; our dependencies as wheels)
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpm_validation import IndependentGpm, exporter  # noqa: E402 - bench/ helpers
+from bench.gpm_validation import IndependentGpm, exporter
 
 NVLINK_IDS = {"rx_mib_s": 60, "tx_mib_s": 61}  # NVML_GPM_METRIC_NVLINK_TOTAL_RX/TX_PER_SEC
 

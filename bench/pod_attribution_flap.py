@@ -2,25 +2,21 @@
 against a fake kubelet that disappears and returns every `--period` seconds, with pods changing each time;
 RSS, threads and open fds sampled every minute.
 
-Usage: python3 bench/pod_attribution_flap.py --seconds 600 --period 20 --json OUT.json
+Usage: python -m bench.pod_attribution_flap --seconds 600 --period 20 --json OUT.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.sim_daemon import proc_status  # noqa: E402
-from tests.helpers.kubelet import FakeKubelet  # noqa: E402
+from bench.pod_attribution_rss import simulated_uuids
+from bench.sim_daemon import proc_status, report
+from tests.helpers.daemon import start_daemon
+from tests.helpers.kubelet import FakeKubelet
 
 
 def main() -> int:
@@ -30,38 +26,19 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=10063)
     parser.add_argument("--json")
     args = parser.parse_args()
-    from gpuwarden.sim import install_simulator
-    from gpuwarden.sim.scenario import load_scenario
-
-    fake = install_simulator(load_scenario("training"))
-    uuids = [fake.uuid(i) for i in range(fake.count)]
+    uuids = simulated_uuids("training")
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-        command = [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            "training",
-            "--web.listen-address",
-            f"127.0.0.1:{args.port}",
-            f"--pods.resources-socket={kubelet.socket_path}",
-            "--pods.refresh-interval",
-            "1",
-        ]
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        flags = [f"--pods.resources-socket={kubelet.socket_path}", "--pods.refresh-interval", "1"]
+        log = Path(short) / "exporter.log"
+        exporter = start_daemon(
+            "--sim", "--nvml.scenario", "training", *flags, port=args.port, ready="/readyz", log=log
+        )
+        url, proc = exporter
         samples, flaps, up = [], 0, True
         start = time.monotonic()
         next_flap, next_sample = start + args.period, start + 60
         try:
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{args.port}/readyz", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.1)
             samples.append({"t": 0, **proc_status(proc.pid)})
             while time.monotonic() - start < args.seconds:
                 now = time.monotonic()
@@ -80,13 +57,13 @@ def main() -> int:
                 if now >= next_sample:
                     samples.append({"t": round(now - start), **proc_status(proc.pid)})
                     next_sample = now + 60
-                urllib.request.urlopen(f"http://127.0.0.1:{args.port}/metrics", timeout=5).read()
+                urllib.request.urlopen(url + "/metrics", timeout=5).read()
                 time.sleep(1)
             samples.append({"t": round(time.monotonic() - start), **proc_status(proc.pid)})
         finally:
-            proc.terminate()
-            _, stderr = proc.communicate(timeout=10)
+            exporter.stop()
             kubelet.stop()
+        stderr = exporter.output()
     warm = samples[1] if len(samples) > 2 else samples[0]
     result = {
         "seconds": args.seconds,
@@ -100,9 +77,7 @@ def main() -> int:
         "tracebacks": stderr.count("Traceback"),
         "attribution_log_lines": sum("pod attribution" in line for line in stderr.splitlines()),
     }
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 

@@ -1,57 +1,40 @@
 """What pod attribution costs: RSS and CPU of the simulated daemon with attribution off, and on against a fake
 kubelet (a real gRPC server on a unix socket, 8 GPUs held by 12 containers, time-sliced on two of them).
 
-Usage: python3 bench/pod_attribution_rss.py --seconds 120 --json OUT.json
+Usage: python -m bench.pod_attribution_rss --seconds 120 --json OUT.json
 Each run: 8 simulated H100s, fast poll 1 s, /metrics scraped every 5 s, pod-resources refreshed every 10 s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.sim_daemon import proc_status, report
+from tests.helpers.daemon import running_cli
+from tests.helpers.kubelet import FakeKubelet
 
-from bench.sim_daemon import proc_status  # noqa: E402
-from tests.helpers.kubelet import FakeKubelet  # noqa: E402
+
+def simulated_uuids(scenario: str) -> list[str]:
+    """The GPU UUIDs a daemon simulating `scenario` reports: the simulator derives them from the scenario."""
+    from gpuwarden.sim import install_simulator
+    from gpuwarden.sim.scenario import load_scenario
+
+    fake = install_simulator(load_scenario(scenario))
+    return [fake.uuid(i) for i in range(fake.count)]
 
 
 def run(seconds: float, port: int, socket: Path | None) -> dict[str, float]:
     flags = ["--no-pods.attribution"] if socket is None else [f"--pods.resources-socket={socket}"]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            "training",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            *flags,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with running_cli("--sim", "--nvml.scenario", "training", *flags, port=port, ready="/readyz") as (url, proc):
         start = proc_status(proc.pid)
         end_at = time.monotonic() + seconds
         body = b""
         while time.monotonic() < end_at:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            body = urllib.request.urlopen(url + "/metrics", timeout=5).read()
             time.sleep(5)
         end = proc_status(proc.pid)
         allocations = sum(1 for line in body.decode().splitlines() if line.startswith("gpuwarden_gpu_allocation{"))
@@ -60,9 +43,6 @@ def run(seconds: float, port: int, socket: Path | None) -> dict[str, float]:
             "cpu_millicores": round(1000 * (end["cpu_s"] - start["cpu_s"]) / seconds, 2),
             "allocation_series": allocations,
         }
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def main() -> int:
@@ -73,11 +53,7 @@ def main() -> int:
     off = run(args.seconds, 10061, None)
     with tempfile.TemporaryDirectory(prefix="kubelet-") as short:
         kubelet = FakeKubelet(Path(short) / "kubelet.sock").start()
-        from gpuwarden.sim import install_simulator
-        from gpuwarden.sim.scenario import load_scenario
-
-        fake = install_simulator(load_scenario("training"))
-        uuids = [fake.uuid(i) for i in range(fake.count)]  # the daemon's simulator derives the same UUIDs
+        uuids = simulated_uuids("training")
         kubelet.pods = [("train", f"worker-{i}", [("main", [("nvidia.com/gpu", [uuids[i]])])]) for i in range(6)]
         kubelet.pods += [
             ("dev", f"nb-{i}", [("jupyter", [("nvidia.com/gpu.shared", [f"{uuids[6 + i % 2]}::{i}"])])])
@@ -88,9 +64,7 @@ def main() -> int:
         finally:
             kubelet.stop()
     result = {"seconds": args.seconds, "off": off, "on": on, "rss_delta_mib": round(on["rss_mib"] - off["rss_mib"], 1)}
-    print(json.dumps(result, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 

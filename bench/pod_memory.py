@@ -10,7 +10,7 @@ A training job (bench/workloads/train.py) can hold the GPUs meanwhile (--job-sec
 processes. --compile writes the bytecode first, as the image's pip install does (the pod then reads .pyc files, and
 never compiles: its root is read-only).
 
-    python3 bench/pod_memory.py OUT.json NAME=EXPORTER_DIR[,OPTION...] ... [--phase-s 35] [--compile] [--job-seconds S]
+    python3 -m bench.pod_memory OUT.json NAME=EXPORTER_DIR[,OPTION...] ... [--phase-s 35] [--compile] [--job-seconds S]
 
 OPTION: ENV=VALUE (the exporter's environment), --FLAG=VALUE (its flags), limit=72M:96M (memory.max in each phase).
 

@@ -1,6 +1,6 @@
 """Fast-tier poll cost per GPU on real hardware against the raw NVML calls it makes, measured in the same run.
 
-Usage (GPU host): python3 bench/poll_cost.py --json OUT.json --md OUT.md [--repeat 50]
+Usage (GPU host): python3 -m bench.poll_cost --json OUT.json --md OUT.md [--repeat 50]
 
 1. Trace the NVML calls one fast-tier read of a GPU makes (wrapping pynvml's functions in this process only).
 2. Time gpuwarden's fast-tier read of each GPU (all readers, error policy, sample building) `repeat` times.
@@ -29,6 +29,7 @@ import pynvml
 from gpuwarden.config.settings import load_settings
 from gpuwarden.model.snapshot import Tier
 from gpuwarden.runtime.pipeline import Pipeline
+from tests.helpers.daemon import start_daemon
 
 SMI_QUERY = (
     "timestamp,name,pci.bus_id,driver_version,pstate,temperature.gpu,utilization.gpu,utilization.memory,"
@@ -92,18 +93,9 @@ def replay(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
 def daemon_run(seconds: float) -> dict[str, float]:
     """Start the daemon, measure time to ready, scrape every 15 s, report CPU millicores and RSS."""
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "--web.listen-address", "127.0.0.1:10047"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    while time.monotonic() - start < 60:
-        try:
-            if urllib.request.urlopen("http://127.0.0.1:10047/readyz", timeout=1).status == 200:
-                break
-        except OSError:
-            time.sleep(0.02)
+    exporter = start_daemon(port=10047, ready="/readyz", step=0.02, stderr=subprocess.DEVNULL)
     ready = time.monotonic() - start
+    url, proc = exporter
     ticks = os.sysconf("SC_CLK_TCK")
 
     def cpu() -> float:
@@ -113,13 +105,12 @@ def daemon_run(seconds: float) -> dict[str, float]:
     time.sleep(5)
     cpu0, t0 = cpu(), time.monotonic()
     while time.monotonic() - t0 < seconds:
-        urllib.request.urlopen("http://127.0.0.1:10047/metrics", timeout=5).read()
+        urllib.request.urlopen(url + "/metrics", timeout=5).read()
         time.sleep(15)
     cpu1, t1 = cpu(), time.monotonic()
     status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
     rss = int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
-    proc.terminate()
-    proc.wait(timeout=10)
+    exporter.stop()
     return {
         "time_to_ready_s": round(ready, 3),
         "cpu_millicores": round(1000 * (cpu1 - cpu0) / (t1 - t0), 2),

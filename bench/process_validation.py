@@ -2,7 +2,7 @@
 different loads; gpuwarden's per-process memory against `nvidia-smi --query-compute-apps`, its per-process SM
 utilization against the loads, and the cost of the per-process NVML reads per GPU.
 
-    python3 bench/process_validation.py OUTDIR      # on the GPU host (PyTorch there; our dependencies as wheels)
+    python3 -m bench.process_validation OUTDIR      # on the GPU host (PyTorch there; our dependencies as wheels)
 
 Writes OUTDIR/processes.json. GPU 0 is used; gpuwarden reads the host's /proc (it runs on the host here).
 """
@@ -43,7 +43,7 @@ def get_json(path: str) -> dict:
 
 
 def start_exporter() -> subprocess.Popen:
-    from gpm_validation import exporter  # bench/ is this script's folder: the same start-and-wait-ready helper
+    from bench.gpm_validation import exporter
 
     return exporter(
         "--poll.fast-interval", "1", "--processes.proc-root", "/proc", "--processes.per-pid-series", port=PORT

@@ -1,8 +1,8 @@
 """Record what the host's /proc shows of a launcher's ranks, as a fixture for tests/test_jobs.py.
 
 Run inside each rank (a launcher's worker command), e.g.:
-    torchrun --nproc-per-node 2 bench/record_proc.py OUT/torchrun
-    srun -n 2 python bench/record_proc.py OUT/srun
+    torchrun --nproc-per-node 2 -m bench.record_proc OUT/torchrun
+    srun -n 2 python -m bench.record_proc OUT/srun
 Each rank copies its own /proc/self/{environ,stat,cgroup,comm} to OUT/<name>/<pid>/, with the environment kept to the
 variables gpuwarden reads plus PATH and HOME (a recorded environment may carry secrets: nothing else is kept),
 and waits a moment so its siblings are alive when they record (their parent and session are then the launcher's).
@@ -16,9 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
-
-from gpuwarden.attribution.launcher import LAUNCH_VARIABLES  # noqa: E402
+from gpuwarden.jobs.launchers import LAUNCH_VARIABLES
 
 KEPT = LAUNCH_VARIABLES | {"PATH", "HOME"}
 

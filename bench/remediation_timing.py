@@ -1,7 +1,7 @@
 """How long `gpuwarden npd-plugin` and `gpuwarden slurm-healthcheck --dry-run` take per run, as node-problem-detector
 and slurmd run them (a fresh process each time), against the exporter over the simulator on loopback.
 
-    python bench/remediation_timing.py [--runs 20] [--scenario ecc-uncorrectable]
+    python -m bench.remediation_timing [--runs 20] [--scenario ecc-uncorrectable]
 
 NPD kills a plugin after 5 s by default, slurmd a health check after 60 s. Prints the median and the slowest run.
 The Slurm part needs sinfo on PATH and a reachable slurmctld; it is skipped (one line) otherwise.
@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers.daemon import free_port, running_cli
 
 
 def timed(command: list[str], runs: int) -> tuple[list[float], set[int]]:
@@ -39,18 +33,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--scenario", default="ecc-uncorrectable")
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    exporter = subprocess.Popen([sys.executable, "-m", "gpuwarden", "--sim", f"--nvml.scenario={args.scenario}",
-                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"{url}/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    scenario = f"--nvml.scenario={args.scenario}"
+    with running_cli("--sim", scenario, ready="/readyz", stderr=subprocess.DEVNULL) as (url, _):
         time.sleep(8)  # the scenario's faults (t=5 s) are in the verdicts
         print(f"scenario {args.scenario}, {args.runs} runs each, a fresh process per run")
         for condition in ("hardware", "nvlink", "thermal", "driver"):
@@ -69,9 +53,6 @@ def main() -> int:
                   f"slowest {max(took):.3f} s, exit codes {sorted(codes)}")  # fmt: skip
         else:
             print("slurm-healthcheck: skipped (no sinfo or no slurmctld answering here)")
-    finally:
-        exporter.terminate()
-        exporter.wait(10)
     return 0
 
 

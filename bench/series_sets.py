@@ -1,6 +1,6 @@
 """Dump, per shipped scenario, the sorted set of series (name + labels) after 12 s of simulated polling.
 
-`python bench/series_sets.py before.json` on one commit and `after.json` on another, then compare the two files:
+`python -m bench.series_sets before.json` on one commit and `after.json` on another, then compare the two files:
 a refactor must not change the series set (used for the pipeline split: 14 scenarios, identical).
 """
 
@@ -8,14 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from gpuwarden.exposition.render import Renderer  # noqa: E402
-from gpuwarden.nvml import library  # noqa: E402
-from gpuwarden.runtime.pipeline import Pipeline  # noqa: E402
-from gpuwarden.sim import install_simulator  # noqa: E402
-from gpuwarden.sim.scenario import load_scenario, shipped_scenarios  # noqa: E402
-from tests.helpers.common import ManualClock, settings  # noqa: E402
+from gpuwarden.exposition.render import Renderer
+from gpuwarden.nvml import library
+from gpuwarden.runtime.pipeline import Pipeline
+from gpuwarden.sim import install_simulator
+from gpuwarden.sim.scenario import load_scenario, shipped_scenarios
+from tests.helpers.common import ManualClock, settings
 
 
 def series_names(text: str) -> list[str]:

@@ -2,7 +2,7 @@
 memory, CPU at 1 s scrapes, sequential and 16-client scrape latency. Each exporter runs alone (never both at
 once); the start-up time is the median of five starts each, taken in turn.
 
-    python3 bench/side_by_side.py OUT.json        # on the GPU host; nvitop-exporter 1.7.2 installed beside ours
+    python3 -m bench.side_by_side OUT.json        # on the GPU host; nvitop-exporter 1.7.2 installed beside ours
 
 Two rounds: first as the packages lie (on the lent host they are unpacked without bytecode and the environment
 sets PYTHONDONTWRITEBYTECODE, so every start compiles every module from source), then after `compileall` of the

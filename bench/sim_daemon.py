@@ -1,6 +1,6 @@
 """Run the daemon on a simulated node and record time to ready, RSS, threads, fds and CPU over a long run.
 
-Usage: python3 bench/sim_daemon.py --seconds 600 --scenario training [--scrape-interval 15] --json OUT.json
+Usage: python -m bench.sim_daemon --seconds 600 --scenario training [--scrape-interval 15] --json OUT.json
 Polls at 1 s (fast) and 15 s (slow); /metrics is scraped every 15 s, as Prometheus would (or at
 --scrape-interval). RSS, threads and open fds are sampled every 60 s; CPU is user + system time of the process
 over the run.
@@ -16,6 +16,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from tests.helpers.daemon import start_daemon
 
 
 def proc_status(pid: int) -> dict[str, float]:
@@ -30,6 +33,13 @@ def proc_status(pid: int) -> dict[str, float]:
     }
 
 
+def report(result: dict[str, Any], path: str | None) -> None:
+    """A run's result on stdout (its per-minute samples left out) and, whole, as JSON into `path` if given."""
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=600)
@@ -38,29 +48,12 @@ def main() -> int:
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--json")
     args = parser.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            args.scenario,
-            "--web.listen-address",
-            f"127.0.0.1:{args.port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    exporter = start_daemon(
+        "--sim", "--nvml.scenario", args.scenario, port=args.port, ready="/readyz", step=0.01, stderr=subprocess.DEVNULL
     )
-    while True:
-        try:
-            if urllib.request.urlopen(url + "/readyz", timeout=1).status == 200:
-                break
-        except OSError:
-            time.sleep(0.01)
     ready_s = time.monotonic() - start
+    url, proc = exporter
     samples = [{"t_s": 0.0, **proc_status(proc.pid)}]
     t0 = time.monotonic()
     next_sample = 60.0
@@ -71,8 +64,7 @@ def main() -> int:
             samples.append({"t_s": round(time.monotonic() - t0), **proc_status(proc.pid)})
             next_sample += 60
     end = {"t_s": round(time.monotonic() - t0), **proc_status(proc.pid)}
-    proc.terminate()
-    proc.wait(timeout=10)
+    exporter.stop()
     first_minute = samples[1] if len(samples) > 1 else samples[0]
     result = {
         "scenario": args.scenario,
@@ -88,9 +80,7 @@ def main() -> int:
         "samples": samples + [end],
         "exit_code": proc.returncode,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    report(result, args.json)
     return 0
 
 

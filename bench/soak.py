@@ -1,6 +1,6 @@
 """Soak: run the daemon for a long time at fast polling with faults injected, sample RSS, fds and threads.
 
-Usage: python3 bench/soak.py --seconds 3600 --json OUT.json   (defaults: bench/soak-faults.yaml, 0.1 s polling)
+Usage: python -m bench.soak --seconds 3600 --json OUT.json   (defaults: bench/soak-faults.yaml, 0.1 s polling)
 Scrapes /metrics every 5 s and /api/v1/gpus every 30 s; samples every 60 s; counts failed scrapes and tracebacks.
 """
 
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_daemon import proc_status  # noqa: E402
+from bench.sim_daemon import proc_status, report
+from tests.helpers.daemon import start_daemon
 
 
 def main() -> int:
@@ -25,29 +24,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=10051)
     parser.add_argument("--json")
     args = parser.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
-    log = open("/tmp/gpuwarden-soak.log", "w")  # noqa: SIM115 - the child's stderr for the whole run
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            args.scenario,
-            "--web.listen-address",
-            f"127.0.0.1:{args.port}",
-            "--poll.fast-interval",
-            "0.1",
-            "--poll.slow-interval",
-            "1",
-            "--poll.call-deadline",
-            "2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    time.sleep(3)
+    log = Path("/tmp/gpuwarden-soak.log")
+    flags = ["--poll.fast-interval", "0.1", "--poll.slow-interval", "1", "--poll.call-deadline", "2"]
+    exporter = start_daemon("--sim", "--nvml.scenario", args.scenario, *flags, port=args.port, log=log)
+    url, proc = exporter
     start = time.monotonic()
     samples, failures, scrapes = [], 0, 0
     next_sample = 0.0
@@ -66,10 +46,8 @@ def main() -> int:
             failures += 1
         time.sleep(5)
     samples.append({"t_s": round(time.monotonic() - start), **proc_status(proc.pid)})
-    proc.terminate()
-    proc.wait(timeout=15)
-    log.close()
-    logs = Path("/tmp/gpuwarden-soak.log").read_text()
+    exporter.stop(timeout=15)
+    logs = exporter.output()
     after_warmup = [s for s in samples if s["t_s"] >= 120] or samples
     result = {
         "seconds": samples[-1]["t_s"],
@@ -87,9 +65,7 @@ def main() -> int:
         "exit_code": proc.returncode,
         "samples": samples,
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    report(result, args.json)
     return 0
 
 

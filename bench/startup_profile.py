@@ -2,7 +2,7 @@
 log's timings (NVML up, first snapshot), first metrics with GPU data, and RSS with glibc's default malloc arenas
 against MALLOC_ARENA_MAX=2.
 
-    python3 bench/startup_profile.py OUTDIR
+    python3 -m bench.startup_profile OUTDIR
 """
 
 from __future__ import annotations

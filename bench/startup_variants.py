@@ -6,7 +6,7 @@ gpuwarden (DIR holds its `exporter/`, e.g. the previous release) as "gpuwarden-b
 this checkout's is started from the repository root: a change's effect measured in one run on one host.
 `--bytecode-only` skips the as-installed round.
 
-    python3 bench/startup_variants.py OUT.json [N] [--against DIR] [--bytecode-only]
+    python3 -m bench.startup_variants OUT.json [N] [--against DIR] [--bytecode-only]
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import side_by_side  # noqa: E402 - the bench's own start/stop helpers
+from bench import side_by_side  # the bench's own start/stop helpers
 
 VARIANTS: dict[str, list[str]] = {}  # name → command line, started beside the two exporters
 

@@ -136,7 +136,7 @@ def start_fleet(out: Path) -> subprocess.Popen:
 
 
 def rendezvous_address() -> str:
-    """A non-loopback address of this host: a job key built on loopback is one node's only (launcher.py), so a
+    """A non-loopback address of this host: a job key built on loopback is one node's only (jobs/launchers.py), so a
     two-node job needs the address a second node would dial."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -1,6 +1,6 @@
 """Utilization accuracy on a real GPU: gpuwarden's busy-time counters vs the true duty cycle of a load.
 
-Usage (GPU host, PyTorch installed): python3 bench/util_accuracy.py --gpu 0 --json OUT.json --md OUT.md
+Usage (GPU host, PyTorch installed): python3 -m bench.util_accuracy --gpu 0 --json OUT.json --md OUT.md
 
 For each duty (20/50/80 %) and period (0.1-2 s) a child process runs bf16 matmuls for duty × period of every
 period and sleeps the rest, measuring its own on-time. gpuwarden's pipeline (1 s fast interval) runs in this process;

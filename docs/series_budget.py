@@ -13,7 +13,12 @@ from collections import Counter
 BUDGET = 400
 BUDGET_SCENARIO = "training"  # 8x H100 SXM on NVSwitch, every GPU busy with one process: GPM and processes on
 POD_SERIES = 8 + 1  # pod attribution on the budget node: an allocation per GPU, and the unmatched-devices gauge
-JOB_SERIES = 8  # the job view on the budget node, its eight GPUs one torchrun job: a wait counter per GPU
+# the job view on the budget node, its eight GPUs one torchrun job: a wait counter per GPU, and the node's three
+# sources of job identity (gpuwarden_job_identity_source_up: cgroup, cmdline, environ)
+JOB_SERIES = 8 + 3
+# the kernel log, read by default under the real driver (the simulator's budget node has none): its status series;
+# gpuwarden_kernel_log_lines_ignored_total has no series until a line naming the driver is ignored
+KERNEL_LOG_SERIES = 1
 BUDGET_SECONDS = 320  # past the 300 s bottleneck window, so gpuwarden_bottleneck_info is counted too
 POLL_STEP_S = 5  # simulated seconds between polls: every family is read at least this often at the defaults
 
@@ -50,14 +55,18 @@ def default_series(scenario: str = BUDGET_SCENARIO, seconds: int = BUDGET_SECOND
 
 
 def budget_table(counts: Counter[str]) -> str:
+    real_node = sum(counts.values()) + POD_SERIES + JOB_SERIES + KERNEL_LOG_SERIES
     lines = [
         f"Default series of the simulated 8x H100 NVSwitch node (`{BUDGET_SCENARIO}` scenario, after "
         f"{BUDGET_SECONDS} s): **{sum(counts.values())}** of the budget of {BUDGET}, without pod attribution. With it "
         f"(`pods.resources_socket`), each allocated GPU adds one `gpuwarden_gpu_allocation` series and the node one "
         f"`gpuwarden_pod_attribution_unmatched_devices`: **{sum(counts.values()) + POD_SERIES}** with every GPU "
         f"allocated; with the host's /proc showing one 8-rank job on the node, each GPU adds one "
-        f"`gpuwarden_job_collective_wait_seconds_total`: **{sum(counts.values()) + POD_SERIES + JOB_SERIES}** "
-        "(tests/test_series_budget.py counts that case).",
+        f"`gpuwarden_job_collective_wait_seconds_total` and the node three `gpuwarden_job_identity_source_up`: "
+        f"**{sum(counts.values()) + POD_SERIES + JOB_SERIES}** "
+        "(tests/test_series_budget.py counts that case). Where the kernel log is read (the real driver's default), "
+        f"the node adds `gpuwarden_kernel_log_up`: **{real_node}**; and one "
+        "`gpuwarden_kernel_log_lines_ignored_total` per reason a line naming the driver was ignored for (six at most).",
         "",
         "| family | series |",
         "|---|---|",

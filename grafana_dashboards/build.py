@@ -966,16 +966,19 @@ def _fleet_hot_failing_and_disconnected(layout: Layout) -> None:
     )
     layout.add(
         kind="table",
-        title="Kernel log: SXids, GPUs off the bus, driver library crashes",
+        title="Kernel log: SXids, GPUs off the bus, lines not counted, readers down",
         description="Counts since boot from each node's kernel log (nvml.kernel_log; under Helm the kernel-log-relay "
         "container), which NVML's events never report: NVSwitch SXids by switch and SXid, 'GPU has fallen off the "
-        "bus' by GPU, processes that crashed inside libnvidia-ml or libcuda by library. Empty where nothing was "
-        "logged. Runbooks: GpuwardenNvswitchSxid, GpuwardenGpuLost, GpuwardenDriverLibraryCrash.",
+        "bus' by GPU; lines naming the driver that counted for nothing, by reason (not_driver or user_facility: "
+        "text any process can put in the log, e.g. a crash inside a file it named); a 0 of gpuwarden_kernel_log_up: "
+        "a node whose kernel log is not read. Empty where nothing was logged. Runbooks: GpuwardenNvswitchSxid, "
+        "GpuwardenGpuLost.",
         targets=[
             target(
                 f"gpuwarden_kernel_sxid_errors_total{{{NODE_SELECTOR}}} > 0 "
                 f"or gpuwarden_kernel_fallen_off_bus_total{{{NODE_SELECTOR}}} > 0 "
-                f"or gpuwarden_kernel_driver_traps_total{{{NODE_SELECTOR}}} > 0",
+                f"or gpuwarden_kernel_log_lines_ignored_total{{{NODE_SELECTOR}}} > 0 "
+                f"or gpuwarden_kernel_log_up{{{NODE_SELECTOR}}} == 0",
                 fmt="table",
                 instant=True,
             ),

@@ -5,7 +5,7 @@ One exporter process per scenario (pynvml's library is process-wide), scraped by
 Test-time transforms, and nothing else: every `for:` is divided by 240 (1h → 15 s, 5m → 1 s; promtool covers the
 real durations; ExporterDown keeps a minute, longer than the stack's start-up), Alertmanager's group waits are
 shortened, and the PagerDuty URL, routing-key file and ticket URL point at this test. Prometheus and Alertmanager
-are Debian's binaries (no Docker engine here; testcontainers is not used for that reason).
+are Debian's binaries (no Docker engine here).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ EXPECTED = {
     # from the kernel log, logged before the exporter started (issue 39)
     "xid-before-start": ({"GpuwardenXidCritical"}, set()),
     "nvswitch-sxid": (set(), {"GpuwardenNvswitchSxid"}),
-    "driver-library-crash": (set(), {"GpuwardenDriverLibraryCrash"}),
+    "driver-library-crash": (set(), set()),  # a crash report any process can forge (issue 48): nothing opens
 }
 NEVER_PAGE = {
     "nvswitch-sxid",

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.common import raw, rss_mib, tls_web_config
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 

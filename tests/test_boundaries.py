@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.tiers import TierRunner
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls
@@ -109,6 +109,17 @@ def test_the_layer_contracts_hold():
                 "from gpuwarden.runtime import pipeline",
                 "gpuwarden.fleet is not allowed to import gpuwarden.runtime",
             ),
+            # the job view sits above the stages it reads and below the runtime: no arrow back up
+            (
+                "health/checks.py",
+                "from gpuwarden.jobs import collective",
+                "gpuwarden.health is not allowed to import gpuwarden.jobs",
+            ),
+            (
+                "jobs/collective.py",
+                "from gpuwarden.runtime import pipeline",
+                "gpuwarden.jobs is not allowed to import gpuwarden.runtime",
+            ),
         ],
         # the developer tier plants one edge of each kind of contract: a forbidden import and a layers back-edge
         lambda case: (
@@ -183,3 +194,55 @@ def test_every_shipped_reader_declares_what_it_writes(sim, make_pipeline):
         for _ in range(3):
             pipeline.poll_once()
         assert not [key for key in pipeline.snapshot.collect_errors if key[0].endswith("_tier")], scenario
+
+
+def import_cycles(package: str, path: Path) -> list[list[str]]:
+    """Every set of modules of `package` (found under `path`) that import one another round a loop: Tarjan's strongly
+    connected components over the direct imports grimp finds (imports inside functions included)."""
+    import grimp
+
+    sys.path.insert(0, str(path))
+    try:
+        graph = grimp.build_graph(package, cache_dir=None)
+    finally:
+        sys.path.remove(str(path))
+    edges = {
+        m: sorted(i for i in graph.find_modules_directly_imported_by(m) if i in graph.modules) for m in graph.modules
+    }
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in edges[module]:
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            component = []
+            while (member := stack.pop()) != module:
+                component.append(member)
+            if component:
+                cycles.append(sorted([module, *component]))
+
+    for module in sorted(graph.modules):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_loop(tmp_path):
+    """No import cycle anywhere in the package (collect/readers/__init__ and the readers imported each other); a
+    planted loop is found, so the check is alive."""
+    assert import_cycles("gpuwarden", ROOT / "exporter") == []
+    planted = tmp_path / "loopy"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "a.py").write_text("from loopy import b\n")
+    (planted / "b.py").write_text("def f():\n    from loopy import a\n")
+    assert import_cycles("loopy", tmp_path) == [["loopy.a", "loopy.b"]]

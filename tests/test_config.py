@@ -147,6 +147,19 @@ def test_check_config(tmp_path):
     assert run_cli("check-config").returncode == 2
 
 
+@pytest.mark.parametrize("section, key", [("health", "thresholds_file"), ("web", "config_file")])
+def test_check_config_refuses_a_config_whose_referenced_file_is_missing(tmp_path, section: str, key: str):
+    """check-config says what the daemon would say at start: a named file that does not exist is one line, exit 2
+    (it said ok, and the daemon then exited 2)."""
+    missing = tmp_path / "absent.yaml"
+    config = write_yaml(tmp_path / "config.yaml", {"nvml": {"backend": "sim"}, section: {key: str(missing)}})
+    checked = run_cli("check-config", str(config))
+    started = run_cli("--config", str(config))
+    lines = checked.stderr.strip().splitlines()
+    assert checked.returncode == 2 and len(lines) == 1 and str(missing) in lines[0], checked.stderr
+    assert started.returncode == 2 and started.stderr.strip() == checked.stderr.strip()
+
+
 def test_help_documents_every_option_and_version():
     result = run_cli("--help")
     assert result.returncode == 0
@@ -224,30 +237,11 @@ def test_help_names_choices_and_never_prints_an_empty_default():
     assert "One of: logfmt, json." in text and "Default: none." in text
 
 
-def answered_200(proc: subprocess.Popen, url: str, timeout: float = 20) -> None:
-    """Wait until `url` answers 200; fail if the process exits first or the time runs out."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else proc.returncode
-        assert time.monotonic() < deadline, f"{url} did not answer 200 in {timeout} s"
-        time.sleep(0.1)
-
-
 def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_still_fail():
     """A Service named gpuwarden makes Kubernetes inject GPUWARDEN_PORT=tcp://… and friends into every pod of the
     namespace: the exporter serves, says once what it ignored, and an unknown variable of our own still exits 2."""
-    import os
+    from tests.helpers.daemon import running_cli
 
-    port = free_port()
     links = {
         "GPUWARDEN_PORT": "tcp://10.0.0.1:10045",
         "GPUWARDEN_SERVICE_HOST": "10.0.0.1",
@@ -259,20 +253,9 @@ def test_kubernetes_service_link_variables_are_ignored_with_one_line_and_others_
         "GPUWARDEN_PORT_10045_TCP_PROTO": "tcp",
         "GPUWARDEN_FLEET_SERVICE_HOST": "10.0.0.2",  # the fleet Service's: not the exporter's to judge
     }
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
-        env={**base, **links},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        answered_200(proc, f"http://127.0.0.1:{port}/readyz")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    log = proc.stderr.read()
+    with running_cli("--sim", env=links, ready="/readyz") as exporter:
+        pass
+    log = exporter.output()
     lines = [line for line in log.splitlines() if "service-link" in line]
     assert len(lines) == 1 and "GPUWARDEN_PORT_10045_TCP_ADDR" in lines[0], log
     bogus = run_cli("--sim", env={**links, "GPUWARDEN_WEB_LISTEN_ADRESS": ":1"})
@@ -283,7 +266,7 @@ def test_the_expected_gpu_count_is_served_only_where_set():
     """nvml.expected_gpus is what GpuwardenGpuCountDropped compares with: a fact that survives restarts."""
     import httpx
 
-    from tests.helpers.stack import running_cli
+    from tests.helpers.daemon import running_cli
 
     with running_cli("--sim", "--nvml.expected-gpus", "8") as (url, _):
         text = httpx.get(url + "/metrics", timeout=10).text
@@ -293,22 +276,12 @@ def test_the_expected_gpu_count_is_served_only_where_set():
 
 
 def test_the_fleet_service_ignores_its_own_service_link_variables_with_one_line():
-    """A Service named gpuwarden-fleet injects GPUWARDEN_FLEET_PORT=tcp://… into the namespace's pods."""
-    import os
+    from tests.helpers.daemon import running_cli
 
-    port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
     links = {"GPUWARDEN_FLEET_PORT": "tcp://10.0.0.2:10046", "GPUWARDEN_FLEET_SERVICE_HOST": "10.0.0.2"}
-    argv = ["fleet", "--prometheus-url", "http://127.0.0.1:9", "--web.listen-address", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", *argv], env={**base, **links}, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        answered_200(proc, f"http://127.0.0.1:{port}/healthz")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    lines = [line for line in proc.stderr.read().splitlines() if "service-link" in line]
+    with running_cli("fleet", "--prometheus-url", "http://127.0.0.1:9", env=links) as fleet:
+        pass
+    lines = [line for line in fleet.output().splitlines() if "service-link" in line]
     assert len(lines) == 1 and "GPUWARDEN_FLEET_SERVICE_HOST" in lines[0], lines
 
 

@@ -65,8 +65,10 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
         fake.close()
     # Only under injected faults, covered in test_error_policy: a hardware error and a hung call.
     hardware = {"gpuwarden_gpu_hardware_error_info", "gpuwarden_collect_timeouts_total"}
-    # Only with a kubelet answering, covered in test_podresources.
+    # Only with a kubelet answering, covered in test_podresources; the watcher's state only where there could be one
+    # (a simulated node watches no default socket that is absent: test_podresources).
     hardware |= {"gpuwarden_gpu_allocation", "gpuwarden_pod_attribution_unmatched_devices", "gpuwarden_mig_allocation"}
+    hardware |= {"gpuwarden_pod_attribution_up"}
     # Only where GPM cannot be read for lack of permission, covered in test_gpm.
     hardware |= {"gpuwarden_gpm_unavailable_info"}
     # Only once the bottleneck window (300 s by default) has been watched, covered in test_gpm.
@@ -77,9 +79,8 @@ def test_every_contract_family_appears_in_some_scenario(sim, make_pipeline):
     hardware |= {"gpuwarden_gpus_expected"}
     # Only where processes run inside Slurm job steps (their cgroups on a host /proc), covered in test_processes.
     hardware |= {"gpuwarden_slurm_job_gpu_memory_used_bytes", "gpuwarden_slurm_job_sm_active_seconds_total"}
-    # Only where the host's /proc shows the ranks of a multi-GPU job (their launcher's variables or one parent), and
-    # a straggler or hang among them: test_jobs writes that /proc for the simulated ranks.
-    hardware |= {"gpuwarden_job_collective_wait_seconds_total", "gpuwarden_job_finding"}
+    # Only once a job's straggler or hang has held for a while (the `jobs` scenario's, after 30 s): test_jobs_scenario.
+    hardware |= {"gpuwarden_job_finding"}
     # Only where the kernel log holds a fallen-off-the-bus line for a GPU NVML still lists (a simulated GPU is lost
     # by its fault, not by a log line): test_kernel_log hands the exporter such a log.
     hardware |= {"gpuwarden_kernel_fallen_off_bus_total"}

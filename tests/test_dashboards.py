@@ -39,6 +39,7 @@ SCENARIOS = [
     "mig-inference",
     "fabric-degraded",
     "nvswitch-sxid",  # the kernel log's panel
+    "driver-library-crash",  # a crash report naming the driver's library: only ignored, and counted
 ]
 # what a query may reference beyond the exporter's families
 EXTERNAL = {"ALERTS", "up"}
@@ -231,10 +232,15 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
     }
     assert (thermal, "2", "hw_thermal_slowdown") in reasons
     assert not [r for r in reasons if r[0] == prometheus.instance_of("healthy")]
-    kernel = rows("gpuwarden-fleet.json", "Kernel log: SXids, GPUs off the bus, driver library crashes")
-    assert [(r["metric"]["instance"], r["metric"]["sxid"], r["value"][1]) for r in kernel] == [
-        (prometheus.instance_of("nvswitch-sxid"), "20034", "1")
-    ]
+    kernel = rows("gpuwarden-fleet.json", "Kernel log: SXids, GPUs off the bus, lines not counted, readers down")
+    assert sorted(
+        (r["metric"]["instance"], r["metric"].get("sxid") or r["metric"].get("reason"), r["value"][1]) for r in kernel
+    ) == sorted(
+        [
+            (prometheus.instance_of("nvswitch-sxid"), "20034", "1"),
+            (prometheus.instance_of("driver-library-crash"), "not_driver", "1"),
+        ]
+    )
     down = {(r["metric"]["instance"], r["metric"]["gpu"]) for r in rows("gpuwarden-fleet.json", "NVLink problems")}
     assert (prometheus.instance_of("nvlink-down"), "4") in down  # 17 links against its peers' 18
     links = {

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs import host_reading
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.snapshot import HostEvidence
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings, sweep, write_yaml
@@ -135,7 +136,7 @@ def test_a_fault_inside_its_sustain_window_reads_pending_with_how_long_it_was_se
     early = by_check(diagnose(pipeline.poll_once()))
     temperature, throttling = early[("temperature", 2)], early[("thermal_throttling", 2)]
     assert temperature.severity == "pending" and "92 °C" in temperature.observed[:8], temperature
-    assert "seen for 30 s of the 120 s" in temperature.observed, temperature.observed
+    assert "seen for 30 s of 120 s" in temperature.observed, temperature.observed
     assert throttling.severity == "pending" and "thermal_slowdown active" in throttling.observed, throttling
     assert temperature.likely_cause and temperature.recommended_action  # what it will be, and what to do
     assert ("temperature", 0) not in early  # the cool GPUs: nothing
@@ -170,6 +171,8 @@ def test_a_lost_gpu_finding_says_which_gpu_to_reset_and_what_held_it(default_pip
     # by PCI bus id, as the runbook says: an index can shift once a GPU has fallen off the bus (issue 36)
     assert bus_id and f"nvidia-smi -r -i {bus_id}" in lost.recommended_action, lost.recommended_action
     assert lost.holders, lost  # the processes last seen on it: the job that died with it
+    # said as the last holders, not as holding a GPU that answers nothing
+    assert "held before the loss by" in lost.observed and "; held by" not in lost.observed, lost.observed
 
 
 def test_pending_page_retirement_is_not_called_a_row_remap(default_pipeline):
@@ -210,7 +213,7 @@ def fake_proc(root: Path, pid: int, main: str, others: str = "S", workers: str =
 
 
 def test_a_thread_sample_reads_states_and_worker_children(tmp_path):
-    from gpuwarden.attribution.activity import sample
+    from gpuwarden.jobs.activity import sample
 
     root = fake_proc(tmp_path / "proc", 4242, main="R", others="D", workers="RRS")
     seen = sample(root, 4242)
@@ -291,4 +294,4 @@ def test_a_checkpoint_is_the_cause_only_where_the_writes_hold_the_loop(main, io_
         pid=1, samples=8, main_running=main, io_wait=io_wait, workers_running=0.0, asleep=asleep, workers=4,
         write_bytes_per_second=written_mb * 1e6,
     )  # fmt: skip
-    assert evidence.dominant() == expected
+    assert host_reading.dominant(evidence) == expected

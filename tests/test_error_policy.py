@@ -178,6 +178,27 @@ def test_driver_upgraded_under_us_is_fatal(sim, make_pipeline):
     assert scraped(pipeline)[("gpuwarden_nvml_up", frozenset())] == 0
 
 
+def test_driver_upgraded_before_the_gpus_are_opened_is_fatal(sim):
+    """The mismatch met while opening a GPU (a slow start under load: NVML up, the driver changed before discovery)
+    is the library's end, as it is later, not a GPU skipped and served as lost for good: the daemon then never
+    exited for its restart (seen under CI's load)."""
+    import pynvml
+
+    from gpuwarden.nvml import session
+    from gpuwarden.nvml.errors import NvmlDownError
+
+    clock = ManualClock()
+    sim({"node": {"count": 1}, "faults": [{"kind": "version_mismatch", "at": 5}]}, clock=clock)
+    pynvml.nvmlInit()
+    try:
+        assert session.open_index(0)[1].startswith("GPU-")
+        clock.advance(6)
+        with pytest.raises(NvmlDownError, match="lib_rm_version_mismatch"):
+            session.open_index(0)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def test_hung_call_marks_only_that_gpu_stale_and_threads_stay_bounded(sim, make_pipeline):
     """The hang's window is on the fake's clock, moved by hand: the first poll reads GPU 2 before the hang whatever
     the machine's load (on the wall clock a starved first poll met the hang, and GPU 2 had no last values)."""

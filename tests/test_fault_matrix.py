@@ -10,10 +10,10 @@ import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 
 from tests.helpers.common import free_port, parse_exposition, values, wait_for, write_yaml
+from tests.helpers.daemon import start_daemon
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
@@ -126,30 +126,16 @@ def test_driver_library_version_mismatch_exits_for_a_restart(tmp_path):
 def test_a_native_abort_in_the_daemon_leaves_every_threads_python_stack(tmp_path):
     """glibc's abort on a corrupted heap (SIGABRT, as one exporter died on a lent H200) prints each thread's stack:
     without faulthandler the process dies with one line and nothing says which NVML call was running."""
-    port = free_port()
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "--sim", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    exporter = start_daemon("--sim")
     try:
-        wait_for(lambda: _answers(port), timeout=60)
-        daemon.send_signal(signal.SIGABRT)
-        _, stderr = daemon.communicate(timeout=30)
+        exporter.proc.send_signal(signal.SIGABRT)
+        _, stderr = exporter.proc.communicate(timeout=30)
     finally:
-        daemon.kill()
-    assert daemon.returncode == -signal.SIGABRT
+        exporter.stop()
+    assert exporter.proc.returncode == -signal.SIGABRT
     assert "Fatal Python error: Aborted" in stderr
     threads = stderr.count("Thread 0x") + stderr.count("Current thread 0x")
     assert threads >= 2 and "gpuwarden" in stderr  # the poller's and the server's threads, in our frames
-
-
-def _answers(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_xid_storm(live_server):

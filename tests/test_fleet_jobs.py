@@ -11,8 +11,6 @@ bound: scrape interval plus rule evaluations; here Prometheus scrapes every seco
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from tests.helpers.common import free_port, wait_for
+from tests.helpers.daemon import start_daemon
 from tests.helpers.fleet import FleetServer, fleet_settings
 from tests.helpers.stack import FAST_EXPORTER_FLAGS, PROMETHEUS, Stack, wait_ready
 
@@ -78,15 +77,11 @@ def test_the_fleet_names_the_straggler_node_gpu_and_rank_of_a_multi_node_job(tmp
         for node, (sim, pids, first_rank) in nodes.items():
             path = tmp_path / f"{node}.yaml"
             path.write_text(yaml.safe_dump({"name": node, **sim}))
-            port = free_port()
             proc_root = ranks_proc(tmp_path / f"{node}-proc", pids, first_rank)
-            args = [sys.executable, "-m", "gpuwarden", "--sim", "--nvml.scenario", str(path), "--web.listen-address",
-                    f"127.0.0.1:{port}", "--processes.proc-root", str(proc_root), *FAST_EXPORTER_FLAGS]  # fmt: skip
-            log = (tmp_path / f"{node}.log").open("wb")
-            exporters.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT))
-            started[node] = time.monotonic()
-            wait_ready(f"http://127.0.0.1:{port}/healthz")
-            targets.append({"targets": [f"127.0.0.1:{port}"], "labels": {"node": node}})
+            started[node] = time.monotonic()  # the scenario's clock starts with the process
+            flags = ["--processes.proc-root", str(proc_root), *FAST_EXPORTER_FLAGS]
+            exporters.append(start_daemon("--sim", "--nvml.scenario", str(path), *flags, log=tmp_path / f"{node}.log"))
+            targets.append({"targets": [f"127.0.0.1:{exporters[-1].port}"], "labels": {"node": node}})
         (tmp_path / "targets.json").write_text(json.dumps(targets))
         prometheus_port = free_port()
         config = {
@@ -127,7 +122,6 @@ def test_the_fleet_names_the_straggler_node_gpu_and_rank_of_a_multi_node_job(tmp
         jobs_a = httpx.get(f"http://127.0.0.1:{port_a}/api/v1/health", timeout=10).json()["jobs"]
         assert [j["kind"] for j in jobs_a] == ["waiting_elsewhere"], jobs_a
     finally:
-        for proc in exporters:
-            proc.terminate()
-            proc.wait(timeout=10)
+        for exporter in exporters:
+            exporter.stop()
         stack.stop()

@@ -23,7 +23,7 @@ import pytest
 from gpuwarden.fleet.settings import parse_duration
 from gpuwarden.fleet.views import _node_name
 from tests.helpers.common import rss_mib
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 pytestmark = pytest.mark.slow
 QUERY_TIMEOUT = 2.0

@@ -14,7 +14,7 @@ import httpx
 from gpuwarden.cli.main import main
 from gpuwarden.runtime.service import settle_memory
 from tests.helpers.common import free_port
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 KEPT_OUT = {
     "pydantic": "settings are exporter/gpuwarden/config/typed.py dataclasses",

@@ -24,7 +24,7 @@ from gpuwarden.nvml import gpm_sampler
 from gpuwarden.nvml.gpm_sampler import ChildProcessSampler, GpmSamplerDown, GpmSamplerStarting, InProcessSampler
 from gpuwarden.sim.fakecommon import SimulatedMemoryCorruption
 from tests.helpers.common import parse_exposition, values, wait_for, write_yaml
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 

@@ -95,6 +95,8 @@ VARIANTS = {
     "process-attribution": {
         "processes": {"hostProc": True, "perPidSeries": True, "maxPidSeries": 8},
     },
+    "job-view-pod-api": {"jobs": {"podApi": {"enabled": True}}},
+    "no-host-proc": {"processes": {"hostProc": False}},
     "tls-and-basic-auth": {
         "webConfig": {
             **TLS,
@@ -130,6 +132,7 @@ VARIANTS = {
         "dashboards": {"enabled": False},
         "serviceAccount": {"create": False},
         "kernelLog": {"enabled": False},
+        "processes": {"hostProc": False},
     },
 }
 RELAY = "kernel-log-relay"
@@ -284,29 +287,71 @@ def test_security_settings(variant: str) -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
         host_paths = {v["name"] for v in pod["volumes"] if "hostPath" in v}
         # the host's /proc and pod logs only when asked for, read-only, still non-root and without hostPID
-        expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes") else set()
+        # the job view's (processes.hostProc, on by default)
+        expected = {"host-proc", "pod-logs"} if VARIANTS[variant].get("processes", {}).get("hostProc", True) else set()
+        # the state file's directory, the exporter's one writable host path (test below)
+        expected |= {"state"}
         if VARIANTS[variant].get("npd"):
             expected |= {"npd-state"}  # NPD's debounce counts on the host's tmpfs (/run), written by NPD alone
         if kernel_log:
             expected |= {"kmsg"}  # the relay's alone (above)
         assert host_paths == expected
-        assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths)
+        assert all(m["readOnly"] is True for m in ctr["volumeMounts"] if m["name"] in host_paths - {"state"})
         assert "--no-pods.attribution" in ctr["args"]
     # no GPU is requested: the exporter must not take GPUs away from the scheduler
     for section in ("requests", "limits"):
         assert not any(k.startswith("nvidia.com/") for k in ctr["resources"].get(section, {}))
 
 
+def test_the_state_file_lives_on_a_host_path_the_exporter_owns_or_in_an_emptydir() -> None:
+    """Issue 48: a replaced pod must not forget what pages or drains. The state file's host directory is mounted
+    writable at the path the exporter is told; where the exporter runs as non-root, an init container with CAP_CHOWN
+    alone makes the kubelet's root-owned directory the exporter's (its user and group, as the values set them); as
+    root (pod attribution) there is none; with no host path (the plain manifests) an emptyDir."""
+
+    def parts(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        objects = render(values)
+        pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "state")
+        owners = [c for c in pod.get("initContainers", []) if c["name"] == "state-owner"]
+        return container(objects), volume, owners
+
+    ctr, volume, (owner,) = parts({})
+    assert "--health.state-file=/var/lib/gpuwarden/state.json" in ctr["args"]
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "state")
+    assert mount["mountPath"] == "/var/lib/gpuwarden" and not mount.get("readOnly")
+    assert volume["hostPath"] == {"path": "/var/lib/gpuwarden", "type": "DirectoryOrCreate"}
+    assert owner["command"] == ["chown", "10045:10045", "/var/lib/gpuwarden"]
+    security = owner["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]} and security["runAsUser"] == 0
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert [m["name"] for m in owner["volumeMounts"]] == ["state"]
+    _, _, (owner,) = parts({"podSecurityContext": {"runAsUser": 2000}, "securityContext": {"runAsGroup": 3000}})
+    assert owner["command"][1] == "2000:3000"
+    _, volume, owners = parts({"podResources": {"enabled": True}})  # root already: nothing to chown
+    assert volume["hostPath"]["path"] == "/var/lib/gpuwarden" and owners == []
+    _, volume, owners = parts({"state": {"hostPath": "/srv/gpuwarden"}})
+    assert volume["hostPath"]["path"] == "/srv/gpuwarden" and owners
+    ctr, volume, owners = parts({"state": {"hostPath": ""}})
+    assert volume == {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}} and owners == []
+    assert "--health.state-file=/var/lib/gpuwarden/state.json" in ctr["args"]
+    result = run_render("template", "--values-json", json.dumps({"state": {"hostPath": "var/lib"}}))
+    assert result.returncode != 0 and "hostPath" in result.stderr
+
+
 def test_a_namespace_that_refuses_privileged_containers_fails_the_install_in_one_line() -> None:
-    """The relay is privileged: a namespace enforcing Pod Security baseline or restricted would let the DaemonSet
-    make no pod at all, silently. The install fails instead, naming the two ways out; with the kernel log off, or in
-    a privileged namespace, it installs."""
+    """The relay is privileged, the host's /proc a hostPath: a namespace enforcing Pod Security baseline or
+    restricted would let the DaemonSet make no pod at all, silently. The install fails instead, naming the ways out;
+    with both off, or in a privileged namespace, it installs."""
     for level in ("baseline", "restricted"):
         labels = json.dumps({"pod-security.kubernetes.io/enforce": level})
         result = run_render("template", "--values-json", "{}", "--namespace-labels", labels)
         assert result.returncode == 1 and f"enforces Pod Security {level}" in result.stderr, result.stderr
         assert "kernelLog.enabled=false" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-        off_values = json.dumps({"kernelLog": {"enabled": False}})
+        no_relay = json.dumps({"kernelLog": {"enabled": False}})
+        result = run_render("template", "--values-json", no_relay, "--namespace-labels", labels)
+        assert result.returncode == 1 and "processes.hostProc=false" in result.stderr, result.stderr
+        off_values = json.dumps(PLAIN_VALUES)
         off = run_render("template", "--values-json", off_values, "--namespace-labels", labels)
         assert off.returncode == 0 and f"name: {RELAY}" not in off.stdout  # (the dashboards name it in a description)
     privileged = json.dumps({"pod-security.kubernetes.io/enforce": "privileged"})
@@ -379,7 +424,10 @@ def test_variants_switch_what_they_say() -> None:
     processes = container(render(VARIANTS["process-attribution"]))
     assert "--processes.proc-root=/host/proc" in processes["args"]
     assert "--processes.max-pid-series=8" in processes["args"]
-    assert not any(a.startswith("--processes.") for a in container(render())["args"])
+    defaults = container(render())["args"]  # the job view on by default: the host's /proc, no per-PID series
+    assert "--processes.proc-root=/host/proc" in defaults and "--processes.per-pid-series" not in defaults
+    assert not any(a.startswith("--processes.") for a in container(render(VARIANTS["no-host-proc"]))["args"])
+    assert not any(a.startswith("--pods.api") for a in defaults)
 
     bare = render(VARIANTS["nothing-optional"])
     assert kinds(bare) == ["ConfigMap", "DaemonSet", "Service"]
@@ -443,8 +491,17 @@ def test_the_exporter_accepts_the_rendered_config_and_args(tmp_path: Path) -> No
         assert settings.web.port == 10045 and settings.web.probe_port == 10047
         assert settings.log.format == "json"
         assert settings.pods.attribution is bool(variant.get("podResources", {}).get("enabled"))
-        hosted = bool(variant.get("processes", {}).get("hostProc"))
+        hosted = variant.get("processes", {}).get("hostProc", True)  # the job view is on by default
         assert (settings.processes.proc_root == Path("/host/proc")) is hosted
+        pod_api = variant.get("jobs", {}).get("podApi", {}).get("enabled", False)
+        assert (settings.pods.api_server == "in-cluster") is pod_api
+        if pod_api:  # the token and CA the projected volume mounts, and nothing more than `get` on pods
+            mounts = {m["mountPath"] for m in container(objects)["volumeMounts"]}
+            assert settings.pods.api_token_file.parent.as_posix() in mounts
+            (role,) = [
+                o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("pod-reader")
+            ]
+            assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
 def test_scrape_objects_select_the_pods_and_label_the_node() -> None:
@@ -542,7 +599,8 @@ def test_dashboard_configmaps_equal_the_dashboards() -> None:
     assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in maps)
 
 
-PLAIN_VALUES = {"kernelLog": {"enabled": False}}  # their namespace enforces Pod Security restricted
+# their namespace enforces Pod Security restricted: no privileged relay, no hostPath
+PLAIN_VALUES = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}, "state": {"hostPath": ""}}
 
 
 def test_plain_manifests_are_the_default_render() -> None:
@@ -869,7 +927,7 @@ def test_npd_is_off_by_default_and_on_renders_the_shipped_config_with_a_token_fo
     npd = container(objects, "node-problem-detector")
     assert npd["image"] == container(objects)["image"]  # NPD runs where `gpuwarden npd-plugin` exists
     assert npd["command"][0] == "/npd/node-problem-detector"
-    (init,) = pod["initContainers"]
+    (init,) = [c for c in pod["initContainers"] if c["name"] == "npd-binary"]
     assert init["image"].startswith("registry.k8s.io/node-problem-detector/") and init["command"][0] == "cp"
     token = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert pod["automountServiceAccountToken"] is False

@@ -23,7 +23,7 @@ import pytest
 from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, tls_web_config, values, write_yaml
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 

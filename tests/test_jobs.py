@@ -1,7 +1,7 @@
 """Jobs across GPUs, found from the host without hooks, and judged as one (issue 37).
 
-- What the launchers leave in /proc: fixtures in tests/data/proc (tests/data/proc/README.md says which were
-  recorded from real launchers and which were written from an operator's documented environment).
+- Which GPUs form a job, from the host's /proc: tests/test_job_grouping.py (and, unprivileged, against real
+  processes of another user: tests/test_jobs_unprivileged.py).
 - The job view on the simulator, beneath the real pynvml, with a /proc written for the simulated ranks: a straggler
   named with its cause and its waiters within 60 s of the onset, a hang, a slower GPU, and a balanced job that never
   gets a finding. The GPU-side numbers are the ones measured on 2x and 4x H200 (docs/diagnosis.md).
@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,99 +16,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.attribution import launcher
 from gpuwarden.exposition.render import Renderer
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings
-
-FIXTURES = Path(__file__).resolve().parent / "data" / "proc"
-
-
-def _proc_from(fixture: str, root: Path) -> Path:
-    (root / "self").mkdir(parents=True, exist_ok=True)
-    for pid in (FIXTURES / fixture).iterdir():
-        shutil.copytree(pid, root / pid.name)
-    return root
-
-
-@pytest.mark.parametrize(
-    ("fixture", "namespace", "expected"),
-    [
-        # srun -n 2 on a one-node Slurm cluster (Debian's slurmd), recorded: the job ID and SLURM_PROCID
-        ("srun", "", {"29713": ("slurm/1", "0", 2), "29714": ("slurm/1", "1", 2)}),
-        # a PyTorchJob's master pod running torchrun: the rendezvous, qualified by the namespace; torchrun's run id
-        # is "none" under the static rendezvous, so it is not part of the key
-        (
-            "kubeflow-pytorchjob",
-            "ml",
-            {"41207": ("ml/llama-ft-master-0:23456", "0", 4), "41208": ("ml/llama-ft-master-0:23456", "1", 4)},
-        ),
-        # an Indexed Job's pod 1: RANK from the completion index, the rendezvous at pod 0's stable name
-        ("indexed-job", "ml", {"7315": ("ml/train-0.train:29500", "1", 2)}),
-        # torchrun on one node, recorded: MASTER_ADDR is localhost, so the key is this node's; the rdzv id kept
-        (
-            "torchrun-c10d",
-            "",
-            {"733": ("local/localhost:44769/llama7b-ft", "0", 2), "734": ("local/localhost:44769/llama7b-ft", "1", 2)},
-        ),
-        (
-            "torchrun-standalone",
-            "",
-            {
-                "684": ("local/localhost:33213/d8051031-e2ed-4c4a-9972-fbefe9fd98bb", "0", 2),
-                "685": ("local/localhost:33213/d8051031-e2ed-4c4a-9972-fbefe9fd98bb", "1", 2),
-            },
-        ),
-        # mp.spawn, recorded: the rendezvous set inside the program reaches the children's environment, the ranks
-        # do not: one job, ranks unknown
-        (
-            "mp-spawn",
-            "",
-            {"769": ("local/localhost:12355", "unknown", None), "770": ("local/localhost:12355", "unknown", None)},
-        ),
-    ],
-)
-def test_each_launcher_gives_the_job_key_and_rank_it_set(tmp_path, fixture, namespace, expected):
-    root = _proc_from(fixture, tmp_path / "proc")
-    for pid, (job, rank, world) in expected.items():
-        found = launcher.read_launch(root, int(pid), namespace)
-        assert (found.job, found.rank, found.world_size) == (job, rank, world), (pid, found)
-
-
-def test_only_the_launch_variables_are_read_and_unsafe_values_are_dropped():
-    raw = (FIXTURES / "kubeflow-pytorchjob" / "41207" / "environ").read_bytes()
-    assert b"AWS_SECRET_ACCESS_KEY" in raw  # the fixture carries a secret, as a real pod's environment may
-    found = launcher.parse_environ(raw)
-    assert "AWS_SECRET_ACCESS_KEY" not in found and "PATH" not in found and found["RANK"] == "0"
-    hostile = (
-        b"MASTER_ADDR=a b\0MASTER_PORT=29500\0RANK=" + b"9" * 200 + b"\0WORLD_SIZE=\xff\0SLURM_JOB_ID=" + b"x" * 500
-    )
-    assert launcher.parse_environ(hostile) == {"MASTER_PORT": "29500"}  # spaces, overlong, non-ASCII: dropped
-    assert launcher.launch_from(launcher.parse_environ(hostile)).job == ""  # no address: no key, never a guess
-    assert launcher.launch_from({"RANK": "9" * 50}).rank == "unknown"  # not a rank: unknown, not exported
-
-
-def test_a_loopback_rendezvous_is_this_nodes_only_and_a_slurm_cgroup_outranks_the_environment():
-    spawn_style = {"MASTER_ADDR": "localhost", "MASTER_PORT": "12355"}  # mp.spawn's ranks: set inside the program
-    found = launcher.launch_from(spawn_style)
-    assert (found.job, found.rank) == ("local/localhost:12355", "unknown")
-    torchrun = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "llama7b", "RANK": "9",
-                "TORCHELASTIC_RESTART_COUNT": "2"}  # fmt: skip
-    assert launcher.launch_from(torchrun).job == "10.0.0.5:29400/llama7b#2"  # a restart is a new key
-    assert launcher.launch_from({**torchrun, "SLURM_JOB_ID": "77"}, slurm_job="81").job == "slurm/81"
-
-
-def test_recorded_ranks_of_one_launcher_share_a_parent():
-    for fixture in ("torchrun-c10d", "torchrun-standalone", "mp-spawn", "srun"):
-        trees = {launcher.parse_stat((pid / "stat").read_text()) for pid in (FIXTURES / fixture).iterdir()}
-        assert len({tree.ppid for tree in trees if tree}) == 1, (fixture, trees)
-
-
-def test_the_process_tree_is_read_past_a_command_name_with_parentheses():
-    assert launcher.parse_stat("4242 (py (thon) x) S 17 4242 4200 0 -1") == launcher.ProcessTree(17, 4200)
-    assert launcher.parse_stat("garbage") is None
-
 
 # --- the job view on the simulator -------------------------------------------------------------------------------
 
@@ -306,14 +216,14 @@ def test_a_process_computing_on_a_ranks_gpu_makes_it_the_straggler(sim, tmp_path
 
 
 @pytest.mark.slow  # minutes of a 4-GPU job on the manual clock
-def test_mp_spawn_ranks_are_one_job_by_their_parent_with_ranks_unknown(sim, tmp_path):
+def test_ranks_sharing_only_a_parent_are_no_job_and_get_no_finding(sim, tmp_path):
+    """mp.spawn's ranks where their environment cannot be read (its rendezvous is there), or replicas under one
+    supervisor: one parent alone is no evidence of one job, so no GPU is named a straggler against the others."""
     _, timeline = run_job(sim, tmp_path, job_scenario({0: WAITER, 1: CPU_BOUND, 2: WAITER, 3: WAITER}),
                           ONSET + 70, environ=False)  # fmt: skip
     _, findings, snapshot = timeline[-1]
-    assert {m.job for m in snapshot.jobs.values()} == {"local/ppid-4990"}
-    assert {m.rank for m in snapshot.jobs.values()} == {"unknown"}
-    (finding,) = findings
-    assert finding.gpu == 1 and finding.job["straggler"]["rank"] == "unknown"
+    assert {m.job for m in snapshot.jobs.values()} == {f"local/pid-{pid}" for pid in PIDS}
+    assert all(m.peers == 0 for m in snapshot.jobs.values()) and not findings
 
 
 @pytest.mark.slow  # minutes of a 4-GPU job on the manual clock

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.common import parse_exposition, wait_for
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 from tests.test_kernel_log import H200_BOOT, kmsg
 
 XID_GPU1 = "NVRM: Xid (PCI:0000:28:00): 13, pid=77, name=python, Graphics Exception"  # the simulator's GPU 1
@@ -44,11 +44,18 @@ def xids(url: str) -> dict:
     return {dict(labels)["xid"]: v for (name, labels), v in series.items() if name == "gpuwarden_xid_errors_total"}
 
 
+def kernel_log_up(url: str) -> float | None:
+    import httpx
+
+    return parse_exposition(httpx.get(url + "/metrics", timeout=10).text).get(("gpuwarden_kernel_log_up", frozenset()))
+
+
 @pytest.mark.slow  # exporters and the relay as processes: the whole suite's
 def test_each_exporter_start_gets_the_log_from_boot_and_a_relay_restart_counts_nothing_twice(tmp_path):
     """An exporter reading the pipe counts the XID logged before it started; restarted, it counts it again from the
     log (once: 1, not 0); a relay restarted under a running exporter sends the log from boot again, and the exporter
-    skips what it counted; a record logged later is counted once."""
+    skips what it counted; a record logged later is counted once. gpuwarden_kernel_log_up is 0 while no relay
+    writes into the pipe."""
     source, fifo = tmp_path / "kmsg", tmp_path / "run" / "kmsg.fifo"
     fifo.parent.mkdir()
     source.write_bytes(H200_BOOT.read_bytes() + kmsg(900, time.monotonic() - 5, XID_GPU1))
@@ -58,13 +65,15 @@ def test_each_exporter_start_gets_the_log_from_boot_and_a_relay_restart_counts_n
             wait_for(lambda: xids(url).get("13") == 1, timeout=30)
         with running_cli(*flags) as (url, _):  # the exporter restarted: the pipe's reader is new
             wait_for(lambda: xids(url).get("13") == 1, timeout=30)
+            assert kernel_log_up(url) == 1
             first_relay.terminate()
             first_relay.wait(timeout=10)
+            wait_for(lambda: kernel_log_up(url) == 0, timeout=30)  # no relay writes into the pipe: not reading
             with relay(fifo, source):  # the relay restarted: the log from boot again, every record already counted
                 with source.open("ab") as log:
                     log.write(kmsg(901, time.monotonic(), XID_GPU1))
                 wait_for(lambda: xids(url).get("13") == 2, timeout=30)
-                assert xids(url) == {"13": 2}
+                assert xids(url) == {"13": 2} and kernel_log_up(url) == 1
 
 
 def test_a_path_that_is_not_a_pipe_is_refused_in_one_line(tmp_path):

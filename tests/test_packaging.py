@@ -3,7 +3,6 @@ from it. And the Dockerfile's own rules. tests/test_image.py builds and runs the
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.common import free_port
-from tests.helpers.stack import wait_ready
+from tests.helpers.daemon import running_cli
 
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
@@ -96,51 +94,18 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         cwd=tmp_path,
     )
     assert no_exporter.stdout.strip() == "None"
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(gpuwarden), "--sim", "--nvml.scenario", "nvlink-down", "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz")
+    outside = {"command": [str(gpuwarden)], "cwd": tmp_path}  # the installed script, away from the checkout
+    with running_cli("--sim", "--nvml.scenario", "nvlink-down", ready="/readyz", **outside) as exporter:
         # the shipped scenarios travel inside the wheel
-        assert "gpuwarden_gpu_up" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert "gpuwarden_gpu_up" in httpx.get(exporter.url + "/metrics").text
         # and the JSON API (FastAPI, loaded on its first request) answers from it
-        gpus = httpx.get(f"http://127.0.0.1:{port}/api/v1/gpus", timeout=30)
+        gpus = httpx.get(exporter.url + "/api/v1/gpus", timeout=30)
         assert gpus.status_code == 200 and len(gpus.json()["gpus"]) == 8, gpus.text[:300]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    assert "Traceback" not in proc.stderr.read()
+    assert "Traceback" not in exporter.output()
     # the fleet service's page templates and the pod-resources .proto travel inside the wheel too
-    fleet_port = free_port()
-    fleet = subprocess.Popen(
-        [
-            str(gpuwarden),
-            "fleet",
-            "--prometheus-url",
-            "http://127.0.0.1:9",
-            "--query-timeout",
-            "0.5",
-            "--web.listen-address",
-            f"127.0.0.1:{fleet_port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")},
-    )
-    try:
-        wait_ready(f"http://127.0.0.1:{fleet_port}/healthz")
-        page = httpx.get(f"http://127.0.0.1:{fleet_port}/", timeout=10)
+    with running_cli("fleet", "--prometheus-url", "http://127.0.0.1:9", "--query-timeout", "0.5", **outside) as fleet:
+        page = httpx.get(fleet.url + "/", timeout=10)
         assert page.status_code == 503 and "Prometheus cannot be asked" in page.text
-    finally:
-        fleet.terminate()
-        fleet.wait(timeout=10)
     site = subprocess.run(
         [
             str(python),

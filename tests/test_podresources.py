@@ -275,6 +275,31 @@ def test_attribution_off_exports_nothing_and_never_imports_grpc(tmp_path: Path) 
     assert out == ["False", "no_socket"]
 
 
+def test_a_simulated_node_without_a_kubelet_does_not_look_for_one(tmp_path: Path) -> None:
+    """The simulator on a laptop: the default socket path is absent, so no watcher and no "checking again" line;
+    an explicit socket (the fake kubelet of the tests) is still watched (test_no_socket_at_start_turns_itself_off)."""
+    default_socket = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    if default_socket.exists():
+        pytest.skip("this machine has a kubelet socket at the default path")
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from tests.helpers.common import settings\n"
+        "from gpuwarden.sim import install_simulator\n"
+        "from gpuwarden.sim.scenario import load_scenario\n"
+        "from gpuwarden.runtime.pipeline import Pipeline\n"
+        "install_simulator(load_scenario('healthy'))\n"
+        "p = Pipeline(settings())\n"
+        "p.start(); p.ready_once.wait(10); p.stop()\n"
+        "print(p.snapshot.pods_state)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1]
+    )
+    assert result.stdout.split() == ["disabled"], result.stdout
+    assert "pod attribution" not in result.stderr, result.stderr
+
+
 def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
     import socket
     import tempfile

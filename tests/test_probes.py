@@ -20,7 +20,7 @@ import pytest
 from gpuwarden.web.limits import ConnectionGuard
 from gpuwarden.web.probes import LOOP_STALL_S, ProbeApp
 from tests.helpers.common import ServedApp, free_port, tls_web_config, wait_for
-from tests.helpers.stack import running_cli
+from tests.helpers.daemon import running_cli
 
 pytestmark = pytest.mark.serial  # measured under load: the serial phase, after the parallel run (.ci/test)
 

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.helpers.common import free_port, wait_for, write_yaml
-from tests.helpers.stack import running_cli, wait_ready
+from tests.helpers.common import wait_for, write_yaml
+from tests.helpers.daemon import running_cli, start_daemon, wait_ready
 
 pytestmark = pytest.mark.slow  # end-to-end: real servers, Prometheus or Helm
 
@@ -23,16 +20,8 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
     config = write_yaml(
         tmp_path / "gpuwarden.yaml", {"nvml": {"backend": "sim", "scenario": "healthy"}, "poll": {"fast_interval": 0.2}}
     )
-    port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuwarden", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=base,
-    )
-    url = f"http://127.0.0.1:{port}/metrics"
+    exporter = start_daemon("--config", str(config), ready="/readyz")
+    proc, url = exporter.proc, exporter.url + "/metrics"
     bad_scrapes: list[str] = []
     stop = threading.Event()
 
@@ -47,7 +36,6 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
             time.sleep(0.02)
 
     try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz")
         assert "gpuwarden_temperature_celsius" in httpx.get(url).text
         scraper = threading.Thread(target=scrape_all_the_time)
         scraper.start()
@@ -73,9 +61,8 @@ def test_sighup_reloads_atomically_and_rejects_a_bad_file(tmp_path):
         assert proc.poll() is None
     finally:
         stop.set()
-        proc.terminate()
-        proc.wait(timeout=10)
-    logs = proc.stderr.read()
+        exporter.stop()
+    logs = exporter.output()
     assert "configuration reloaded" in logs
     assert "reload rejected, keeping the running configuration: config file" in logs
     assert "poll.fast_interval" in logs and "Traceback" not in logs

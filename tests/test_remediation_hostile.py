@@ -196,7 +196,7 @@ def test_the_charts_tls_wiring_verifies_a_ca_issued_certificate(tmp_path: Path) 
     ever. Here against the real exporter with a trustme CA's certificate."""
     import trustme
 
-    from tests.helpers.stack import running_cli
+    from tests.helpers.daemon import running_cli
 
     ca = trustme.CA()
     server = ca.issue_cert("127.0.0.1", "localhost")

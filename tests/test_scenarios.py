@@ -234,3 +234,22 @@ def test_legacy_pcie(sim, make_pipeline):
     assert values(s, "gpuwarden_nvlink_peer_links") == [] and values(s, "gpuwarden_nvlink_up") == []
     assert values(s, "gpuwarden_memory_temperature_celsius") == []
     assert values(s, "gpuwarden_pcie_link_generation", gpu="0", kind="max") == [3]
+
+
+def test_gpu_uuids_follow_the_node_identity_not_the_file_name(sim):
+    """UUIDs derive from node.identity, default the scenario's name: a copy renamed with the original identity keeps
+    its GPUs (a renamed copy without it shows new GPUs, as documented in docs/simulator.md)."""
+    import pynvml
+
+    def uuids(scenario: dict) -> list[str]:
+        sim(scenario)
+        pynvml.nvmlInit()
+        try:
+            return [pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(2)]
+        finally:
+            pynvml.nvmlShutdown()
+
+    original = uuids({"name": "rack-a", "node": {"count": 2}})
+    assert uuids({"name": "rack-a-copy", "node": {"count": 2, "identity": "rack-a"}}) == original
+    renamed = uuids({"name": "rack-a-copy", "node": {"count": 2}})
+    assert set(renamed).isdisjoint(original) and len(set(original)) == 2

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import gzip
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from tests.helpers.common import free_port, parse_exposition, values, wait_for
-from tests.helpers.stack import wait_ready
+from tests.helpers.common import parse_exposition, values, wait_for
+from tests.helpers.daemon import start_daemon
 
 
 def test_metrics_text_openmetrics_and_gzip(live_server):
@@ -135,33 +132,16 @@ def test_custom_telemetry_path(live_server):
 
 
 def test_daemon_starts_serves_and_stops_gracefully_on_sigterm():
-    port = free_port()
-    env = {**os.environ, "GPUWARDEN_POLL_FAST_INTERVAL": "0.2"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            "healthy",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--log.format",
-            "json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    exporter = start_daemon(
+        "--sim", "--nvml.scenario", "healthy", "--log.format", "json",
+        env={"GPUWARDEN_POLL_FAST_INTERVAL": "0.2"}, ready="/readyz",
+    )  # fmt: skip
     try:
-        wait_ready(f"http://127.0.0.1:{port}/readyz")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        exporter.proc.send_signal(signal.SIGTERM)
+        assert exporter.proc.wait(timeout=10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    logs = proc.stderr.read().decode()
+        exporter.stop()
+    logs = exporter.output()
     assert "Traceback" not in logs
     assert '"level": "info"' in logs and "listening on" in logs
     assert "backend sim, scenario healthy" in logs  # the simulator's start says which node it simulates

@@ -112,7 +112,7 @@ def _first_scrape(
     import httpx
 
     from tests.helpers.common import write_yaml
-    from tests.helpers.stack import running_cli
+    from tests.helpers.daemon import running_cli
 
     hang = {"kind": "hang", "call": "nvmlInitWithFlags", "at": 0, "until": init_hang_s}
     scenario = write_yaml(tmp_path / "slow-init.yaml", {"name": "slow-init", "faults": [hang]})

@@ -66,6 +66,13 @@ def test_hardening_and_restart_policy() -> None:
     assert service["Restart"] == ["always"]  # exit code 3 after a driver upgrade must restart it
     assert "MemoryDenyWriteExecute" not in service  # ctypes trampolines need it off
     assert "PrivateDevices" not in service  # NVML opens /dev/nvidia*
+    # the job view reads other users' processes' cgroups and command lines, never their environment or memory
+    assert service["ProtectProc"] == ["default"] and not service["AmbientCapabilities"][0]
+    # the state file (issue 48): the directory health.state_file's `auto` writes to, the dynamic user's alone
+    assert service["StateDirectory"] == ["gpuwarden"] and service["StateDirectoryMode"] == ["0700"]
+    from gpuwarden.config.settings import HealthSettings
+
+    assert HealthSettings().state_path("nvml") == Path("/var/lib") / service["StateDirectory"][0] / "state.json"
 
 
 def test_resource_limits_follow_the_chart() -> None:
@@ -89,6 +96,7 @@ def test_exec_start_is_a_valid_gpuwarden_command(tmp_path: Path) -> None:
     argv = [str(config) if a == "/etc/gpuwarden/gpuwarden.yaml" else a for a in argv]
     settings = settings_from_argv(argv)
     assert settings.pods.attribution is False
+    assert settings.processes.proc_root == Path("/proc")  # the job view on
     parser = configparser.ConfigParser(strict=False, interpolation=None)  # the file is INI-shaped
     parser.read_string(UNIT.read_text())
     assert parser["Install"]["WantedBy"] == "multi-user.target"

@@ -26,33 +26,45 @@ UUID = agreement.GPU_LABELS["uuid"]
 WIRED = NvlinkFacts(agreement.LINKS, tuple((link, f"0000:{0x40 + link:02X}:00.0") for link in range(agreement.LINKS)))
 
 
-def judge(row: agreement.Row, value: float) -> Verdict:
-    """The exporter's verdict on the row's readings, polled every scrape interval from 0 to the judgement time."""
+def gpu_at(readings: agreement.Readings, values: list, poll: int) -> GpuSnapshot:
+    """The GPU as the exporter publishes it at `poll`, every tier read."""
+    now = float(poll * agreement.INTERVAL_S)
+    return GpuSnapshot(
+        index=0,
+        uuid=UUID,
+        up=readings.up,
+        stale=False,
+        lost_reason=None if readings.up else "GPU is lost",
+        hardware_error=None,
+        info=GpuInfo(name=agreement.MODEL, nvlink=WIRED),
+        samples=tuple(
+            Sample(s.name, tuple(s.labels.get(label, "") for label in FAMILIES[s.name].labels), float(v[poll]))
+            for s, v in values
+        ),
+        updated_at=dict.fromkeys(("static", "fast", "slow"), now),
+    )
+
+
+def run(evaluator: HealthEvaluator, row: agreement.Row, value: float, polls: range) -> dict[int, Verdict]:
+    """The verdicts of the row's check at each poll of `polls` (the readings held from poll 0)."""
     readings = row.readings(value)
     check = agreement.rule(row.alert).verdict
-    evaluator = HealthEvaluator(DEFAULT)
-    polls = row.at_s // agreement.INTERVAL_S + 1
-    values = [(s, samples([agreement.run(s, row.at_s)])) for s in readings.series if s.per_gpu]
-    xid = {(UUID, code): (1, float(row.at_s - age)) for code, age in readings.xids}
-    kernel = {("sxid", agreement.SWITCH, code): (1, float(row.at_s - age)) for code, age in readings.sxids}
-    verdicts: tuple[Verdict, ...] = ()
-    for poll in range(polls):
-        gpu = GpuSnapshot(
-            index=0,
-            uuid=UUID,
-            up=readings.up,
-            stale=False,
-            lost_reason=None if readings.up else "GPU is lost",
-            hardware_error=None,
-            info=GpuInfo(name=agreement.MODEL, nvlink=WIRED),
-            samples=tuple(
-                Sample(s.name, tuple(s.labels.get(label, "") for label in FAMILIES[s.name].labels), float(v[poll]))
-                for s, v in values
-            ),
-            updated_at={},
-        )
-        verdicts = evaluator.evaluate([gpu], xid, float(poll * agreement.INTERVAL_S), kernel=kernel)[UUID]
-    return next(v for v in verdicts if v.check == check)
+    values = [(s, samples([agreement.run(s, polls.stop * agreement.INTERVAL_S)])) for s in readings.series if s.per_gpu]
+    at = row.at_s
+    xid = {(UUID, code): (1, float(at - age)) for code, age in readings.xids}
+    kernel = {("sxid", agreement.SWITCH, code): (1, float(at - age)) for code, age in readings.sxids}
+    out = {}
+    for poll in polls:
+        now = float(poll * agreement.INTERVAL_S)
+        verdicts = evaluator.evaluate([gpu_at(readings, values, poll)], xid, now, kernel=kernel)[UUID]
+        out[poll] = next(v for v in verdicts if v.check == check)
+    return out
+
+
+def judge(row: agreement.Row, value: float) -> Verdict:
+    """The exporter's verdict on the row's readings, polled every scrape interval from 0 to the judgement time."""
+    last = row.at_s // agreement.INTERVAL_S
+    return run(HealthEvaluator(DEFAULT), row, value, range(last + 1))[last]
 
 
 @pytest.mark.parametrize(
@@ -64,6 +76,24 @@ def test_the_exporters_verdict_reaches_the_pages_severity_exactly_where_the_page
     severity = agreement.rule(row.alert).severity
     verdict = judge(row, value)
     assert (RANK[verdict.severity] >= RANK[severity]) == fires, (row.alert, value, fires, verdict)
+
+
+def test_a_restart_during_sustained_thermal_throttling_keeps_the_critical_tier_until_the_window_is_watched_again():
+    """The state file recalls the page's condition (health/state_file.py): while the successor has not watched
+    thermal_page_window_s, its verdict is pending at critical (npd-plugin and slurm-healthcheck: unknown, never
+    healthy); once watched, critical again at once, where a start without the memory waits thermal_page_for_s."""
+    row = next(r for r in agreement.TABLE if r.alert == "GpuwardenThermalThrottling")
+    before = HealthEvaluator(DEFAULT)
+    first = row.at_s // agreement.INTERVAL_S
+    assert run(before, row, 1.0, range(first + 1))[first].level == 2
+    after, forgetful = HealthEvaluator(DEFAULT), HealthEvaluator(DEFAULT)
+    after.recall(before.memory())
+    window = DEFAULT.thermal_page_window_s // agreement.INTERVAL_S
+    restarted = range(first + 8, first + 8 + window + 2)  # back after a 2-minute gap, the counter kept counting
+    recalled, fresh = run(after, row, 1.0, restarted), run(forgetful, row, 1.0, restarted)
+    assert recalled[restarted[0]].severity == "pending" and recalled[restarted[0]].pending_level == 2
+    # once the window is watched: critical at once with the memory; without it the page's 10 m must pass again
+    assert recalled[restarted[-1]].level == 2 and fresh[restarted[-1]].level < 2
 
 
 def test_every_alert_with_a_verdict_has_a_row_and_every_other_alert_says_why_it_has_none():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import ssl
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import trustme
 from gpuwarden.config.settings import ConfigError
 from gpuwarden.config.web import load_web_config
 from tests.helpers.common import free_port, write_yaml
+from tests.helpers.daemon import Daemon, running_cli, start_daemon
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +32,10 @@ def pki(tmp_path_factory):
     return files
 
 
-def start(tmp_path, web: dict) -> tuple[subprocess.Popen, int]:
+def start(tmp_path, web: dict, **options) -> Daemon:
+    """The simulated exporter serving HTTPS under `web`, once `ready` answers (start_daemon's options)."""
     config = write_yaml(tmp_path / "web.yml", web)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "--sim",
-            "--nvml.scenario",
-            "healthy",
-            "--web.config.file",
-            str(config),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    return proc, port
+    return start_daemon("--sim", "--nvml.scenario", "healthy", "--web.config.file", str(config), tls=True, **options)
 
 
 def wait(url: str, **kwargs) -> httpx.Response:
@@ -67,29 +48,21 @@ def wait(url: str, **kwargs) -> httpx.Response:
             time.sleep(0.1)
 
 
-def stop(proc: subprocess.Popen) -> str:
-    proc.terminate()
-    proc.wait(timeout=10)
-    return proc.stderr.read()
-
-
 def test_tls_with_basic_auth(tmp_path, pki):
     hashed = bcrypt.hashpw(b"s3cret-pass", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")
-    proc, port = start(
+    ca = ssl.create_default_context(cafile=str(pki["ca"]))
+    exporter = start(
         tmp_path,
         {
             "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"])},
             "basic_auth_users": {"prometheus": hashed},
         },
+        ready="/readyz",  # probes need no credentials
+        verify=ca,
     )
-    base = f"https://127.0.0.1:{port}"
-    ca = ssl.create_default_context(cafile=str(pki["ca"]))
+    base = exporter.url
     try:
-        assert wait(base + "/healthz", verify=ca).status_code == 200  # probes need no credentials
-        wait_ready = time.monotonic() + 10
-        while httpx.get(base + "/readyz", verify=ca).status_code != 200:
-            assert time.monotonic() < wait_ready
-            time.sleep(0.1)
+        assert httpx.get(base + "/healthz", verify=ca).status_code == 200
         for path in ("/metrics", "/api/v1/gpus", "/api/v1/diagnosis", "/", "/docs", "/openapi.json"):
             refused = httpx.get(base + path, verify=ca)
             assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic"), path
@@ -101,14 +74,17 @@ def test_tls_with_basic_auth(tmp_path, pki):
         ok = httpx.get(base + "/metrics", verify=ca, auth=("prometheus", "s3cret-pass"))
         assert ok.status_code == 200 and "gpuwarden_gpu_up" in ok.text
         with pytest.raises(httpx.TransportError):  # plain HTTP to a TLS port fails, it does not leak data
-            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            httpx.get(f"http://127.0.0.1:{exporter.port}/metrics", timeout=2)
     finally:
-        logs = stop(proc)
+        exporter.stop()
+    logs = exporter.output()
     assert "s3cret-pass" not in logs and hashed not in logs and "Traceback" not in logs and "x" * 100 not in logs
 
 
 def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
-    proc, port = start(
+    with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
+    with_cert.load_cert_chain(str(pki["client"]))
+    exporter = start(
         tmp_path,
         {
             "tls_server_config": {
@@ -118,17 +94,15 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path, pki):
                 "client_ca_file": str(pki["ca"]),
             }
         },
+        ready="/metrics",  # answered 200 with the client certificate
+        verify=with_cert,
     )
-    base = f"https://127.0.0.1:{port}"
     try:
-        with_cert = ssl.create_default_context(cafile=str(pki["ca"]))
-        with_cert.load_cert_chain(str(pki["client"]))
-        assert wait(base + "/metrics", verify=with_cert).status_code == 200
         without = ssl.create_default_context(cafile=str(pki["ca"]))
         with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
-            httpx.get(base + "/metrics", verify=without, timeout=3)
+            httpx.get(exporter.url + "/metrics", verify=without, timeout=3)
     finally:
-        stop(proc)
+        exporter.stop()
 
 
 @pytest.mark.parametrize(
@@ -212,8 +186,6 @@ def test_sighup_leaves_the_fleet_service_serving(tmp_path):
     """A config-management tool's reload sends SIGHUP to every service; it ended `gpuwarden fleet`."""
     import signal
 
-    from tests.helpers.stack import running_cli
-
     with running_cli("fleet", "--prometheus-url", f"http://127.0.0.1:{free_port()}") as (url, proc):
         proc.send_signal(signal.SIGHUP)
         assert wait(url + "/healthz").status_code == 200
@@ -232,39 +204,21 @@ def test_fleet_service_takes_the_same_web_config(tmp_path, pki):
             "basic_auth_users": {"sre": hashed},
         },
     )
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "fleet",
-            "--prometheus-url",
-            "http://127.0.0.1:9",
-            "--query-timeout",
-            "0.5",
-            "--web.config.file",
-            str(config),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
     ca = ssl.create_default_context(cafile=str(pki["ca"]))
+    # waited for on /healthz without credentials: probes stay open
+    fleet = start_daemon(
+        "fleet", "--prometheus-url", "http://127.0.0.1:9", "--query-timeout", "0.5", "--web.config.file", str(config),
+        tls=True, verify=ca,
+    )  # fmt: skip
     try:
-        url = f"https://127.0.0.1:{port}"
-        assert wait(url + "/healthz", verify=ca).status_code == 200
+        url = fleet.url
         assert httpx.get(url + "/api/v1/fleet", verify=ca).status_code == 401
         assert httpx.get(url + "/api/v1/fleet", verify=ca, auth=("sre", "wrong")).status_code == 401
         # past the auth: Prometheus is down, which the API says as 503 JSON
         answer = httpx.get(url + "/api/v1/fleet", verify=ca, auth=("sre", "fleet-pass"))
         assert answer.status_code == 503 and answer.json()["error"] == "prometheus"
         with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)  # no plain HTTP beside TLS
+            httpx.get(f"http://127.0.0.1:{fleet.port}/healthz", timeout=2)  # no plain HTTP beside TLS
     finally:
-        stderr = stop(proc)
-    assert "Traceback" not in stderr
+        fleet.stop()
+    assert "Traceback" not in fleet.output()

@@ -42,7 +42,10 @@ CORE = {
     ],
     ("apps", "v1"): [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
     ("networking.k8s.io", "v1"): [("networkpolicies", "NetworkPolicy", True)],
-    ("rbac.authorization.k8s.io", "v1"): [("clusterrolebindings", "ClusterRoleBinding", False)],
+    ("rbac.authorization.k8s.io", "v1"): [
+        ("clusterrolebindings", "ClusterRoleBinding", False),
+        ("clusterroles", "ClusterRole", False),
+    ],
 }
 MONITORING = {
     ("monitoring.coreos.com", "v1"): [
@@ -216,11 +219,12 @@ def sync() -> None:
     for source in sorted((ROOT / "grafana_dashboards").glob("*.json")):
         shutil.copyfile(source, dashboards / source.name)
     # The plain manifests' namespace enforces Pod Security `restricted` (namespace.yaml): the kernel log's privileged
-    # relay cannot run there, so they leave it out; rendering with the namespace's labels lets the chart's own check
-    # fail this sync if a default ever needs more than the namespace admits.
+    # relay and the host's /proc (hostPath, the job view's) cannot be there, so they leave them out; rendering with
+    # the namespace's labels lets the chart's own check fail this sync if a default ever needs more than it admits.
     enforce = re.search(r"pod-security\.kubernetes\.io/enforce: (\S+)", (PLAIN / "namespace.yaml").read_text())
     labels = {"pod-security.kubernetes.io/enforce": enforce.group(1)} if enforce else {}
-    values = {"kernelLog": {"enabled": False}}
+    # and for the same reason keep the state file in an emptyDir (restricted admits no hostPath)
+    values = {"kernelLog": {"enabled": False}, "processes": {"hostProc": False}, "state": {"hostPath": ""}}
     core, monitoring = [], []
     for doc in map(as_plain, split_documents(template(values, namespace_labels=labels))):
         kind = re.search(r"^kind: (\S+)", doc, flags=re.M)
@@ -228,8 +232,9 @@ def sync() -> None:
         (monitoring if is_monitoring else core).append(doc)
         assert kind, doc
     header = (
-        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false (namespace gpuwarden,\n"
-        "# which enforces Pod Security restricted: docs/deploy.md, The kernel log) by\n"
+        "# Rendered from deploy/helm/gpuwarden with default values but kernelLog.enabled=false,\n"
+        "# processes.hostProc=false and state.hostPath empty (namespace gpuwarden, which enforces Pod Security\n"
+        "# restricted: docs/deploy.md, The kernel log, Who holds the GPU) by\n"
         "# `python deploy/helm/render.py sync`; tests/test_helm_chart.py fails when this file drifts. Edit the\n"
         "# chart, not this file.\n"
     )

@@ -3,9 +3,6 @@ prometheus_client's own parser, and gpuwarden's app on its real HTTP server (no 
 
 from __future__ import annotations
 
-import itertools
-import os
-import random
 import socket
 import threading
 import time
@@ -23,6 +20,7 @@ from gpuwarden.runtime.pipeline import Pipeline
 from gpuwarden.sim.scenario import Scenario
 from gpuwarden.web.front import create_front
 from gpuwarden.web.readiness import readiness_under
+from tests.helpers.daemon import free_port
 
 
 class ManualClock:
@@ -69,31 +67,6 @@ def raw(port: int, data: bytes, wait: float = 1.0) -> bytes:
         except OSError:
             pass
     return b"".join(chunks)
-
-
-PORT_BLOCK = 1500  # ports per test worker, below the kernel's ephemeral range (32768-60999 by default)
-# each session starts at its own place in the block: two sessions on one machine (a developer's run beside a
-# stress loop's) took the same ports in the same order, and one test's /api/v1/fleet reached the other's exporter
-_port_offset = itertools.count(random.randrange(PORT_BLOCK))
-
-
-def free_port() -> int:
-    """A loopback port for a server a test starts, that neither another pytest-xdist worker nor an outgoing
-    connection can take between this call and the bind: each worker hands out its own block below the ephemeral
-    range (a port from bind(0) can be given to a client socket a moment later), each port once per process. A
-    session without workers (the serial phase, a developer's single run) takes the last block, so that it does not
-    share worker 0's with a 4-worker run beside it (seen: another session's server answered a test's /healthz)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
-    base = 20000 + (int(worker) % 7 if worker.isdigit() else 7) * PORT_BLOCK
-    for _ in range(PORT_BLOCK):
-        port = base + next(_port_offset) % PORT_BLOCK
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:  # in use, or still in TIME_WAIT from an earlier run
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port in {base}-{base + PORT_BLOCK - 1}")
 
 
 class ServedApp:
@@ -240,6 +213,21 @@ def wait_for_slow_cycles(pipeline: Pipeline, cycles: int) -> None:
         return len(seen) >= cycles or (snapshot.id > 0 and not snapshot.nvml_up)
 
     wait_for(enough, timeout=15, step=0.02)
+
+
+def wait_for_every_gpu_read(pipeline: Pipeline, timeout: float = 60.0) -> None:
+    """Wait until every GPU that answers has had its slow tier read and none is stale (or NVML is down). Published
+    slow cycles are not enough: on a starved machine a GPU's read can outlast the cycle's publish wait (no slow
+    readings yet: its NVLink and fabric checks are pending) or its call deadline (stale: npd-plugin and
+    slurm-healthcheck answer Unknown), and a test that asserts a definite verdict must wait for a definite one."""
+
+    def read() -> bool:
+        snapshot = pipeline.snapshot
+        if snapshot.id > 0 and not snapshot.nvml_up:
+            return True
+        return snapshot.id > 0 and all("slow" in gpu.updated_at and not gpu.stale for gpu in snapshot.gpus if gpu.up)
+
+    wait_for(read, timeout=timeout, step=0.05)
 
 
 def polled(sim, make_pipeline, scenario, polls: int, **sections):  # noqa: ANN001, ANN201 - the fixtures, a scenario

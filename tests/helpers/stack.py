@@ -3,12 +3,8 @@ pynvml's library is process-wide), Debian's Prometheus and Alertmanager binaries
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,7 +12,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.helpers.common import free_port
+from tests.helpers.daemon import Daemon, free_port, spawn_daemon, wait_ready
+from tests.helpers.daemon import running_cli as running_cli  # imported from here by older tests
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -52,24 +49,12 @@ def late_nvlink_down(tmp: Path, at: float = 15) -> str:
     return str(path)
 
 
-def wait_ready(url: str, timeout: float = 60) -> None:  # a start on a starved 2-core machine took over 30 s
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1, verify=False).status_code == 200:  # noqa: S501 - a test's own certificate
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready")
-
-
 class Stack:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.exporters: dict[int, str] = {}  # port → scenario
-        self._pending: list[list[str]] = []
+        self._pending: list[tuple[int, list[str]]] = []  # (port, arguments), started with Prometheus
         self.prometheus = ""
         self.dead_targets: list[str] = []  # scraped, never answering: an exporter that is down
 
@@ -80,35 +65,12 @@ class Stack:
         with (logs / f"{len(self.procs)}.log").open("wb") as sink:
             self.procs.append(subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT))
 
-    def _wait_exporter(self, port: int) -> None:
-        """An exporter answering /healthz, or a failure with its exit code and the tail of its log."""
-        try:
-            wait_ready(f"http://127.0.0.1:{port}/healthz")
-        except RuntimeError as failed:
-            index = next(i for i, proc in enumerate(self.procs) if f"127.0.0.1:{port}" in proc.args)
-            proc = self.procs[index]
-            tail = (self.tmp / "logs" / f"{index}.log").read_text(errors="replace")[-1500:]
-            raise RuntimeError(f"{failed}: {self.exporters[port]} exit {proc.poll()}, its log:\n{tail}") from None
-
     def exporter(self, scenario: str, *flags: str, name: str | None = None) -> int:
         """Plan an exporter; it starts once Prometheus runs, so the first scrapes see a scenario's first seconds.
         `name` is what scenario_of/instance_of call it (default: the scenario itself, a name or a path)."""
         port = free_port()
         self.exporters[port] = name or scenario
-        self._pending.append(
-            [
-                sys.executable,
-                "-m",
-                "gpuwarden",
-                "--sim",
-                "--nvml.scenario",
-                scenario,
-                "--web.listen-address",
-                f"127.0.0.1:{port}",
-                *FAST_EXPORTER_FLAGS,
-                *flags,
-            ]
-        )
+        self._pending.append((port, ["--sim", "--nvml.scenario", scenario, *FAST_EXPORTER_FLAGS, *flags]))
         return port
 
     def alertmanager(self, config: dict[str, Any]) -> int:
@@ -161,11 +123,14 @@ class Stack:
         )
         self.prometheus = f"http://127.0.0.1:{port}"
         wait_ready(self.prometheus + "/-/ready")
-        for args in self._pending:
-            self._spawn(args)
+        started: list[Daemon] = []  # all at once, then each waited for: a dozen starts overlap on 2 cores
+        for exporter_port, args in self._pending:
+            log = self.tmp / "logs" / f"{len(self.procs)}.log"
+            started.append(spawn_daemon(*args, port=exporter_port, log=log))
+            self.procs.append(started[-1].proc)
         self._pending = []
-        for exporter_port in self.exporters:
-            self._wait_exporter(exporter_port)
+        for daemon in started:
+            daemon.wait()  # a failed start: its exit code and the tail of its log
         return self.prometheus
 
     def scenario_of(self, instance: str) -> str:
@@ -196,30 +161,3 @@ def stack(tmp: Path):
         yield running
     finally:
         running.stop()
-
-
-@contextmanager
-def running_cli(
-    *args: str, python_flags: tuple[str, ...] = (), tls: bool = False, cgroup: Any = None
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`gpuwarden ARGS --web.listen-address 127.0.0.1:PORT` as its own process, with no GPUWARDEN_* from the
-    environment: yields its base URL (once /healthz answers) and the process (stderr piped, for its log; what is
-    left of it can be read once the block ends). `python_flags` go to the interpreter (e.g. -X importtime);
-    `cgroup` (tests/helpers/cgroup.py) is joined before the process starts."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
-    proc = subprocess.Popen(
-        [sys.executable, *python_flags, "-m", "gpuwarden", *args, "--web.listen-address", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=cgroup.enter if cgroup is not None else None,  # noqa: PLW1509 - joins the cgroup before exec
-    )
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    try:
-        wait_ready(url + "/healthz")
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

@@ -34,9 +34,17 @@ _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
 _PRINTABLE = re.compile(r"[^\x21-\x7e]")
 # Slurm's cgroup layouts: v1 /slurm/uid_1000/job_123/step_0/task_0 (per controller), v2
-# /system.slice/slurmstepd.scope/job_123/step_0/user/task_0 (the path may carry the node name on multi-slurmd hosts)
-_SLURM_JOB = re.compile(r"/slurm[^/]*/(?:[^/\n]*/)*?job_(\d+)(?:/|$)", re.MULTILINE)
-_SLURM_UID = re.compile(r"/slurm[^/]*/uid_(\d+)/")
+# /system.slice/slurmstepd.scope/job_123/step_0/user/task_0 (the node name prefixes slurm/slurmstepd on multi-slurmd
+# hosts). Anchored at the root of the hierarchy, which only root (slurmstepd) writes: a user with a delegated subtree
+# (user@UID.service) can make .../slurmstepd.scope/job_N/... below it, never at the root. A reader in a cgroup namespace
+# (a pod) sees host paths with leading /.. segments.
+_SLURM_V2 = re.compile(
+    r"^0::(?:/\.\.)*/system\.slice/(?:[^/\n]+_)?slurmstepd\.scope/job_(\d+)/step_(\w+?)(?:/user)?(?:/task_(\w+))?/?$",
+    re.MULTILINE,
+)
+_SLURM_V1 = re.compile(
+    r"^\d+:[^:\n]*:(?:/\.\.)*/slurm(?:_[^/\n]+)?/uid_(\d+)/job_(\d+)/step_(\w+?)(?:/task_(\w+))?/?$", re.MULTILINE
+)
 _MAX_READ = 64 * 1024
 RESCAN_S = 5.0  # the pod log directory is listed again for an unknown UID at most this often
 MAX_USER_NAMES = 10_000  # user names remembered (a node runs far fewer users' jobs)
@@ -114,13 +122,32 @@ def _read(path: Path) -> str:
         return ""
 
 
+@dataclass(frozen=True)
+class SlurmStep:
+    """Where slurmstepd put a process: its job, step (a number, or batch, extern, interactive), the task's local ID
+    ("" where the layout names none) and the job's UID where the path names it (v1)."""
+
+    job: str
+    step: str
+    task: str = ""
+    uid: str | None = None
+
+
+def parse_slurm_step(text: str) -> SlurmStep | None:
+    """The Slurm step of a /proc/PID/cgroup text; None outside one (or in a look-alike path below the root)."""
+    found = _SLURM_V2.search(text)
+    if found is not None:
+        return SlurmStep(found.group(1), found.group(2), found.group(3) or "")
+    found = _SLURM_V1.search(text)
+    if found is not None:
+        return SlurmStep(found.group(2), found.group(3), found.group(4) or "", found.group(1))
+    return None
+
+
 def parse_slurm(text: str) -> tuple[str, str | None]:
     """(Slurm job ID, UID where the path names it) from a /proc/PID/cgroup text; ("", None) outside a Slurm job."""
-    job = _SLURM_JOB.search(text)
-    if job is None:
-        return "", None
-    uid = _SLURM_UID.search(text)
-    return job.group(1), (uid.group(1) if uid else None)
+    step = parse_slurm_step(text)
+    return ("", None) if step is None else (step.job, step.uid)
 
 
 def _uid(uid: str | None, status: str) -> str | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
+import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,7 @@ def check_config(args: list[str]) -> int:
         return EXIT_CONFIG
     try:
         settings = load_settings(Path(args[0]), environ={})
+        _load_referenced_files(settings)
         if settings.nvml.backend == "sim":
             from gpuwarden.sim.scenario import load_scenario
 
@@ -99,6 +102,19 @@ def check_config(args: list[str]) -> int:
         return EXIT_CONFIG
     print(f"{args[0]}: ok")
     return 0
+
+
+def _load_referenced_files(settings: Settings) -> None:
+    """The files a config names (thresholds, web config) loaded as the daemon loads them at start, so a path that
+    does not exist or a file that does not parse is one line and exit 2 from check-config too, not only from the
+    daemon."""
+    from gpuwarden.health.thresholds import load_thresholds
+
+    load_thresholds(settings.health.thresholds_file)
+    if settings.web.config_file is not None:
+        from gpuwarden.config.web import load_web_config
+
+        load_web_config(settings.web.config_file)
 
 
 def list_scenarios() -> int:
@@ -125,36 +141,31 @@ def settings_from_argv(argv: list[str]) -> Settings:
     return load_settings(args.config, os.environ, flags, defaults)
 
 
+def _subcommand(module: str, function: str = "main") -> Callable[[list[str]], int]:
+    """A subcommand's entry point, imported only when it runs (the daemon's start-up loads none of them)."""
+
+    def run(args: list[str]) -> int:
+        return getattr(importlib.import_module(module), function)(args)
+
+    return run
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "check-config": check_config,
+    "scenarios": lambda _args: list_scenarios(),
+    "rules": _subcommand("gpuwarden.cli.rules"),
+    "validate": _subcommand("gpuwarden.cli.validate"),
+    "fleet": _subcommand("gpuwarden.fleet.main"),
+    "npd-plugin": _subcommand("gpuwarden.remediation.npd"),
+    "kernel-log-relay": _subcommand("gpuwarden.cli.kernel_log_relay"),
+    "slurm-healthcheck": _subcommand("gpuwarden.remediation.slurm"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["check-config"]:
-        return check_config(argv[1:])
-    if argv[:1] == ["scenarios"]:
-        return list_scenarios()
-    if argv[:1] == ["rules"]:
-        from gpuwarden.cli.rules import main as rules
-
-        return rules(argv[1:])
-    if argv[:1] == ["validate"]:
-        from gpuwarden.cli.validate import main as validate
-
-        return validate(argv[1:])
-    if argv[:1] == ["fleet"]:
-        from gpuwarden.fleet.main import main as fleet
-
-        return fleet(argv[1:])
-    if argv[:1] == ["npd-plugin"]:
-        from gpuwarden.remediation.npd import main as npd_plugin
-
-        return npd_plugin(argv[1:])
-    if argv[:1] == ["kernel-log-relay"]:
-        from gpuwarden.cli.kernel_log_relay import main as kernel_log_relay
-
-        return kernel_log_relay(argv[1:])
-    if argv[:1] == ["slurm-healthcheck"]:
-        from gpuwarden.remediation.slurm import main as slurm_healthcheck
-
-        return slurm_healthcheck(argv[1:])
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
     # Start-up allocates ~100,000 objects that nearly all live for good: the cyclic GC's collections during it
     # (about a tenth of the import time) find nothing to free. settle_memory() turns it back on after the first
     # snapshot, with one full collection; whatever ends start-up early turns it back on here.
@@ -171,13 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 def _load_and_serve(argv: list[str]) -> int:
     try:
         settings = settings_from_argv(argv)
-        from gpuwarden.health.thresholds import load_thresholds
-
-        load_thresholds(settings.health.thresholds_file)  # one line and exit 2 now, not a traceback in the poller
-        if settings.web.config_file is not None:
-            from gpuwarden.config.web import load_web_config
-
-            load_web_config(settings.web.config_file)
+        _load_referenced_files(settings)  # one line and exit 2 now, not a traceback in the poller
         if settings.nvml.backend == "sim":
             from gpuwarden.sim import install_simulator
 

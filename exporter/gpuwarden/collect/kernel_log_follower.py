@@ -1,12 +1,14 @@
 """Reads the kernel log from boot, then follows it, on a thread of its own (issue 39).
 
-`/dev/kmsg` hands one record per read, from the oldest the ring still holds; a reader that falls behind the ring
-gets EPIPE once and goes on from the oldest left (the records in between are lost: counted in `lost`). A regular
-file (a log handed over for a test, or `journalctl -k -o short-monotonic` written out) is read in chunks and split
-into lines, and followed as it grows. Where the log cannot be read (no /dev/kmsg, or `kernel.dmesg_restrict` = 1
-without CAP_SYSLOG) it says why once, in `unavailable`, and tries again every RETRY_S (every MISSING_RETRY_S
-while the path does not exist: a named pipe the Helm chart's relay is about to make): the rest of the exporter
-serves as before. A named pipe (`gpuwarden kernel-log-relay`) is read as a file is.
+It starts once the host's GPUs are known (the tally's KnownDevices: a line read earlier would be ignored for naming
+an address not yet known); `reading` says whether it reads now (gpuwarden_kernel_log_up). `/dev/kmsg` hands one
+record per read, from the oldest the ring still holds; a reader that falls behind the ring gets EPIPE once and goes
+on from the oldest left (the records in between are lost: counted in `lost`). A regular file (a copy of /dev/kmsg's
+records handed over, e.g. for a test) is read in chunks and split into lines, and followed as it grows. Where the
+log cannot be read (no /dev/kmsg, or `kernel.dmesg_restrict` = 1 without CAP_SYSLOG) it says why once, in
+`unavailable`, and tries again every RETRY_S (every MISSING_RETRY_S while the path does not exist: a named pipe the
+Helm chart's relay is about to make): the rest of the exporter serves as before. A named pipe (`gpuwarden
+kernel-log-relay`) is read as a file is.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class KernelLogFollower:
         self.path = path
         self.tally = tally
         self.unavailable: str | None = None  # why the log cannot be read, once said
+        self.reading = False  # open (a pipe: with its writer, the relay), devices known: gpuwarden_kernel_log_up
         self.lost = 0  # times the kernel's ring overtook this reader (EPIPE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuwarden-kernel-log", daemon=True)
@@ -51,6 +54,9 @@ class KernelLogFollower:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        while not self.tally.devices.ready.wait(WAIT_S):  # the GPUs not known yet: NVML's discovery is under way
+            if self._stop.is_set():
+                return
         while not self._stop.is_set():
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
@@ -60,14 +66,18 @@ class KernelLogFollower:
                 continue
             self.unavailable = None
             try:
+                self.reading = True
                 self._follow(fd)
             except OSError as exc:
+                self.reading = False
                 self._say_unavailable(exc)
                 self._stop.wait(RETRY_S)
             except Exception:  # a bug must not end the reading for the life of the process
+                self.reading = False
                 log.exception("kernel log: reading %s failed; starting again", self.path)
                 self._stop.wait(RETRY_S)
             finally:
+                self.reading = False
                 os.close(fd)
 
     def _say_unavailable(self, exc: OSError) -> None:
@@ -79,7 +89,8 @@ class KernelLogFollower:
         self.unavailable = reason
 
     def _follow(self, fd: int) -> None:
-        device = stat.S_ISCHR(os.fstat(fd).st_mode)
+        mode = os.fstat(fd).st_mode
+        device, pipe = stat.S_ISCHR(mode), stat.S_ISFIFO(mode)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while not self._stop.is_set():
@@ -90,6 +101,8 @@ class KernelLogFollower:
             except BrokenPipeError:  # the ring overwrote records before they were read: go on from the oldest left
                 self.lost += 1
                 continue
+            if pipe:  # the relay's pipe: nothing to read now with a writer there, end of file without one
+                self.reading = chunk != b""
             if chunk:
                 self._feed(chunk)
                 continue

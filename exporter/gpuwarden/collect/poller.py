@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.collect.assembly import GpuView, SnapshotAssembler, TopologyStep
-from gpuwarden.collect.kernel_log import KernelLogTally, on_wall_clock, with_kernel_xids
+from gpuwarden.collect.kernel_log import KernelLogTally, KnownDevices, on_wall_clock, with_kernel_xids
 from gpuwarden.collect.kernel_log_follower import KernelLogFollower
 from gpuwarden.collect.lifecycle import NvmlLifecycle
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.tiers import TierRunner
 from gpuwarden.collect.xid_events import XidCounts, XidWatcher
 from gpuwarden.model.draft import EnrichmentStep
@@ -75,7 +75,8 @@ class Poller:
         self._wall = wall_clock
         self.ledger = ErrorLedger()
         self.xid = XidCounts()
-        self.kernel = KernelLogTally()
+        self.known_devices = KnownDevices()  # the host's GPUs and NVSwitches: the addresses the kernel log may name
+        self.kernel = KernelLogTally(self.known_devices)
         self.kernel_reader: KernelLogFollower | None = None
         self.pool = pool or WorkerPool()
         self.runner = TierRunner(
@@ -141,12 +142,15 @@ class Poller:
 
     def follow_kernel_log(self, path: str) -> None:
         """Start (or restart on a reload that changed the path, or stop) the kernel log's reader; a new path is
-        read from boot into a fresh tally."""
+        read from boot into a fresh tally. The reader starts once the GPUs are known: at once where the kernel
+        driver lists them, else after NVML's discovery (_publish)."""
         if self.kernel_reader is not None:
             self.kernel_reader.stop()
             self.kernel_reader = None
-            self.kernel = KernelLogTally()
+            self.kernel = KernelLogTally(self.known_devices)
         if path:
+            driver = [gpu.bus_id for gpu in library.driver_gpus()]
+            self.known_devices.add(driver, library.nvswitches(), ready=bool(driver))
             self.kernel_reader = KernelLogFollower(Path(path), self.kernel)
             self.kernel_reader.start()
 
@@ -247,15 +251,21 @@ class Poller:
                 for state in sorted(nvml.gpus.values(), key=lambda st: st.device.index)
             ]
             taken_at = self._wall()
+            bus_ids = _bus_ids(nvml.gpus.values())
+            if nvml.nvml_up:  # discovery is done: every GPU NVML or the driver names, lost ones too
+                self.known_devices.add(bus_ids)
             kernel = on_wall_clock(self.kernel.counts(), taken_at - library.uptime())
+            reader = self.kernel_reader
             snapshot = self.assembler.assemble(
                 views,
                 taken_at=taken_at,
                 nvml_up=nvml.nvml_up,
                 nvml_error=nvml.nvml_error,
                 driver=dict(nvml.driver) if nvml.nvml_up else {},
-                xid=with_kernel_xids(self.xid.snapshot(), kernel, _bus_ids(nvml.gpus.values())),
+                xid=with_kernel_xids(self.xid.snapshot(), kernel, bus_ids),
                 kernel=kernel,
+                kernel_log_up=None if reader is None else reader.reading,
+                kernel_log_ignored=self.kernel.ignored() if reader is not None else {},
                 collect_errors=self.ledger.errors(),
                 collect_timeouts=self.ledger.timeouts(),
                 reinit_total=nvml.reinit_total,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.snapshot import SampleWriter, Tier, TierReading
 from gpuwarden.nvml.device import GpuDevice
 from gpuwarden.nvml.errors import GpuLostError, NvmlDownError, NvmlFatalError

@@ -46,6 +46,20 @@ def _check_kernel_log(value: str) -> str:
     return value
 
 
+def _check_api_server(value: str) -> str:
+    if value not in ("", "in-cluster") and not (
+        value.startswith("https://") and value.isprintable() and " " not in value
+    ):
+        raise ValueError(f"'{value}' is neither empty (off), in-cluster nor an https:// URL")
+    return value
+
+
+def _check_state_file(value: str) -> str:
+    if value not in ("auto", "off") and not value.startswith("/"):
+        raise ValueError(f"'{value}' is neither auto, off nor an absolute path (/var/lib/gpuwarden/state.json)")
+    return value
+
+
 def _check_telemetry_path(value: str) -> str:
     if not value.startswith("/") or value in ("/", "/healthz", "/readyz") or value.startswith("/api/"):
         raise ValueError("must start with '/' and not clash with /, /healthz, /readyz or /api/")
@@ -72,6 +86,7 @@ def listen_port(listen_address: str) -> int:
 
 
 _section = dataclass(frozen=True)
+_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"  # a pod's service-account token and CA
 
 
 @_section
@@ -165,9 +180,11 @@ class NvmlSettings:
     kernel_log: str = setting(
         "auto",
         description="The kernel log read for XIDs (from boot, so those logged before the start count), NVSwitch "
-        "SXids, GPUs fallen off the bus and traps in libnvidia-ml: `auto` (/dev/kmsg with the real driver, none with "
-        "the simulator), a path (/dev/kmsg, or a file in kmsg or dmesg format), or `off`. /dev/kmsg needs root or "
-        "CAP_SYSLOG where kernel.dmesg_restrict is 1; unreadable, it is said once and the rest is served.",
+        "SXids and GPUs fallen off the bus, each counted only from the driver's own record naming one of this host's "
+        "GPUs or NVSwitches: `auto` (/dev/kmsg with the real driver, none with the simulator), a path (/dev/kmsg, "
+        "or a file of /dev/kmsg records; dmesg text is not read), or `off`. /dev/kmsg needs root or CAP_SYSLOG "
+        "where kernel.dmesg_restrict is 1; unreadable, it is said once (gpuwarden_kernel_log_up 0) and the rest "
+        "is served.",
         check=_check_kernel_log,
     )
     gpm: bool = setting(
@@ -246,6 +263,28 @@ class HealthSettings:
     thresholds_file: Path | None = setting(
         None, description="YAML file overriding health thresholds (keys of exporter/gpuwarden/health/thresholds.py)."
     )
+    state_file: str = setting(
+        "auto",
+        description="Where the verdicts' memory is kept across restarts (when each held condition and non-ok "
+        "verdict began, the NVLinks seen up; JSON, a few KB, written crash-safe): `auto` "
+        "(/var/lib/gpuwarden/state.json with the real driver, none with the simulator), an absolute path, or `off`. "
+        "Without it a restart starts every sustain window afresh: checks read pending, which npd-plugin and "
+        "slurm-healthcheck report as unknown. One file per exporter (docs/reliability.md, The state file).",
+        check=_check_state_file,
+    )
+    state_max_gap: float = setting(
+        300.0,
+        ge=0,
+        le=86400,
+        description="Seconds the exporter may have been down (from the state file's last write to the next start) "
+        "for the conditions it held to be recalled; a longer outage starts their windows afresh.",
+    )
+
+    def state_path(self, backend: str) -> Path | None:
+        """The state file in force: `auto` is the default path with the real driver, none with the simulator."""
+        if self.state_file == "off" or (self.state_file == "auto" and backend == "sim"):
+            return None
+        return Path("/var/lib/gpuwarden/state.json" if self.state_file == "auto" else self.state_file)
 
 
 @_section
@@ -271,6 +310,17 @@ class PodsSettings:
         description="DRA drivers whose devices are GPUs (Kubernetes 1.34+): their devices gpu-<minor> and "
         "gpu-<minor>-mig-<profile>-<profile ID>-<start> are matched to GPUs and MIG slices without API access. "
         "Comma-separated in env and flags; empty: DRA allocations ignored.",
+    )
+    api_server: str = setting(
+        "",
+        description="The Kubernetes API server the job view asks for a GPU process's pod (one GET each: its operator's "
+        "labels and the launcher variables of its spec, for ranks and job keys where the process's environment is "
+        "another user's): `in-cluster`, an https:// URL, or empty (off). Needs RBAC `get` on pods (Helm: jobs.podApi).",
+        check=_check_api_server,
+    )
+    api_token_file: Path = setting(Path(_ACCOUNT, "token"), description="Bearer token for pods.api_server (re-read).")
+    api_ca_file: Path | None = setting(
+        Path(_ACCOUNT, "ca.crt"), description="CA of pods.api_server (empty: the system's)."
     )
 
 

@@ -38,13 +38,15 @@ from gpuwarden.model.families import (
     GPU_UP,
     GPUS,
     HEALTH,
+    HEALTH_PENDING,
     HEALTH_SINCE_TIMESTAMP_SECONDS,
     HEALTH_STATUS,
     JOB_COLLECTIVE_WAIT_SECONDS_TOTAL,
     JOB_FINDING,
-    KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS,
-    KERNEL_DRIVER_TRAPS_TOTAL,
+    JOB_IDENTITY_SOURCE_UP,
     KERNEL_FALLEN_OFF_BUS_TOTAL,
+    KERNEL_LOG_LINES_IGNORED_TOTAL,
+    KERNEL_LOG_UP,
     KERNEL_SXID_ERRORS_TOTAL,
     KERNEL_SXID_LAST_TIMESTAMP_SECONDS,
     LAST_COLLECT_TIMESTAMP_SECONDS,
@@ -142,6 +144,8 @@ def _node_rows(snap: Snapshot, rows: Rows) -> None:
     for call, count in sorted(snap.collect_timeouts.items()):
         node(COLLECT_TIMEOUTS_TOTAL, count, call)
     node(NVML_REINIT_TOTAL, snap.reinit_total)
+    for source, up in sorted(snap.job_sources.items()):
+        node(JOB_IDENTITY_SOURCE_UP, 1 if up else 0, source)
     if snap.pods_state != "disabled":
         node(POD_ATTRIBUTION_UP, 1 if snap.pods_state == "ok" else 0)
         if snap.pods_state == "ok":
@@ -195,6 +199,8 @@ def _health_rows(snap: Snapshot, rows: Rows) -> None:
             rows[HEALTH.name].append((ids + [verdict.check], verdict.level))
             if verdict.level > 0:
                 rows[HEALTH_SINCE_TIMESTAMP_SECONDS.name].append((ids + [verdict.check], verdict.since))
+            elif verdict.pending_level:
+                rows[HEALTH_PENDING.name].append((ids + [verdict.check], verdict.pending_level))
         if verdicts:
             rows[HEALTH_STATUS.name].append((ids, max(v.level for v in verdicts)))
         for verdict in verdicts:
@@ -221,15 +227,18 @@ def _xid_rows(snap: Snapshot, rows: Rows) -> None:
 
 
 def _kernel_rows(snap: Snapshot, rows: Rows) -> None:
-    """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch, per library."""
+    """The kernel log's faults: per GPU where its PCI address is one of this node's GPUs, per switch; whether it is
+    read, and the lines naming the driver that counted for nothing."""
+    if snap.kernel_log_up is not None:
+        rows[KERNEL_LOG_UP.name].append(([], 1 if snap.kernel_log_up else 0))
+    for reason, count in sorted(snap.kernel_log_ignored.items()):
+        if count:  # no series until a line is ignored for the reason: a clean host costs one series, the status
+            rows[KERNEL_LOG_LINES_IGNORED_TOTAL.name].append(([reason], count))
     by_bus = {normalise_bus_id(gpu.info.pci_bus_id): gpu for gpu in snap.gpus if gpu.info.pci_bus_id}
     for (kind, device, code), (count, last) in sorted(snap.kernel.items()):
         if kind == "sxid":
             rows[KERNEL_SXID_ERRORS_TOTAL.name].append(([device, str(code)], count))
             rows[KERNEL_SXID_LAST_TIMESTAMP_SECONDS.name].append(([device, str(code)], last))
-        elif kind == "trap":
-            rows[KERNEL_DRIVER_TRAPS_TOTAL.name].append(([device], count))
-            rows[KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS.name].append(([device], last))
         elif kind == "fallen_off_bus" and device in by_bus:
             gpu = by_bus[device]
             rows[KERNEL_FALLEN_OFF_BUS_TOTAL.name].append(([str(gpu.index), gpu.uuid], count))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
+from gpuwarden.health.state_file import GpuMemory
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.model.families import (
     BUSY_SECONDS_TOTAL,
@@ -192,7 +193,7 @@ class CheckContext:
     thresholds: Thresholds
     evaluator: HealthEvaluator
     wired_links: frozenset[str] = frozenset()  # NVLinks with a remote end found at discovery (a peer or NVSwitch)
-    peers: int = 0  # other ranks of the job this GPU's main process belongs to (attribution/jobs.py)
+    peers: int = 0  # other ranks of the job this GPU's main process belongs to (jobs/grouping.py)
     sxids: tuple[tuple[str, int, float], ...] = ()  # the node's NVSwitch SXids (switch, SXid, wall time of the latest)
 
     def verdict(
@@ -205,14 +206,15 @@ class CheckContext:
         """True once `condition` has held continuously for `duration` seconds."""
         return self.evaluator.sustained(self.uuid, key, condition, self.now, duration)
 
-    def pending(self, key: str, observed: str, threshold: str, duration: float) -> Verdict:
+    def pending(self, key: str, observed: str, threshold: str, duration: float, level: int = CRITICAL) -> Verdict:
         """A condition that holds but not yet for its sustain window: still level ok (nothing pages or turns the
-        gauges red), but the API says so, with how long it has been seen, instead of "ok". After a restart in the
-        middle of an incident the window starts again, and on-call reads "pending", not "no findings"."""
+        gauges red), but the API says so, with how long it has been seen, instead of "ok". After a restart without
+        the state file (health/state_file.py) the window starts again, and on-call reads "pending", not "no
+        findings". `level`: what the check turns into if the condition lasts (critical unless the caller says
+        less): npd-plugin and slurm-healthcheck report a pending check as unknown, never as no fault."""
         held = self.evaluator.held_for(self.uuid, key, self.now)
-        return self.verdict(
-            OK, f"{observed}, seen for {held:.0f} s of the {duration:g} s it must last", threshold, severity="pending"
-        )
+        observed = f"{observed}, seen for {held:.0f} s of {duration:g} s"
+        return Verdict(self.name, OK, "pending", observed, str(threshold), pending_level=level)
 
 
 def check_gpu_lost(c: CheckContext) -> Verdict:
@@ -309,6 +311,8 @@ def check_nvlink(c: CheckContext) -> Verdict:
     if crc is not None and crc > limits.nvlink_crc_per_second:
         # the sum over links: a conservative reading of the per-link threshold of the alert rule
         return c.verdict(WARNING, f"CRC {crc:.0f}/s over all links", f"<= {limits.nvlink_crc_per_second:g}/s")
+    if down:
+        return c.pending("nvlink_down", f"link {', '.join(down)} down", "all links up", limits.nvlink_down_for_s)
     return c.verdict(OK, f"{sum(links.values()):.0f} of {len(links)} up" if links else "no NVLink", "")
 
 
@@ -336,6 +340,13 @@ def check_fabric(c: CheckContext) -> Verdict:
         return c.verdict(CRITICAL, f"fabric {state}: CUDA cannot start on this GPU", "fabric completed")
     if unready:
         return c.pending("fabric_unready", f"fabric {state}", "fabric completed", limits.fabric_setup_for_s)
+    return _fabric_set_up(c, held)
+
+
+def _fabric_set_up(c: CheckContext, held: set[str]) -> Verdict:
+    """A fabric that is set up, with no fault: degraded for fabric_degraded_for_s, or an SXid logged within
+    xid_window_s, is a warning (check_fabric)."""
+    limits = c.thresholds
     degraded = [d for d in FABRIC_DEGRADED if d in held]
     if c.sustained("fabric_degraded", bool(degraded), limits.fabric_degraded_for_s):
         return c.verdict(WARNING, f"fabric {', '.join(degraded)}", "a healthy fabric")
@@ -344,9 +355,8 @@ def check_fabric(c: CheckContext) -> Verdict:
         logged = ", ".join(f"SXid {code} on NVSwitch {switch}" for switch, code in recent)
         return c.verdict(WARNING, f"{logged} (kernel log)", f"no SXid in {limits.xid_window_s} s", detail="sxid")
     if degraded:
-        return c.pending(
-            "fabric_degraded", f"fabric {', '.join(degraded)}", "a healthy fabric", limits.fabric_degraded_for_s
-        )
+        observed = f"fabric {', '.join(degraded)}"
+        return c.pending("fabric_degraded", observed, "a healthy fabric", limits.fabric_degraded_for_s, WARNING)
     return c.verdict(OK, "fabric completed, healthy", "")
 
 
@@ -365,22 +375,37 @@ def check_temperature(c: CheckContext) -> Verdict:
         return c.pending("temp_critical", f"{temp:.0f} °C", threshold, limits.temperature_critical_for_s)
     if temp > warning:
         threshold = f"> {warning:g} °C for {limits.temperature_warning_for_s} s"
-        return c.pending("temp_warning", f"{temp:.0f} °C", threshold, limits.temperature_warning_for_s)
+        return c.pending("temp_warning", f"{temp:.0f} °C", threshold, limits.temperature_warning_for_s, WARNING)
     return c.verdict(OK, f"{temp:.0f} °C", f"<= {warning:g} °C")
 
 
-def check_thermal_throttling(c: CheckContext) -> Verdict:
-    """Critical where the page is (GpuwardenThermalThrottling: HW or SW thermal slowdown above thermal_page_ratio of
-    thermal_page_window_s, for thermal_page_for_s); a warning above thermal_slowdown_ratio of thermal_slowdown_for_s,
-    as GpuwardenHwThermalSlowdown and GpuwardenSwThermalSlowdown are."""
+def _thermal_page(c: CheckContext) -> Verdict | None:
+    """The critical tier, where the page is (GpuwardenThermalThrottling: HW or SW thermal slowdown above
+    thermal_page_ratio of thermal_page_window_s, for thermal_page_for_s); None below it."""
     limits = c.thresholds
+    window = f"{limits.thermal_page_window_s} s"
     shares = [c.history.rate(_throttle(r), c.now, limits.thermal_page_window_s) for r in THERMAL_REASONS]
     most = max((share for share in shares if share is not None), default=None)
-    if c.sustained("thermal_page", most is not None and most > limits.thermal_page_ratio, limits.thermal_page_for_s):
-        window = f"{limits.thermal_page_window_s} s"
+    if most is None:  # the window not watched yet (a start): what the state file recalls is kept, not judged
+        throttled = any(c.values.get((CLOCK_EVENT_ACTIVE.name, (r,))) for r in THERMAL_REASONS)
+        if throttled and c.evaluator.held_for(c.uuid, "thermal_page", c.now):
+            threshold = f"<= {limits.thermal_page_ratio:.0%} of {window}"
+            return c.pending("thermal_page", "thermal slowdown active", threshold, limits.thermal_page_for_s)
+        return None
+    if c.sustained("thermal_page", most > limits.thermal_page_ratio, limits.thermal_page_for_s):
         return c.verdict(
             CRITICAL, f"thermal slowdown {most:.0%} of {window}", f"<= {limits.thermal_page_ratio:.0%} of {window}"
         )
+    return None
+
+
+def check_thermal_throttling(c: CheckContext) -> Verdict:
+    """Critical where the page is (_thermal_page); a warning above thermal_slowdown_ratio of thermal_slowdown_for_s,
+    as GpuwardenHwThermalSlowdown and GpuwardenSwThermalSlowdown are."""
+    page = _thermal_page(c)
+    if page is not None:
+        return page
+    limits = c.thresholds
     active_now = None
     for reason in THERMAL_REASONS:
         active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
@@ -462,7 +487,9 @@ def check_persistence_mode(c: CheckContext) -> Verdict:
     off = c.values.get((PERSISTENCE_MODE_ENABLED.name, ())) == 0
     if c.sustained("persistence", off, c.thresholds.persistence_off_for_s):
         return c.verdict(WARNING, "off", "on")
-    return c.verdict(OK, "off" if off else "on", "on")
+    if off:
+        return c.pending("persistence", "off", "on", c.thresholds.persistence_off_for_s, WARNING)
+    return c.verdict(OK, "on", "on")
 
 
 def check_pcie(c: CheckContext) -> Verdict:
@@ -584,6 +611,9 @@ def check_bottleneck(c: CheckContext) -> Verdict:
     window = c.thresholds.bottleneck_window_s
     activity = window_activity(c.history, _running(c.values), c.now, window)
     if activity is None:
+        seen = c.history.span(c.now)
+        if (GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()) in c.values and seen < window:  # GPM read, the window not yet
+            return c.verdict(OK, f"measuring: {seen:.0f} s of the {window} s window", "")
         return c.verdict(OK, "n/a", "")
     nvlink, pcie_rx = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
     kind = bottleneck_class(c.thresholds, activity, c.peers)
@@ -618,6 +648,18 @@ CHECK_FUNCTIONS: dict[str, Callable[[CheckContext], Verdict]] = {
     "bottleneck": check_bottleneck,
 }
 assert tuple(CHECK_FUNCTIONS) == CHECKS
+# Checks judged on slow-tier readings (NVLink state, the fabric, PCIe replays), with the worst level each gives: until
+# a GPU's slow tier has been read once (the first slow cycle after a start, or a late read on a starved host), they
+# have nothing to judge. They are pending then, not ok ("no NVLink" would tell NPD the links are fine), and they are
+# not run, so a condition recalled from the state file keeps its start until the readings it is judged on arrive.
+NEEDS_SLOW_READINGS = {"nvlink": CRITICAL, "fabric": CRITICAL, "pcie": WARNING}
+
+
+NOT_READ_YET = "not read yet (slow tier)"
+
+
+def not_read_yet(check: str) -> Verdict:
+    return Verdict(check, OK, "pending", NOT_READ_YET, "", pending_level=NEEDS_SLOW_READINGS[check])
 
 
 class HealthEvaluator:
@@ -628,6 +670,7 @@ class HealthEvaluator:
         self._history: dict[str, _History] = {}
         self._began: dict[tuple[str, str], tuple[int, float]] = {}  # (uuid, check) → (level, began)
         self._since: dict[tuple[str, str], float] = {}
+        self._judged: tuple[str, ...] = ()  # the GPUs of the last evaluation: those the state file keeps
         self.links_seen_up: dict[str, set[str]] = {}
         # a short history, with whether a process runs, for each GPU of a multi-GPU job (the job view's window,
         # collective_window_s, ten points): the long one keeps a point per 15 s at the defaults, too coarse to name
@@ -675,11 +718,31 @@ class HealthEvaluator:
         self._history = previous._history
         self._began = previous._began
         self._since = previous._since
+        self._judged = previous._judged
         self.links_seen_up = previous.links_seen_up
         spacing, keep = self._short_shape()
         for history, _ in previous._short.values():
             history.spacing, history.keep = spacing, keep
         self._short = previous._short
+
+    def memory(self) -> dict[str, GpuMemory]:
+        """What a restart must not forget of the GPUs judged last (written by health/state_file.py)."""
+        return {
+            uuid: GpuMemory(
+                {key: since for (held, key), since in self._since.items() if held == uuid},
+                {check: began for (held, check), began in self._began.items() if held == uuid},
+                frozenset(self.links_seen_up.get(uuid, ())),
+            )
+            for uuid in self._judged
+        }
+
+    def recall(self, memory: dict[str, GpuMemory]) -> None:
+        """Take over what an earlier run remembered (before the first evaluation): a condition that had held its
+        window and holds at the first reading fires at once; one that no longer holds is dropped there."""
+        for uuid, gpu in memory.items():
+            self._since.update({(uuid, key): since for key, since in gpu.held.items()})
+            self._began.update({(uuid, check): began for check, began in gpu.levels.items()})
+            self.links_seen_up.setdefault(uuid, set()).update(gpu.links_up)
 
     def held_for(self, uuid: str, key: str, now: float) -> float:
         """Seconds the condition under `key` has held continuously (0 when it does not hold)."""
@@ -705,6 +768,7 @@ class HealthEvaluator:
         """Each GPU's verdicts; `kernel`: the kernel log's faults (wall times), of which the NVSwitch SXids are
         judged with each GPU's fabric."""
         result: dict[str, tuple[Verdict, ...]] = {}
+        unread: set[tuple[str, str]] = set()
         limits = self.thresholds
         sxids = tuple(
             (device, code, last) for (kind, device, code), (_, last) in sorted((kernel or {}).items()) if kind == "sxid"
@@ -727,17 +791,25 @@ class HealthEvaluator:
             exempt = bool(re.fullmatch(limits.pstate_exempt_name_regex, gpu.info.name or ""))
             nvlink = gpu.info.nvlink
             wired = frozenset(str(link) for link, _ in nvlink.remote_bus_ids) if nvlink is not None else frozenset()
+            slow_read = "slow" in gpu.updated_at
+            unread.update((gpu.uuid, name) for name in NEEDS_SLOW_READINGS if not slow_read)
             result[gpu.uuid] = tuple(
-                check(
+                not_read_yet(name)
+                if (gpu.uuid, name) in unread
+                else check(
                     CheckContext(name, gpu.uuid, values, history, xid, now, exempt, limits, self, wired, peers, sxids)
                 )
                 for name, check in CHECK_FUNCTIONS.items()
             )
-        return self._stamp(result, now)
+        self._judged = tuple(result)  # every GPU judged, the lost ones too
+        return self._stamp(result, now, unread)
 
-    def _stamp(self, result: dict[str, tuple[Verdict, ...]], now: float) -> dict[str, tuple[Verdict, ...]]:
-        """Carry when each non-ok level began; a level change (warning → critical) starts a new run."""
-        since: dict[tuple[str, str], tuple[int, float]] = {}
+    def _stamp(
+        self, result: dict[str, tuple[Verdict, ...]], now: float, unread: Collection[tuple[str, str]] = ()
+    ) -> dict[str, tuple[Verdict, ...]]:
+        """Carry when each non-ok level began; a level change (warning → critical) starts a new run. A check not
+        read yet keeps the start it had (recalled from the state file, or before a late read)."""
+        since = {key: self._began[key] for key in unread if key in self._began}
         stamped: dict[str, tuple[Verdict, ...]] = {}
         for uuid, verdicts in result.items():
             out = []

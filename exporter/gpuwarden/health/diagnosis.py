@@ -1,14 +1,18 @@
 """Findings for humans: what is wrong with a GPU, how sure, the likely cause and what to do.
 
 Built from the health verdicts of the latest snapshot (exporter/gpuwarden/health/checks.py) plus node-level facts (NVML
-state, driver, topology). Served as /api/v1/diagnosis; the texts follow docs/runbooks.md.
+state, driver, topology). The job view adds its findings and the host's evidence of a waiting GPU
+(exporter/gpuwarden/jobs/findings.py); together they are served as /api/v1/diagnosis; the texts follow
+docs/runbooks.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from gpuwarden.model.snapshot import HostEvidence, Snapshot
+from gpuwarden.health.checks import NOT_READ_YET
+from gpuwarden.model.snapshot import Snapshot
 
 # check → (likely cause, recommended action)
 ADVICE: dict[str, tuple[str, str]] = {
@@ -175,82 +179,21 @@ class Finding:
     likely_cause: str
     recommended_action: str
     holders: tuple[dict[str, object], ...] = ()  # processes holding the GPU's memory, largest first
-    job: dict[str, object] | None = None  # a job finding's structure: the job, straggler, cause, waiters
-
-
-# What a waiting GPU's main process does on the host (HostEvidence.dominant) → the cause and action
-WAITING_CAUSES: dict[str, tuple[str, str]] = {
-    "checkpoint": (
-        "Checkpointing: the job's main process writes to storage while the GPU waits (the training loop stops for "
-        "the save).",
-        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save, FSDP sharded state dicts), "
-        "checkpoint less often, or write to faster local storage and copy off in the background.",
-    ),
-    "io_wait": (
-        "I/O stall: the job's threads wait on storage (D state) while the GPU idles: a checkpoint being written, or "
-        "data read from slow or remote storage.",
-        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint async_save), checkpoint less often, "
-        "faster or local storage for the data set.",
-    ),
-    "workers_running": (
-        "Input-bound: the DataLoader worker processes are busy nearly all the time and the GPU waits for batches.",
-        "More DataLoader workers (num_workers), pin_memory, cheaper or GPU-side preprocessing, a local cache of "
-        "the decoded data set.",
-    ),
-    "main_running": (
-        "Host-bound: the job's main thread runs on the CPU nearly all the time while the GPU waits: Python work "
-        "between steps (preprocessing, logging, metrics) or launching kernels one by one.",
-        "Move the work off the training loop or onto the GPU; CUDA graphs or torch.compile for the launches; "
-        "profile the step on the CPU side (py-spy).",
-    ),
-    "asleep": (
-        "Waiting on others: every thread of the job sleeps while the GPU idles: it waits on other ranks (a "
-        "straggler, a collective), a parameter server or the network.",
-        "Find the slowest rank (compare this job's GPUs on other nodes in the fleet view); check the network and "
-        "NCCL settings.",
-    ),
-}
-# asleep, with no peers in any job: nobody to wait on
-IDLE_HOLDER = (
-    "An idle holder: a process with no peers in any job holds the GPU's memory and sleeps (a notebook kernel, "
-    "a finished or stuck job, a debugger).",
-    "Ask its owner to release it, or end it; schedule notebooks on shared or fractional GPUs, and set an idle "
-    "timeout on interactive sessions.",
-)
-# asleep, while its job's other ranks wait for it (the job view named it): it sleeps in its own code
-ASLEEP_STRAGGLER = (
-    "Asleep while the other ranks of its job wait for it in a collective (the job's straggler finding): its "
-    "threads sleep in its own code (a sleep, a lock, a blocking call outside the collectives), not on its peers.",
-    "`py-spy dump --pid PID` on this rank shows where it sleeps; the other ranks need no change.",
-)
-
-
-def waiting_cause(
-    evidence: HostEvidence | None, cause: str, action: str, peers: int | None = None, straggler: bool = False
-) -> tuple[str, str]:
-    """The cause of a `waiting` GPU from the host's evidence where /proc shows its process; the GPU-side text
-    (which lists the candidates) otherwise, saying what could not be seen. `peers`: other ranks of the GPU's job
-    (None: unknown); a sleeping process with none waits on no one, and one its peers wait for (`straggler`) is not
-    waiting on them."""
-    if evidence is None or not evidence.sampled:
-        return cause + " Host evidence: none (the host's /proc is not mounted, or not yet sampled).", action
-    seen = f" Host evidence ({evidence.describe()})."
-    found = evidence.dominant()
-    if found is None:
-        return cause + f" Host evidence (PID {evidence.pid}) shows no single cause.", action
-    if found == "asleep" and straggler:
-        return ASLEEP_STRAGGLER[0] + seen, ASLEEP_STRAGGLER[1]
-    if found == "asleep" and peers == 0:
-        return IDLE_HOLDER[0] + seen, IDLE_HOLDER[1]
-    found_cause, found_action = WAITING_CAUSES[found]
-    return found_cause + seen, found_action
+    job: dict[str, object] | None = None  # a job finding's structure (jobs/findings.py): job, straggler, cause, waiters
 
 
 # Findings that name the processes (and pods) on the GPU: whose job is at risk or already failed.
 WHO_HOLDS_IT = ("memory_pressure", "ecc", "xid", "gpu_lost")
 
 
-def diagnose(snapshot: Snapshot) -> list[Finding]:
+# (snapshot, GPU UUID, bottleneck class, cause, action) → (cause, action): a bottleneck's advice with what a stage
+# above health knows of the GPU's processes (the job view's host evidence: jobs/findings.py)
+ExplainBottleneck = Callable[[Snapshot, str, str, str, str], tuple[str, str]]
+
+
+def diagnose(snapshot: Snapshot, explain: ExplainBottleneck | None = None) -> list[Finding]:
+    """The GPUs' and the node's findings from the health verdicts; the job view's come from jobs/findings.py, which
+    calls this with its `explain`."""
     findings: list[Finding] = []
     if not snapshot.nvml_up:
         error = snapshot.nvml_error or "unknown"
@@ -271,24 +214,22 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             )
         findings.append(Finding(None, None, "driver", "critical", error, "nvml up", cause, action))
         return findings
-    stragglers = {found.straggler for found in snapshot.collective if found.straggler}
     for gpu in snapshot.gpus:
         for verdict in snapshot.health.get(gpu.uuid, ()):
-            if verdict.severity == "ok":
+            if verdict.severity == "ok" or verdict.observed == NOT_READ_YET:  # nothing seen: no cause to name yet
                 continue
             if verdict.check == "bottleneck":
                 cause, action = BOTTLENECK_ADVICE[verdict.detail]
-                if verdict.detail == "waiting":
-                    member = snapshot.jobs.get(gpu.uuid)
-                    peers = None if member is None else member.peers
-                    evidence = snapshot.host_evidence.get(gpu.uuid)
-                    cause, action = waiting_cause(evidence, cause, action, peers, gpu.uuid in stragglers)
+                if explain is not None:
+                    cause, action = explain(snapshot, gpu.uuid, verdict.detail, cause, action)
             else:  # a check's own detail where it has advice of its own (page retirement under row_remap)
                 cause, action = ADVICE.get(verdict.detail) or ADVICE[verdict.check]
             observed, holders = verdict.observed, ()
             if verdict.check in WHO_HOLDS_IT:
                 holders = _holders(snapshot, gpu.uuid)
-                observed = f"{observed}; {_describe(holders)}"
+                # a lost GPU lists no process: its holders are the last ones seen, said as such (not as holding it)
+                before_loss = not snapshot.processes.get(gpu.uuid) and bool(snapshot.lost_holders.get(gpu.uuid))
+                observed = f"{observed}; {_describe(holders, 'held before the loss by' if before_loss else 'held by')}"
             if verdict.check == "gpu_lost":  # the command for this GPU, not the whole node
                 # by PCI bus id where the driver still gave one: indices can shift once a GPU leaves the bus
                 target = gpu.info.pci_bus_id or str(gpu.index)
@@ -308,9 +249,13 @@ def diagnose(snapshot: Snapshot) -> list[Finding]:
             )
     findings += _process_exits(snapshot)
     findings += _nvlink_missing(snapshot)
-    findings += job_findings(snapshot)
-    order = {"critical": 0, "warning": 1, "info": 2}
-    return sorted(findings, key=lambda f: (order.get(f.severity, 3), -1 if f.gpu is None else f.gpu, f.check))
+    return sorted(findings, key=order)
+
+
+def order(finding: Finding) -> tuple[int, int, str]:
+    """Findings most severe first, node-wide before per-GPU, then by GPU and check."""
+    severity = {"critical": 0, "warning": 1, "info": 2}.get(finding.severity, 3)
+    return severity, -1 if finding.gpu is None else finding.gpu, finding.check
 
 
 def _holders(snapshot: Snapshot, uuid: str) -> tuple[dict[str, object], ...]:
@@ -338,7 +283,7 @@ def _who(holder: dict[str, object]) -> str:
     return f"pid {holder['pid']} ({holder['name'] or 'unknown'}, no pod found)"
 
 
-def _describe(holders: tuple[dict[str, object], ...]) -> str:
+def _describe(holders: tuple[dict[str, object], ...], held: str = "held by") -> str:
     """'held by ml/trainer-0/worker 60.0 GiB (75%), …; shared by 2 containers' — the sentence an SRE needs."""
     if not holders:
         return "no process listed (the holder may run in another PID namespace or be the driver itself)"
@@ -349,7 +294,7 @@ def _describe(holders: tuple[dict[str, object], ...]) -> str:
         share = holder["memory_share"]
         pid = f" pid {holder['pid']}" if holder["pod"] else ""  # _who names the PID when no pod was found
         parts.append(f"{_who(holder)}{pid} {size}" + ("" if share is None else f" ({share:.0%})"))
-    text = "held by " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
+    text = f"{held} " + ", ".join(parts) + ("" if len(holders) <= 5 else f" and {len(holders) - 5} more")
     containers = {(h["namespace"], h["pod"], h["container"]) for h in holders if h["pod"]}
     if len(containers) > 1:
         text += f"; shared by {len(containers)} containers"
@@ -407,112 +352,6 @@ def _nvlink_missing(snapshot: Snapshot) -> list[Finding]:
         else "Expected on PCIe cards; for multi-GPU training choose SXM/NVLink nodes or install NVLink bridges."
     )
     return [Finding(None, None, "nvlink_topology", severity, "no NV# pair", "NV# between GPUs", cause, action)]
-
-
-# a job's straggler or hang (health/collective.py): cause → (what it means, what to do)
-STRAGGLER_CAUSES: dict[str, tuple[str, str]] = {
-    "cpu": (
-        "A CPU-bound rank: its main thread runs on the CPU nearly all the time while its GPU idles, and the other "
-        "ranks spin in the next collective until it arrives (their processes spin a core too: the GPU side tells "
-        "them apart).",
-        "Find the Python work only this rank does (logging, metrics, evaluation, preprocessing on rank 0): move it "
-        "off the step or onto every rank evenly; `py-spy dump --pid PID` on the straggler shows where it is.",
-    ),
-    "input": (
-        "An input-bound rank: its DataLoader workers are busy all the time and its GPU waits for batches, while "
-        "the other ranks wait for it in the collective.",
-        "More DataLoader workers on that rank's node (num_workers), pin_memory, a local cache; check that rank's "
-        "shard of the data set and the node's CPU and storage.",
-    ),
-    "io": (
-        "A rank waiting on storage: its threads are in D state (a checkpoint written by one rank, data read from "
-        "slow or remote storage) while the others wait for it.",
-        "Asynchronous or sharded checkpoints (torch.distributed.checkpoint.async_save), faster or local storage "
-        "for that node.",
-    ),
-    "slower_gpu": (
-        "A slower GPU: it still computes while the others wait (lower clocks, throttling, a power cap, or another "
-        "process computing on it).",
-        "Compare its clocks and clock-event reasons (`nvidia-smi -q -d PERFORMANCE`), move a co-located process, "
-        "fix cooling or the power limit; drain the GPU if it stays slow.",
-    ),
-    "unknown": (
-        "A rank the others wait for; what holds it back could not be seen from the host.",
-        "`py-spy dump --pid PID` on the straggler, and its node's CPU, storage and network.",
-    ),
-    "off_node": (
-        "Every rank of the job on this node waits in a collective: the rank holding the job back runs on another node.",
-        "Open the fleet's job view (`gpuwarden fleet`, /api/v1/fleet/jobs): it names the straggler node and GPU.",
-    ),
-}
-HANG = (
-    "A collective hang: the job's ranks spin in a collective and nothing has moved over the links for "
-    "collective_hang_for_s: a rank died, deadlocked, or called a different collective.",
-    "Dump every rank's stacks (`py-spy dump --pid PID`), the odd one out first where one is named; enable "
-    "NCCL_DEBUG=INFO and the process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING) so a hang fails fast; "
-    "restart the job from its last checkpoint.",
-)
-
-
-def job_findings(snapshot: Snapshot) -> list[Finding]:
-    """One finding per job whose GPUs disagree: the straggler (or hang) named, with its cause and the waiters."""
-    by_uuid = {gpu.uuid: gpu for gpu in snapshot.gpus}
-    findings = []
-    for found in snapshot.collective:
-        straggler = by_uuid.get(found.straggler) if found.straggler else None
-        member = snapshot.jobs.get(found.straggler or "")
-        holder = snapshot.processes.get(found.straggler or "", ())
-        main = next((p for p in holder if member is not None and p.pid == member.pid), None)
-        who = None
-        if straggler is not None and member is not None:
-            who = {
-                "gpu": straggler.index,
-                "uuid": straggler.uuid,
-                "pid": member.pid,
-                "rank": member.rank,
-                "namespace": main.namespace if main else "",
-                "pod": main.pod if main else "",
-                "slurm_job": main.slurm_job if main else "",
-            }
-        waiters = [
-            {"gpu": by_uuid[u].index if u in by_uuid else None, "uuid": u, "wait_share": share}
-            for u, share in found.waiting
-        ]
-        waiting_text = ", ".join(f"GPU {w['gpu']} {w['wait_share']:.0%}" for w in waiters)  # type: ignore[str-format]
-        if found.kind == "collective_hang":
-            cause, action = HANG
-            check, severity = "collective_hang", "warning"
-        else:
-            cause, action = STRAGGLER_CAUSES.get(found.cause, STRAGGLER_CAUSES["unknown"])
-            check, severity = ("straggler", "warning") if found.kind == "straggler" else ("waiting_elsewhere", "info")
-        subject = "no GPU on this node" if who is None else (
-            f"GPU {who['gpu']} ({who['uuid']}, pid {who['pid']}, rank {who['rank']}"
-            + (f", {who['namespace']}/{who['pod']}" if who["pod"] else "")
-            + (f", Slurm job {who['slurm_job']}" if who["slurm_job"] else "")
-            + ")"
-        )  # fmt: skip
-        observed = (
-            f"job {found.job}: {subject} holds the others back ({found.cause}: {found.cause_detail}); "
-            f"waiting: {waiting_text}"
-        )
-        if found.kind == "collective_hang" and who is None:
-            observed = f"job {found.job}: {found.cause_detail}; spinning: {waiting_text}"
-        structure = {"job": found.job, "kind": found.kind, "straggler": who, "cause": found.cause,
-                     "waiting": waiters, "since": found.since}  # fmt: skip
-        findings.append(
-            Finding(
-                None if straggler is None else straggler.index,
-                found.straggler,
-                check,
-                severity,
-                observed,
-                "a job's GPUs wait alike",
-                cause,
-                action,
-                job=structure,
-            )
-        )
-    return findings
 
 
 def as_json(snapshot: Snapshot, findings: list[Finding]) -> dict[str, object]:

@@ -75,19 +75,6 @@ def availability(t: Thresholds, s: str) -> Group:
             ),
             alert(
                 t,
-                "GpuwardenDriverLibraryCrash",
-                f"time() - gpuwarden_kernel_driver_trap_last_timestamp_seconds{{{s}}} <",
-                "warning",
-                "A process crashed inside the NVIDIA driver's library.",
-                f"The kernel on {NODE} logged a process crashing inside {{{{ $labels.library }}}} "
-                "(`dmesg | grep -E 'traps|segfault'` names it). A user-space library whose version differs "
-                "from the kernel module's, or a tool calling NVML wrongly, crashes this way; if it is gpuwarden "
-                "(its log then has every thread's stack), report it. Check `nvidia-smi` and the versions in "
-                "/proc/driver/nvidia/version.",
-                threshold="xid_window_s",
-            ),
-            alert(
-                t,
                 "GpuwardenXidWarning",
                 f'time() - gpuwarden_xid_last_timestamp_seconds{{{s},xid=~"{xid_regex(t.xid_warning)}"}} <',
                 "warning",

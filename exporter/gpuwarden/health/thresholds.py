@@ -135,7 +135,7 @@ class Thresholds:
     # NVLink traffic this heavy with the math pipes idle is communication even while NCCL's kernels keep the SMs
     # 30-60 % active (DDP with 2 GB of gradients a step on 2x H200: SM 46-48 %, NVLink 117-122 GB/s per GPU)
     bottleneck_nvlink_busy_bytes_per_second: float = setting(50e9, gt=0)
-    # jobs across GPUs (health/collective.py): judged over a window short enough to name a straggler within 60 s
+    # jobs across GPUs (jobs/collective.py): judged over a window short enough to name a straggler within 60 s
     collective_window_s: int = setting(20, ge=5, le=600)
     # a rank spinning in a collective: driver busy at least this share (waiters measured at 85-99 %; single-GPU
     # tiny kernels, the launch-bound look-alike, at 28-31 %), SMs no busier than NCCL's CTAs (one per channel,

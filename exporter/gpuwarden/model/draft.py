@@ -56,9 +56,12 @@ class Draft:
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0
     jobs: dict[str, JobMember] = field(default_factory=dict)
+    job_sources: dict[str, bool] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
+    kernel_log_up: bool | None = None  # the kernel log's reader reads now; None: no kernel log is read
+    kernel_log_ignored: dict[str, int] = field(default_factory=dict)  # lines naming the driver not counted, by reason
     # GPUs NVML counts that discovery could not open (index → lost, no_permission, timeout): missing from `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

@@ -313,7 +313,7 @@ HEALTH_SINCE_TIMESTAMP_SECONDS = _f(
     "gpuwarden_health_since_timestamp_seconds",
     "gauge",
     "Unix time the current non-ok verdict of the check began, as this exporter saw it (present only while "
-    "gpuwarden_health > 0; restarts with the exporter).",
+    "gpuwarden_health > 0; kept across restarts where the state file is, health.state_file).",
     "check",
     unit="seconds",
 )
@@ -321,6 +321,14 @@ HEALTH_STATUS = _f(
     "gpuwarden_health_status",
     "gauge",
     "The worst gpuwarden_health verdict of the GPU: 0 ok, 1 warning, 2 critical.",
+)
+HEALTH_PENDING = _f(
+    "gpuwarden_health_pending",
+    "gauge",
+    "Present while a check is pending: its condition holds but has not yet been watched for its window (after a "
+    "start without the state file, or a new onset), or its readings have not been read yet. The value is the level "
+    "the check turns into if the condition lasts (1 warning, 2 critical); gpuwarden_health reads 0 meanwhile.",
+    "check",
 )
 BOTTLENECK_INFO = _f(
     "gpuwarden_bottleneck_info",
@@ -400,7 +408,7 @@ SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL = _f(
     "user",
     unit="seconds",
 )
-# jobs across GPUs (attribution/jobs.py, health/collective.py): `job_id` is the same on every node of a job where a
+# jobs across GPUs (jobs/grouping.py, jobs/collective.py): `job_id` is the same on every node of a job where a
 # launcher or Slurm set one (slurm/<id>, <namespace>/<MASTER_ADDR>:<port>[/<run id>]), else local/...; not `job`,
 # which Prometheus keeps for the scrape job
 JOB_COLLECTIVE_WAIT_SECONDS_TOTAL = _f(
@@ -423,6 +431,15 @@ JOB_FINDING = _f(
     "uuid",
     "rank",
     "cause",
+    per_gpu=False,
+)
+JOB_IDENTITY_SOURCE_UP = _f(
+    "gpuwarden_job_identity_source_up",
+    "gauge",
+    "1 where the job view's last read of this source of job identity worked, 0 where it could not read it: cgroup "
+    "and cmdline (the host's /proc, other users' processes visible), environ (the same UID or CAP_SYS_PTRACE), "
+    "pod_api (the pod's labels and spec; absent when off).",
+    "source",
     per_gpu=False,
 )
 PROCESS_GPU_MEMORY_USED_BYTES = _f(
@@ -622,22 +639,23 @@ KERNEL_SXID_LAST_TIMESTAMP_SECONDS = _f(
 KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
     "gpuwarden_kernel_fallen_off_bus_total",
     "counter",
-    "'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
+    "The driver's 'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
 )
-KERNEL_DRIVER_TRAPS_TOTAL = _f(
-    "gpuwarden_kernel_driver_traps_total",
-    "counter",
-    "Processes the kernel logged as crashing inside the driver's libraries since boot, by library "
-    "(libnvidia-ml, libcuda).",
-    "library",
+KERNEL_LOG_UP = _f(
+    "gpuwarden_kernel_log_up",
+    "gauge",
+    "1 while the kernel log (nvml.kernel_log) is read, 0 while it cannot be (no /dev/kmsg, no permission, no relay "
+    "writing into the pipe) or the host's GPUs are not known yet; absent when no kernel log is read.",
     per_gpu=False,
 )
-KERNEL_DRIVER_TRAP_LAST_TIMESTAMP_SECONDS = _f(
-    "gpuwarden_kernel_driver_trap_last_timestamp_seconds",
-    "gauge",
-    "Unix time of the latest process crash the kernel logged inside each driver library.",
-    "library",
-    unit="seconds",
+KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
+    "gpuwarden_kernel_log_lines_ignored_total",
+    "counter",
+    "Kernel log lines naming the NVIDIA driver that count for nothing, by reason: user_facility (not logged by "
+    "the kernel), not_driver (driver text inside another record, e.g. a process's crash report naming its file), "
+    "unknown_device (none of this host's GPUs or NVSwitches), unparsed, too_long, table_full; no series until "
+    "one is.",
+    "reason",
     per_gpu=False,
 )
 # modes, processes, recovery

@@ -156,17 +156,21 @@ class Verdict:
 
     check: str
     level: int  # 0 ok, 1 warning, 2 critical
-    severity: str  # ok, info, warning, critical (info: worth showing, level stays 0)
+    severity: str  # ok, info, pending, warning, critical (info and pending: worth showing, level stays 0)
     observed: str
     threshold: str
     since: float = 0.0  # unix time this non-ok level began (as this exporter saw it); 0 while ok
     detail: str = ""  # a check's class, where it has one (the bottleneck check: tensor_bound, waiting, ...)
+    # pending (a condition that holds but has not been watched for its window, or readings not read yet): the level
+    # the check turns into if the condition lasts; 0 otherwise. npd-plugin and slurm-healthcheck read it as unknown
+    pending_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class HostEvidence:
-    """What the host's /proc showed of a waiting GPU's main process (exporter/gpuwarden/attribution/activity.py): shares
-    of the samples in which its main thread ran, a thread waited on I/O, a worker child ran, or nothing ran."""
+    """What the host's /proc showed of a waiting GPU's main process (exporter/gpuwarden/jobs/activity.py): shares of
+    the samples in which its main thread ran, a thread waited on I/O, a worker child ran, or nothing ran. Data only:
+    what the shares say is read in exporter/gpuwarden/jobs/host_reading.py."""
 
     pid: int
     samples: int
@@ -177,47 +181,10 @@ class HostEvidence:
     workers: int
     write_bytes_per_second: float | None = None  # to storage, over the samples (None: /proc/PID/io unreadable)
 
-    # What the shares say, strongest first (docs/diagnosis.md): read both by a waiting GPU's advice
-    # (health/diagnosis.py) and by a straggler's cause (health/collective.py), so the two never disagree.
-    MIN_SAMPLES = 3
-    CHECKPOINT_BYTES_PER_SECOND = 50e6  # writing this fast to storage while the GPU waits: a checkpoint...
-    CHECKPOINT_IO_WAIT = 0.1  # ...if the writes stall a thread this share of the samples, or the main thread idles
-    LIMITS = (("io_wait", 0.3), ("workers_running", 0.6), ("main_running", 0.7), ("asleep", 0.7))
-
-    @property
-    def sampled(self) -> bool:
-        return self.samples >= self.MIN_SAMPLES
-
-    def dominant(self) -> str | None:
-        """checkpoint, io_wait, workers_running, main_running or asleep: what the process did most of the time;
-        None where no single activity dominates or too few samples were taken."""
-        if not self.sampled:
-            return None
-        written = self.write_bytes_per_second
-        # a checkpoint where the writes hold the loop up (threads in D state) or the main thread is not busy on its
-        # own: a CPU-bound rank that also saves a checkpoint now and then read "writing 111 MB/s" with its main
-        # thread running 88 % and no I/O wait on a lent H200 (docs/validation/2026-11-28-h200x2-jobs): cpu
-        if (
-            written is not None
-            and written >= self.CHECKPOINT_BYTES_PER_SECOND
-            and (self.io_wait >= self.CHECKPOINT_IO_WAIT or self.main_running < dict(self.LIMITS)["main_running"])
-        ):
-            return "checkpoint"
-        return next((share for share, limit in self.LIMITS if getattr(self, share) >= limit), None)
-
-    def describe(self) -> str:
-        """The numbers behind `dominant`, as the findings quote them."""
-        written = self.write_bytes_per_second
-        return (
-            f"PID {self.pid}, {self.samples} samples: main thread running {self.main_running:.0%}, I/O wait "
-            f"{self.io_wait:.0%}, workers running {self.workers_running:.0%} ({self.workers} workers), all asleep "
-            f"{self.asleep:.0%}" + ("" if written is None else f", writing {written / 1e6:.0f} MB/s to storage")
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class JobMember:
-    """The job a GPU's main process belongs to, as the host shows it (exporter/gpuwarden/attribution/jobs.py): a key
+    """The job a GPU's main process belongs to, as the host shows it (exporter/gpuwarden/jobs/grouping.py): a key
     the same on every node where a launcher or Slurm set one (`local/...` where only this node's process tree or pod
     groups the GPUs), the rank where the launcher set it, and the job's GPUs on this node."""
 
@@ -236,7 +203,7 @@ class JobMember:
 
 @dataclass(frozen=True, slots=True)
 class CollectiveFinding:
-    """A job whose GPUs disagree (exporter/gpuwarden/health/collective.py): the GPU the others wait for and why,
+    """A job whose GPUs disagree (exporter/gpuwarden/jobs/collective.py): the GPU the others wait for and why,
     or a whole job stuck in a collective."""
 
     job: str
@@ -349,11 +316,15 @@ class Snapshot:
     host_evidence: dict[str, HostEvidence] = field(default_factory=dict)
     pid_series: int = 0  # per-PID series per GPU to render (0: off)
     jobs: dict[str, JobMember] = field(default_factory=dict)  # uuid → the job of its main process
+    # source of job identity (cgroup, cmdline, environ, pod_api) → whether its last read worked (jobs/sources.py)
+    job_sources: dict[str, bool] = field(default_factory=dict)
     # uuid → seconds its main process spent waiting in collectives (a counter; GPUs of multi-GPU jobs only)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs
     # the kernel log's GPU faults since boot: (kind, device, code) → (count, wall time of the latest)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
+    kernel_log_up: bool | None = None  # the kernel log's reader reads now; None: no kernel log is read
+    kernel_log_ignored: dict[str, int] = field(default_factory=dict)  # lines naming the driver not counted, by reason
     # GPUs NVML counts that discovery could not open (index → gpu_is_lost, no_permission, timeout): not in `gpus`
     gpus_skipped: dict[int, str] = field(default_factory=dict)
 

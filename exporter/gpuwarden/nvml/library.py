@@ -30,6 +30,8 @@ def _host_kernel_log() -> str:
 
 
 _kernel_log: Callable[[], str] = _host_kernel_log
+_nvswitches: Callable[[], list[str]] | None = None  # None: the host's PCI bus (nvml.nvswitches)
+_host_proc: Callable[[], str] = str  # "": the host's /proc is what processes.proc_root says (unset: none)
 
 
 def monotonic() -> float:
@@ -64,6 +66,22 @@ def kernel_log() -> str:
     return _kernel_log()
 
 
+def nvswitches() -> list[str]:
+    """The NVSwitches on the PCI bus beside the installed library (gpuwarden.nvml.nvswitches), by PCI address; the
+    simulator answers for its baseboard's."""
+    if _nvswitches is None:
+        from gpuwarden.nvml.nvswitches import read_nvswitches
+
+        return read_nvswitches()
+    return _nvswitches()
+
+
+def host_proc() -> str:
+    """The simulator's /proc of its scenario's host processes, read by the job view where processes.proc_root is
+    unset; "" under the real library (the host's /proc is read only where configured)."""
+    return _host_proc()
+
+
 def install(
     library: Any,
     clock: Callable[[], float] | None = None,
@@ -71,15 +89,20 @@ def install(
     driver: Callable[[], list[DriverGpu]] | None = None,
     uptime: Callable[[], float] | None = None,
     kernel_log: Callable[[], str] | None = None,
+    nvswitches: Callable[[], list[str]] | None = None,
+    host_proc: Callable[[], str] | None = None,
 ) -> None:
     """Put `library` beneath pynvml (None restores lazy loading of the real libnvidia-ml.so.1), with its clock;
     `child_spec`: how a child process installs the same one (None: it cannot); `driver`: the kernel driver's
-    GPU list beside it (None: /proc/driver/nvidia); `uptime` and `kernel_log`: the host's (None: this host's)."""
-    global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log
+    GPU list beside it (None: /proc/driver/nvidia); `uptime`, `kernel_log` and `nvswitches`: the host's (None: this
+    host's); `host_proc`: the simulated host's /proc (None: none)."""
+    global _monotonic, _child_spec, _driver_gpus, _uptime, _kernel_log, _nvswitches, _host_proc
     _monotonic = clock or time.monotonic
     _driver_gpus = driver
     _uptime = uptime or time.monotonic
     _kernel_log = kernel_log or _host_kernel_log
+    _nvswitches = nvswitches
+    _host_proc = host_proc or str
     _child_spec = {"backend": "nvml"} if library is None else child_spec
     with pynvml.libLoadLock:
         pynvml.nvmlLib = library

@@ -84,7 +84,9 @@ def open_index(index: int) -> tuple[Any, str]:
         handle = _call(calls.nvmlDeviceGetHandleByIndex, index)
         return handle, _text(_call(calls.nvmlDeviceGetUUID, handle))
     except pynvml.NVMLError as exc:
-        if classify(exc) is ErrorKind.LIBRARY_DOWN:
+        # the library gone, or the driver changed under this process (fatal: the poller exits for a restart); a
+        # mismatch met while opening the GPUs was served as a lost GPU for good (the daemon never exited)
+        if classify(exc) in (ErrorKind.LIBRARY_DOWN, ErrorKind.FATAL):
             raise NvmlDownError(error_name(error_code(exc))) from None
         raise GpuSkipped(error_name(error_code(exc))) from None
 

@@ -3,8 +3,10 @@
 NPD's protocol: exit 0 is OK (the condition False), 1 a problem (True, stdout its message, cut at
 max_output_length, 80 bytes by default), anything else Unknown. NPD kills a plugin after its timeout (5 s by
 default). So: one question to the exporter within --timeout (3 s), a message of at most --max-output-length bytes
-naming the GPU and the fault, and exit 2 (Unknown) whenever the exporter cannot be asked; a fault is never
-reported cleared because nothing answered. Only the unhealthy direction is debounced: a fault is reported once it
+naming the GPU and the fault, and exit 2 (Unknown) whenever the exporter cannot be asked, or a check of the
+condition is pending (its window not yet watched, as after a start without the state file: "GPU2 temperature
+pending: 92 °C, seen for 13 s of 120 s"); a fault is never reported cleared because nothing answered or nothing
+was watched long enough. Only the unhealthy direction is debounced: a fault is reported once it
 is seen --debounce runs in a row, a recovery at once. The count lives on the host's tmpfs (--state-dir) so that a
 replaced NPD pod does not start it again.
 """

@@ -3,7 +3,8 @@ only the drains it made.
 
 slurmd runs it as root every HealthCheckInterval and kills it after 60 s; any action is the program's own
 (`scontrol update`). The rails, in the order they apply:
-- the exporter cannot be asked, or could not see: Unknown, exit 2, nothing changes (never read as recovery);
+- the exporter cannot be asked, could not see, or a check is pending (its window not yet watched, as after a
+  start without the state file): Unknown, exit 2, nothing changes: a drain stays, none is made, nothing resumes;
 - a drain is gpuwarden's when its reason begins with --reason-prefix; anyone else's drain is left alone, fault or not;
 - a node whose AvailableFeatures hold --opt-out-feature is never drained;
 - a fault already drained once and resumed by a person is not drained again until it clears (state on tmpfs);

@@ -2,8 +2,9 @@
 basic auth as its web-config demands), reduced to one verdict per condition family.
 
 Three outcomes, never more: `ok`, `problem` (with a message naming the GPU and the fault) and `unknown` (the
-exporter could not be asked, or could not see). Unknown is never read as recovery by the callers. Standard library
-and PyYAML only, so that a command run every 30 s by node-problem-detector or slurmd starts in well under a second.
+exporter could not be asked, could not see, or has not watched long enough: a check `pending` at a level that counts,
+as after a start without the state file). Unknown is never read as recovery by the callers. Standard library and
+PyYAML only, so that a command run every 30 s by node-problem-detector or slurmd starts in well under a second.
 """
 
 from __future__ import annotations
@@ -231,6 +232,8 @@ def checked(document: Any) -> dict[str, Any]:
         for verdict in need(gpu.get("checks") or {}, dict, "gpus[].checks").values():
             need(verdict, dict, "gpus[].checks[]")
             need(verdict.get("level", 0), int, "gpus[].checks[].level")
+            need(verdict.get("severity", ""), str, "gpus[].checks[].severity")
+            need(verdict.get("pending_level") or 0, int, "gpus[].checks[].pending_level")
             need(verdict.get("observed", ""), str, "gpus[].checks[].observed")
             need(verdict.get("since") or 0, (int, float), "gpus[].checks[].since")
     return document
@@ -255,7 +258,29 @@ def _message(faults: list[tuple[int, float, str, str]], limit: int) -> str:
     return _fit(first, limit - len(more.encode())) + more
 
 
-def _missing_gpus(document: dict[str, Any], faults: list, stale: list[int]) -> None:
+Finding = tuple[int, float, str, str]  # level, since, key, text
+
+
+def _findings(
+    gpus: list[dict[str, Any]], checks: tuple[str, ...], min_level: int
+) -> tuple[list[Finding], list[Finding]]:
+    """The family's checks at `min_level` or worse (faults), and those pending that could reach it once watched (an
+    exporter that does not say which level: any)."""
+    faults: list[Finding] = []
+    pending: list[Finding] = []
+    for gpu in gpus:
+        for check, verdict in (gpu.get("checks") or {}).items():
+            if check not in checks:
+                continue
+            key = f"GPU{gpu['index']} {check}"
+            if verdict.get("level", 0) >= min_level:
+                faults.append((verdict["level"], verdict.get("since") or 0.0, key, f"{key}: {verdict['observed']}"))
+            elif verdict.get("severity") == "pending" and (verdict.get("pending_level") or 2) >= min_level:
+                pending.append((verdict.get("pending_level") or 2, 0.0, key, f"{key} pending: {verdict['observed']}"))
+    return faults, pending
+
+
+def _missing_gpus(document: dict[str, Any], faults: list[Finding], stale: list[int]) -> None:
     """GPUs absent from the readings: lost before discovery, hung at it, or fewer than nvml.expected_gpus."""
     skipped = document.get("gpus_skipped") or {}
     for index, reason in sorted(skipped.items()):
@@ -283,22 +308,17 @@ def evaluate(document: dict[str, Any], family: str, min_level: int, now: float, 
                 "problem", _fit(f"NVML down: {document.get('nvml_error') or 'unknown error'}", limit), "nvml"
             )
         return Outcome("unknown", "NVML down: GPUs cannot be read (see the driver condition)")
-    checks = FAMILIES[family]
-    faults: list[tuple[int, float, str, str]] = []  # level, since, key, text
-    stale: list[int] = []
     gpus = document["gpus"]
-    for gpu in gpus:
-        if gpu.get("stale"):
-            stale.append(gpu["index"])
-        for check, verdict in (gpu.get("checks") or {}).items():
-            if check in checks and verdict.get("level", 0) >= min_level:
-                key = f"GPU{gpu['index']} {check}"
-                faults.append((verdict["level"], verdict.get("since") or 0.0, key, f"{key}: {verdict['observed']}"))
+    faults, pending = _findings(gpus, FAMILIES[family], min_level)
+    stale = [gpu["index"] for gpu in gpus if gpu.get("stale")]
     if family == "hardware":
         _missing_gpus(document, faults, stale)
     if faults:
         faults.sort(key=lambda f: (-f[0], f[1]))
         return Outcome("problem", _message(faults, limit), faults[0][2])
+    if pending:  # could be a fault that lasted through a restart, or one beginning now: not watched long enough
+        pending.sort(key=lambda f: (-f[0], f[2]))
+        return Outcome("unknown", _message(pending, limit))
     if stale:
         return Outcome("unknown", _fit(f"GPU {','.join(map(str, stale))} readings stale: not observed", limit))
     return Outcome("ok", f"{len(gpus)} GPU(s): no {family} fault")

@@ -17,21 +17,26 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.attribution import podresources
-from gpuwarden.attribution.evidence import HostEvidenceStep
 from gpuwarden.attribution.host import HostProcesses
-from gpuwarden.attribution.jobs import JobsStep
 from gpuwarden.attribution.pods import PodsStep
 from gpuwarden.attribution.processes import ProcessesStep
 from gpuwarden.collect.poller import Poller, PollPlan
-from gpuwarden.collect.readers import Reader, all_readers
+from gpuwarden.collect.reader import Reader
+from gpuwarden.collect.readers import all_readers
 from gpuwarden.config.settings import Settings
+from gpuwarden.health import state_file
 from gpuwarden.health.checks import HealthEvaluator
-from gpuwarden.health.collective import CollectiveStep
 from gpuwarden.health.step import HealthStep
 from gpuwarden.health.thresholds import load_thresholds
+from gpuwarden.jobs.collective import CollectiveStep
+from gpuwarden.jobs.evidence import HostEvidenceStep
+from gpuwarden.jobs.grouping import JobsStep
+from gpuwarden.jobs.pod_api import PodApi
+from gpuwarden.jobs.sources import SourceStates
 from gpuwarden.model.draft import EnrichmentStep
 from gpuwarden.model.families import family_filter
 from gpuwarden.model.snapshot import Snapshot, Tier
@@ -82,14 +87,35 @@ def kernel_log_path(settings: Settings) -> str:
     return "" if chosen == "off" else chosen
 
 
+def proc_root(settings: Settings) -> Path | None:
+    """The host's /proc: processes.proc_root; unset, the simulator's /proc of its scenario's host processes (none
+    under the real driver: the host's is read only where configured)."""
+    beside = library.host_proc()
+    return settings.processes.proc_root or (Path(beside) if beside else None)
+
+
+def pod_api(settings: Settings) -> PodApi | None:
+    """The job view's pod API client where pods.api_server is set."""
+    pods = settings.pods
+    if not pods.api_server:
+        return None
+    return PodApi(pods.api_server, pods.api_token_file, pods.api_ca_file, SourceStates())
+
+
 def configure_gpm(settings: Settings) -> None:
     nvml = settings.nvml
     gpm_sampler.configure(nvml.gpm_isolation, nvml.gpm_crash_limit, nvml.gpm_crash_backoff)
 
 
 def pod_attribution(settings: Settings, wall_clock: Callable[[], float]) -> podresources.PodAttribution | None:
+    """The kubelet pod-resources watcher, or None: turned off, or a simulated node whose socket is the default path
+    and absent (a laptop, where no kubelet will ever appear: no watcher, and no log line every start saying it keeps
+    looking). A simulator given a socket explicitly (the tests' fake kubelet) watches it as a real node does."""
     pods = settings.pods
     if not pods.attribution:
+        return None
+    default_socket = type(pods)().resources_socket
+    if settings.nvml.backend == "sim" and pods.resources_socket == default_socket and not default_socket.exists():
         return None
     return podresources.PodAttribution(
         pods.resources_socket,
@@ -98,6 +124,19 @@ def pod_attribution(settings: Settings, wall_clock: Callable[[], float]) -> podr
         wall_clock=wall_clock,
         dra_drivers=pods.dra_drivers,
     )
+
+
+def recall_state(
+    settings: Settings, evaluator: HealthEvaluator, wall_clock: Callable[[], float]
+) -> state_file.StateKeeper | None:
+    """The state file's keeper, once the evaluator has recalled what the file remembers (None where none is kept:
+    `health.state_file` off, or auto under the simulator)."""
+    path = settings.health.state_path(settings.nvml.backend)
+    if path is None:
+        return None
+    boot = state_file.boot_id()
+    evaluator.recall(state_file.read(path, wall_clock(), settings.health.state_max_gap, boot))
+    return state_file.StateKeeper(path, boot)
 
 
 class Pipeline:
@@ -116,11 +155,12 @@ class Pipeline:
         gpm_sampler.reset()
         configure_gpm(settings)
         self.health = HealthEvaluator(load_thresholds(settings.health.thresholds_file))
+        self.state = recall_state(settings, self.health, wall_clock)
         self.pods = pod_attribution(settings, wall_clock)
-        self.host = HostProcesses(settings.processes.proc_root, settings.processes.pod_logs_root)
+        self.host = HostProcesses(proc_root(settings), settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
         self.evidence = HostEvidenceStep(self.host.proc_root, self._job_window, lambda: self.collective.suspects)
-        self.jobs = JobsStep(self.host.proc_root)
+        self.jobs = JobsStep(self.host.proc_root, pod_api(settings))
         self.collective = CollectiveStep(lambda: self.health)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
         self._running = False
@@ -132,7 +172,7 @@ class Pipeline:
             PodsStep(self.pods),
             self.processes,
             self.jobs,
-            HealthStep(self.health),
+            HealthStep(self.health, self.state),
             self.evidence,
             self.collective,
         )
@@ -174,6 +214,8 @@ class Pipeline:
         if self.pods is not None:
             self.pods.stop()
         self.poller.stop(timeout)
+        if self.state is not None:  # a clean stop: the next start measures its gap from now
+            self.state.close(self.health.memory(), self._wall(), timeout)
         self._running = False
 
     def poll_once(self) -> Snapshot:
@@ -199,14 +241,16 @@ class Pipeline:
             self.health = evaluator
             if pods_changed:
                 self.pods = pod_attribution(new, self._wall)
-            host_paths = (new.processes.proc_root, new.processes.pod_logs_root)
-            if host_paths != (old.processes.proc_root, old.processes.pod_logs_root):
+            host_paths = (proc_root(new), new.processes.pod_logs_root)
+            moved = host_paths != (self.host.proc_root, self.host.pod_logs_root)
+            if moved:
                 self.host = HostProcesses(*host_paths)
                 self.processes = ProcessesStep(self.host, self._pid_series)
                 self.evidence = HostEvidenceStep(
                     self.host.proc_root, self._job_window, lambda: self.collective.suspects
                 )
-                self.jobs = JobsStep(self.host.proc_root)
+            if moved or pods_changed:
+                self.jobs = JobsStep(self.host.proc_root, pod_api(new))
             self.settings = new
             return self._steps()
 

@@ -29,7 +29,7 @@ log = logging.getLogger("gpuwarden")
 
 Reread = Callable[[], Settings]
 
-RESTART_ONLY = ("web", "nvml.backend", "nvml.scenario", "log.format")
+RESTART_ONLY = ("web", "nvml.backend", "nvml.scenario", "log.format", "health.state_file", "health.state_max_gap")
 
 
 def reload_settings(reread: Reread, current: Settings, pipeline: Pipeline, renderer: Renderer) -> Settings:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuwarden.nvml import library
-from gpuwarden.sim.fake_kernel_log import SimulatedKernelLog
+from gpuwarden.sim.fake_host_proc import SimulatedHostProc
+from gpuwarden.sim.fake_kernel_log import SimulatedKernelLog, nvswitch_addresses
 from gpuwarden.sim.fakelib import FakeNvmlLibrary
 from gpuwarden.sim.scenario import SIM_UPTIME_S, Scenario, load_scenario
 
@@ -39,5 +40,7 @@ def install_simulator(
         driver=fake.driver_gpus,
         uptime=lambda: booted_before + fake.now(),
         kernel_log=kernel_log.path,
+        nvswitches=lambda: nvswitch_addresses(scenario),
+        host_proc=SimulatedHostProc(scenario).path,
     )
     return fake

@@ -17,25 +17,40 @@ from gpuwarden.sim.fakecommon import (
     _set_pointer,
     _val,
 )
-from gpuwarden.sim.scenario import ProcessSpec
+from gpuwarden.sim.scenario import ProcessSpec, Scenario
 
 _GIB = 1024**3
+
+
+def node_identity(scenario: Scenario) -> str:
+    """What a simulated node's UUIDs are derived from: `node.identity`, else the scenario's name."""
+    return scenario.node.identity or scenario.name
+
+
+def gpu_uuid(scenario: Scenario, index: int) -> str:
+    """The UUID GPU `index` of this scenario's node has at every start."""
+    digest = hashlib.blake2b(f"{node_identity(scenario)}:{index}".encode(), digest_size=16).hexdigest()
+    return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
 class DeviceSymbols:
     """Mixed into FakeNvmlLibrary, whose state (scenario, clock, faults) these symbols read."""
 
+    @property
+    def identity(self) -> str:
+        return node_identity(self.scenario)
+
     def uuid(self, index: int) -> str:
-        digest = hashlib.blake2b(f"{self.scenario.name}:{index}".encode(), digest_size=16).hexdigest()
-        return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+        return gpu_uuid(self.scenario, index)
 
     def bus_id(self, index: int) -> str:
         return f"00000000:{0x18 + index * 0x10:02X}:00.0"
 
     def driver_gpus(self) -> list[DriverGpu]:
         """/proc/driver/nvidia/gpus of this node: the kernel driver lists every GPU, a lost one included (it
-        has no answer for a node whose driver is not loaded)."""
-        if self._global_error() is not None or not self.scenario.driver.lists_gpus:
+        has no answer for a node whose driver is not loaded; NVML's init is not needed: the exporter's kernel-log
+        reader asks before it)."""
+        if self._global_error(initialising=True) is not None or not self.scenario.driver.lists_gpus:
             return []
         return [DriverGpu(self.bus_id(i), self.uuid(i), self.model.name) for i in range(self.count)]
 
@@ -200,7 +215,7 @@ class DeviceSymbols:
         info.state = state
         info.status = OK if state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED else pynvml.NVML_ERROR_NOT_READY
         info.cliqueId = 0
-        digest = hashlib.blake2b(f"{self.scenario.name}:fabric".encode(), digest_size=16).digest()
+        digest = hashlib.blake2b(f"{self.identity}:fabric".encode(), digest_size=16).digest()
         for position, byte in enumerate(digest):
             info.clusterUuid[position] = byte
         flag = {True: 1, False: 2}  # the mask's two-bit fields: 1 true, 2 false (0: not supported)
@@ -222,7 +237,7 @@ class DeviceSymbols:
         return OK
 
     def mig_uuid(self, index: int, slot: int) -> str:
-        digest = hashlib.blake2b(f"{self.scenario.name}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(f"{self.identity}:{index}:mig{slot}".encode(), digest_size=16).hexdigest()
         return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
     def running(self, index: int, kind: str | None = None) -> list[tuple[int, ProcessSpec]]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpuwarden.config.errors import describe_error
 from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.sim.host_spec import HostProcessSpec
 from gpuwarden.sim.models import MODELS
 
 VALUE_KEYS = (
@@ -194,6 +195,14 @@ class Trajectory(_Strict):
 
 class Node(_Strict):
     model: str = "h100-sxm-80gb"
+    identity: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="What the GPUs' UUIDs (and the fabric's and MIG instances') are derived from; default: the "
+        "scenario's name. Keep it when copying a scenario under a new name, and the copy's GPUs are the same GPUs "
+        "across a restart",
+    )
     count: int = Field(8, ge=1, le=16)
     nvlink: Literal["nvswitch", "none"] = "nvswitch"
     numa_nodes: int = Field(2, ge=1, le=8)
@@ -321,14 +330,15 @@ SIM_UPTIME_S = 86_400.0  # the simulated host booted a day before its scenario b
 class KernelRecord(_Strict):
     """One GPU fault the simulated host's kernel logged before the simulator (and so the exporter) started: what
     NVML's event API never reported, read back from the kernel log (collect/kernel_log.py). Written as the driver
-    writes it (docs/simulator.md, Kernel log)."""
+    writes it, a `trap` as the kernel reports a process's crash (which the exporter ignores: docs/simulator.md,
+    Kernel log)."""
 
     kind: Literal["xid", "sxid", "fallen_off_bus", "trap"]
     at: float = Field(..., le=0, ge=-SIM_UPTIME_S, description="seconds before the simulator started (<= 0)")
     gpu: int | None = Field(None, ge=0, description="xid, fallen_off_bus: the GPU's index")
-    xid: int | None = Field(None, ge=1, le=9999, description="xid: the XID")
+    xid: int | None = Field(None, ge=1, le=999, description="xid: the XID")
     switch: int | None = Field(None, ge=0, le=15, description="sxid: the NVSwitch's number")
-    sxid: int | None = Field(None, ge=1, le=999_999, description="sxid: the SXid")
+    sxid: int | None = Field(None, ge=1, le=99_999, description="sxid: the SXid (the driver prints five digits)")
     library: Literal["libnvidia-ml", "libcuda"] = "libnvidia-ml"
 
     @model_validator(mode="after")
@@ -385,6 +395,9 @@ class Scenario(_Strict):
         (), description="processes holding GPUs; a GPU with any has its memory used = their sum"
     )
     kernel_log: tuple[KernelRecord, ...] = Field((), description="what the host's kernel logged before the start")
+    host_processes: tuple[HostProcessSpec, ...] = Field(
+        (), description="what the host's /proc shows: the ranks' launchers and environments (the job view)"
+    )
 
     @model_validator(mode="after")
     def _check_keys(self) -> Scenario:
@@ -400,6 +413,9 @@ class Scenario(_Strict):
         for index in self.gpus:
             if not 0 <= index < self.node.count:
                 raise ValueError(f"gpus.{index}: the node has GPUs 0-{self.node.count - 1}")
+        pids = [process.pid for process in self.host_processes]
+        if len(set(pids)) < len(pids) or 1 in pids:
+            raise ValueError("host_processes: each pid once, and not 1 (the simulated host's init)")
         for number, record in enumerate(self.kernel_log):
             if record.gpu is not None and record.gpu >= self.node.count:
                 raise ValueError(f"kernel_log.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")

@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpuwarden import __version__
-from gpuwarden.health.diagnosis import as_json, diagnose
+from gpuwarden.health.diagnosis import as_json
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.families import FAMILIES
 from gpuwarden.model.snapshot import GpuSnapshot, ProcessView, Snapshot, Verdict
 from gpuwarden.web.apidocs import add_offline_docs
@@ -177,6 +178,7 @@ def gpu_dict(
                 "threshold": v.threshold,
                 **({"class": v.detail} if v.detail else {}),
                 **({"since": v.since} if v.level else {}),
+                **({"pending_level": v.pending_level} if v.pending_level else {}),
             }
             for v in verdicts
         },
@@ -343,10 +345,15 @@ def _gpu_routes(snapshots: SnapshotSource) -> APIRouter:
 
 class CheckVerdict(BaseModel):
     level: int = Field(description="0 ok, 1 warning, 2 critical")
-    severity: str = Field(description="ok, info, warning or critical")
+    severity: str = Field(description="ok, info, pending, warning or critical")
     observed: str
     threshold: str
     since: float | None = Field(None, description="unix time this non-ok level began; null while ok")
+    pending_level: int | None = Field(
+        None,
+        description="only while pending (the condition holds, not yet for its window; or not read yet): the level "
+        "the check turns into if it lasts. npd-plugin and slurm-healthcheck report it as unknown",
+    )
 
 
 class GpuHealth(BaseModel):

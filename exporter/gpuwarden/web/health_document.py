@@ -37,13 +37,15 @@ def node_health(snap: Snapshot, expected_gpus: int) -> dict[str, Any]:
                         "observed": v.observed,
                         "threshold": v.threshold,
                         "since": v.since if v.level else None,  # null while ok, as the API has always answered
+                        # pending: the level it can reach, which npd-plugin and slurm-healthcheck report as unknown
+                        "pending_level": v.pending_level or None,
                     }
                     for v in snap.health.get(gpu.uuid, ())
                 },
             }
             for gpu in snap.gpus
         ],
-        # the node's jobs judged as one (health/collective.py): a straggler or hang is the job's, not a GPU fault,
+        # the node's jobs judged as one (jobs/collective.py): a straggler or hang is the job's, not a GPU fault,
         # so it is beside the GPUs' checks and never in them (npd-plugin and slurm-healthcheck do not drain for it)
         "jobs": [
             {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden import __version__
-from gpuwarden.health.diagnosis import diagnose
+from gpuwarden.jobs.findings import diagnose
 from gpuwarden.model.snapshot import GpuSnapshot, Snapshot
 
 GIB = 1024**3
@@ -28,7 +28,7 @@ LINKS = (
     "/healthz",
     "/docs",
 )
-SEVERITY_ORDER = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
+SEVERITY_ORDER = {"critical": 4, "warning": 3, "pending": 2, "info": 1, "ok": 0}
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,11 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
 
 
+def _not_yet_classed(verdicts: tuple[Any, ...]) -> str:
+    """Why the class is empty in the first minutes: the bottleneck check's "measuring: 42 s of the 300 s window"."""
+    return next((v.observed for v in verdicts if v.check == "bottleneck" and v.observed.startswith("measuring")), "")
+
+
 def gpu_row(snap: Snapshot, gpu: GpuSnapshot) -> GpuRow:
     verdicts = snap.health.get(gpu.uuid, ())
     worst = max((v.severity for v in verdicts), key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
@@ -70,7 +75,7 @@ def gpu_row(snap: Snapshot, gpu: GpuSnapshot) -> GpuRow:
         power=_fmt(_value(gpu, "gpuwarden_power_usage_watts"), "{:.0f} W"),
         memory=memory,
         utilization=_fmt(_value(gpu, "gpuwarden_utilization_ratio"), "{:.0%}"),
-        klass=next((v.detail for v in verdicts if v.detail), ""),
+        klass=next((v.detail for v in verdicts if v.detail), "") or _not_yet_classed(verdicts),
         health=worst,
     )
 

@@ -5,25 +5,7 @@ Adding a metric means touching one reader and the contract in exporter/gpuwarden
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
-from gpuwarden.model.families import Family
-from gpuwarden.model.snapshot import SampleWriter, Tier
-from gpuwarden.nvml.device import GpuDevice
-
-
-@dataclass(frozen=True)
-class Reader:
-    """One reader: its name, tier, the families it fills and the function that reads a GPU."""
-
-    name: str
-    tier: Tier
-    families: tuple[Family, ...]  # every family `read` may write (SampleWriter enforces it)
-    read: Callable[[GpuDevice, SampleWriter], None]
-    # A costly reader may run less often than its tier: the PollSettings field holding its interval. Between
-    # runs the poller serves the reader's last samples (they are counters: nothing is lost, only delayed).
-    every: str | None = None
+from gpuwarden.collect.reader import Reader
 
 
 def all_readers() -> list[Reader]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import (
     CLOCK_EVENT_ACTIVE,
     CLOCK_EVENT_REASONS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import FABRIC_HEALTH, FABRIC_INFO, FABRIC_STATE
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

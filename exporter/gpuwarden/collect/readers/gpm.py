@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import (
     GPM_DRAM_ACTIVE_SECONDS_TOTAL,
     GPM_GRAPHICS_ACTIVE_SECONDS_TOTAL,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import GPU_INFO
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

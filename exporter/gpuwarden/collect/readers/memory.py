@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import MEMORY_FREE_BYTES, MEMORY_RESERVED_BYTES, MEMORY_TOTAL_BYTES, MEMORY_USED_BYTES
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

@@ -7,7 +7,7 @@ its own total, and the GPU's memory says nothing about which slice is full."""
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import MIG_INSTANCE_INFO, MIG_MEMORY_TOTAL_BYTES, MIG_MEMORY_USED_BYTES
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import FAN_SPEED_RATIO, MIG_MODE_ENABLED, PERSISTENCE_MODE_ENABLED
 from gpuwarden.model.snapshot import SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

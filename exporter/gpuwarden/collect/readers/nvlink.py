@@ -7,7 +7,7 @@ all of it CPU time in the driver, so they run every poll.nvlink_errors_interval 
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import (
     NVLINK_ACTIVE_LINKS,
     NVLINK_ERRORS_TOTAL,

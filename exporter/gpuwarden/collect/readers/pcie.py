@@ -5,7 +5,7 @@ Never nvmlDeviceGetPcieThroughput: it blocks ~21 ms per call while it counts.
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.readers.gpm import serves_pcie_bytes
 from gpuwarden.model.families import PCIE_BYTES_TOTAL, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_REPLAY_ERRORS_TOTAL
 from gpuwarden.model.snapshot import SampleWriter, Tier

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import (
     ENERGY_JOULES_TOTAL,
     POWER_DEFAULT_LIMIT_WATTS,

@@ -10,7 +10,7 @@ travel in GpuInfo.processes; attribution to containers and the per-container ser
 
 from __future__ import annotations
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import PROCESSES
 from gpuwarden.model.snapshot import GpuProcess, SampleWriter, Tier
 from gpuwarden.nvml import calls as nvml

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from gpuwarden.collect.readers import Reader
+from gpuwarden.collect.reader import Reader
 from gpuwarden.model.families import (
     BUSY_SECONDS_TOTAL,
     MEMORY_BANDWIDTH_UTILIZATION_RATIO,

@@ -5,7 +5,7 @@ activity is not always data starvation). The host's /proc can, cheaply: a thread
 thread that is always running is a Python loop the GPU waits on; worker children (DataLoader) that are always
 running are an input pipeline at its limit; every thread asleep is a process waiting on something else (peers,
 the network); bytes written to storage at a high rate are a checkpoint. Sampled only for GPUs whose bottleneck
-class is `waiting` or whose job has peers (attribution/evidence.py), every SAMPLE_EVERY_S, over the largest
+class is `waiting` or whose job has peers (jobs/evidence.py), every SAMPLE_EVERY_S, over the largest
 holder of the GPU's memory; reads are bounded (MAX_THREADS threads, MAX_WORKERS children).
 """
 
