@@ -3,7 +3,8 @@
 Reads OUT/events.jsonl and OUT/samples.jsonl (one folder per call) and prints, as Markdown:
 - per straggler injection: when the job finding first named a GPU (seconds after the onset), whether it named the
   right GPU, cause and waiters, any finding that named another GPU, the classes the waiting GPUs got, and (for a
-  two-node run) when the fleet service named the straggler's node and GPU;
+  two-node run) when the fleet service named the straggler's node and GPU (bench/straggler_replay.py replays
+  the recorded answers through this checkout's rules);
 - the job findings seen while the job ran balanced (the warm-up);
 - per suite run: the bottleneck class each GPU got over the run's last `--last-s` seconds (the most frequent) and
   the job findings seen.
@@ -16,8 +17,6 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
-
-from gpuwarden.fleet.views import straggler_of
 
 JOB_CHECKS = ("straggler", "collective_hang", "waiting_elsewhere")
 # what a right diagnosis says the cause is, per injected kind (a sleeping rank's threads are all asleep: the cause is
@@ -64,7 +63,6 @@ def injections(folder: Path) -> tuple[list[dict], list[dict]]:
                     named = {"t": round(t, 1), "check": finding["check"], "cause": job.get("cause"),
                              "waiting": sorted(w["gpu"] for w in job.get("waiting", [])),
                              "shares": [w.get("wait_share") for w in job.get("waiting", [])]}  # fmt: skip
-        fleet_replayed: dict = {}
         for sample in fleet_window:
             fleet = sample.get("fleet_jobs") or {}
             for job in fleet.get("jobs", []) if isinstance(fleet, dict) else []:
@@ -72,14 +70,7 @@ def injections(folder: Path) -> tuple[list[dict], list[dict]]:
                 if fleet_at is None and straggler and str(straggler.get("gpu")) == str(rank):
                     t = sample["wall"] - start
                     fleet_at = {"t": round(t, 1), "node": straggler.get("node"), "gpu": straggler.get("gpu")}
-                replayed = straggler_of(job.get("gpus", []))  # this checkout's rule over the same answer
-                if replayed and str(replayed["gpu"]) == str(rank) and "t" not in fleet_replayed:
-                    fleet_replayed.update(t=round(sample["wall"] - start, 1), node=replayed["node"])
-                elif replayed and str(replayed["gpu"]) != str(rank):
-                    fleet_replayed["wrong"] = fleet_replayed.get("wrong", 0) + 1
-        row.update(
-            named=named, wrong=dict(wrong), waiter_classes=dict(classes), fleet=fleet_at, fleet_replayed=fleet_replayed
-        )
+        row.update(named=named, wrong=dict(wrong), waiter_classes=dict(classes), fleet=fleet_at)
         expected = EXPECTED_CAUSE[onset["kind"]]
         others = sorted({g for s in window for f in s["findings"] if (g := f.get("gpu")) is not None} - {rank})
         row["right_gpu"] = named is not None and named["t"] <= 60

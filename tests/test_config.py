@@ -124,6 +124,10 @@ def test_cli_errors_exit_2_with_one_line(args, env, expected):
                 "name: x\nvalues: {utilization: {square: {low: 0, high: 1, period: 0, duty: 0.5}}}\n",
                 "period: Input should be greater than 0",
             ),
+            (
+                "name: x\nvalues: {utilization: {steps: [[10, 5], [10, 90]]}}\n",
+                "steps: give [[t, value], ...] with rising times",
+            ),
         ],
         lambda case: "syntax" in case[1] or "GPUs 0-1" in case[1],  # the parser's line, and a check of our own
     ),

@@ -295,3 +295,53 @@ def test_a_checkpoint_is_the_cause_only_where_the_writes_hold_the_loop(main, io_
         write_bytes_per_second=written_mb * 1e6,
     )  # fmt: skip
     assert host_reading.dominant(evidence) == expected
+
+
+# --- one GPU, as measured on a lent H200 (issue 49) ------------------------------------------------------------
+
+TRAINING = {"utilization": 97, "sm_active": 80, "tensor_active": 38, "fp32_active": 2, "dram_active": 40}
+
+
+def one_gpu(values: dict[str, float], processes: list[dict]) -> dict:
+    return {"node": {"model": "h100-sxm-80gb", "count": 1}, "values": {"memory_used_ratio": 0.5, **values},
+            "processes": processes}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("values", "second", "cls", "cause", "action"),
+    [
+        # a pageable device-to-host copy loop: PCIe tx 16.7 GB/s, SM 0 %
+        ({"utilization": 60, "sm_active": 0, "tensor_active": 0, "pcie_tx_bytes_per_second": 16.7e9}, None,
+         "host_transfer_bound", "either direction", "pinned"),
+        # a tiny-batch decode loop: busy 15 %, SM 2 %
+        ({"utilization": 15, "sm_active": 2, "tensor_active": 0}, None, "launch_bound", "tiny kernels",
+         "CUDA graphs"),
+        # a training job and a second process computing on its GPU (60 % of the SMs): named, with its share
+        (TRAINING, {"pid": 6001, "name": "bench", "sm": 60}, "tensor_bound", "Another process computes",
+         "MIG slice"),
+        # the same process, holding memory without computing: not named, a healthy GPU has no finding
+        (TRAINING, {"pid": 6001, "name": "bench", "sm": 0}, None, None, None),
+    ],
+)  # fmt: skip
+def test_one_gpu_gets_a_class_and_advice_that_agree(sim, tmp_path, values, second, cls, cause, action):
+    processes = [{"gpu": 0, "pid": 5001, "memory_gib": {"constant": 30}, "sm": {"constant": values["sm_active"]}}]
+    if second:
+        processes.append({"gpu": 0, "memory_gib": {"constant": 4}, "at": 5, **second,
+                          "sm": {"constant": second["sm"]}})  # fmt: skip
+    clock = ManualClock()
+    sim(one_gpu(values, processes), clock=clock)
+    thresholds = write_yaml(tmp_path / "t.yaml", {"bottleneck_window_s": 20})
+    pipeline = Pipeline(settings(health={"thresholds_file": str(thresholds)}), wall_clock=clock)
+    try:
+        advance(pipeline, clock, 30)
+        found = [f for f in diagnose(pipeline.poll_once()) if f.check == "bottleneck"]
+    finally:
+        pipeline.stop(timeout=0.2)
+    if cls is None:
+        assert found == [], found
+        return
+    (finding,) = found
+    assert finding.observed.startswith(cls), finding.observed
+    assert cause in finding.likely_cause and action in finding.recommended_action, finding
+    if second:
+        assert "shared with pid 6001 (unknown, SM 60%)" in finding.observed, finding.observed  # no /proc: no name

@@ -57,7 +57,7 @@ def ten_thousand_nodes() -> dict[str, Any]:
         # 300 multi-node jobs of 32 GPUs, 120 of them with a straggler: the page lists PAGE_ROWS["stale"] of those
         "jobs": {"jobs": [{"job_id": f"10.0.{i // 250}.{i % 250}:29500/run-{i}",
                            "straggler": {"node": f"gpu-node-{4 * i:05d}", "gpu": "3", "rank": "3", "wait_share": 0.02,
-                                         "class": "waiting", "waiting_gpus": 31,
+                                         "cause": "cpu", "waiting_gpus": 31,
                                          "waiting_nodes": [f"gpu-node-{4 * i + k:05d}" for k in range(4)]}
                            if i < 120 else None} for i in range(300)]},
     }  # fmt: skip

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from gpuwarden.health.checks import WindowActivity, bottleneck_class
+from gpuwarden.health.bottleneck import WindowActivity, bottleneck_class
 from gpuwarden.health.diagnosis import diagnose
 from gpuwarden.health.thresholds import DEFAULT
 from tests.helpers.common import poll_series, sweep, values, write_yaml
@@ -121,6 +121,8 @@ def test_a_gpu_reset_reseeds_the_window(sim):
         (True, 0.0, 0.0, 0.0, 0.01, 0.0, 52e9, 0.3, "host_transfer_bound"),
         # a Python loop of tiny kernels on H100: the driver counts 31 % busy, the SMs barely work
         (True, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.31, "launch_bound"),
+        # a tiny-batch decode loop on a lent H200 (issue 49): busy 15 %, SM 2 %: launch overhead, not waiting
+        (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.0, 0.15, "launch_bound"),
         (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.1e9, 0.03, "waiting"),
         (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.1e9, None, "waiting"),  # no busy ratio yet: not called launch-bound
         (True, 0.40, 0.1, 0.2, 0.2, 0.0, 0.0, 0.5, "mixed"),
@@ -131,6 +133,33 @@ def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy,
     assert bottleneck_class(DEFAULT, activity) == expected
     # a GPU whose job has other ranks is read the same way, except for a collective's spin (below)
     assert bottleneck_class(DEFAULT, activity, peers=3) == expected
+
+
+@pytest.mark.parametrize(
+    ("rx", "tx", "expected"),
+    [
+        # a pageable device-to-host copy loop on a lent H200 (issue 49): PCIe tx 16.7 GB/s, SM 0 %
+        (0.1e9, 16.7e9, "host_transfer_bound"),
+        (16.7e9, 0.1e9, "host_transfer_bound"),
+        (0.1e9, 0.1e9, "launch_bound"),
+    ],
+)
+def test_copies_either_way_over_pcie_are_host_transfers(rx: float, tx: float, expected: str) -> None:
+    activity = WindowActivity(True, 0.0, 0.0, 0.0, 0.0, 0.01, 0.0, rx, 0.6, pcie_tx_bytes_per_second=tx)
+    assert bottleneck_class(DEFAULT, activity) == expected
+
+
+@pytest.mark.parametrize(
+    ("dram", "pcie", "spins"),
+    [
+        (0.04, 0.0, True),  # ranks waiting in the all-reduce on H200: DRAM 4-10 %
+        (0.55, 0.0, False),  # decode replicas: busy, few tensor cycles, device memory read at 40-70 %
+        (0.08, 12e9, False),  # an all-reduce crossing PCIe (no NVLink): data moves, nothing waits
+    ],
+)
+def test_a_spin_leaves_device_memory_and_pcie_quiet(dram: float, pcie: float, spins: bool) -> None:
+    activity = WindowActivity(True, 0.22, 0.02, 0.0, 0.0, dram, 2e9, pcie / 2, 0.95, pcie_tx_bytes_per_second=pcie / 2)
+    assert (bottleneck_class(DEFAULT, activity, peers=3) == "collective_wait") is spins
 
 
 @pytest.mark.parametrize(

@@ -334,6 +334,7 @@ class ProcessesSettings:
         "metal or under systemd, the host's /proc mounted read-only in a pod (Helm: processes.hostProc). Unset: "
         "processes are attributed through the GPU's allocation only.",
     )
+    sys_root: Path | None = setting(Path("/sys"), description="The host's /sys: RDMA port counters for the hang rule.")
     pod_logs_root: Path | None = setting(
         Path("/var/log/pods"),
         description="The kubelet's pod log directory (namespace_pod_uid/container/), mounted read-only: maps a "

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.fleet import recording
+from gpuwarden.fleet import recording, stragglers
 from gpuwarden.fleet.planner import USABLE_MEMORY_RATIO, Plan
 from gpuwarden.fleet.prometheus import PrometheusClient, Series, promql_string
 from gpuwarden.fleet.settings import FleetSettings
@@ -624,73 +624,65 @@ class UtilizationView(FleetQueries):
         return sorted(out, key=lambda x: (not x["fits"], x["memory_bytes"]))
 
 
-# a job's GPUs compared across nodes: GPUs that wait at least WAITING_SHARE of the window and spin in a collective
-# now, while another of the job's waits at most STRAGGLER_SHARE and does not, name that other one (and its node).
-# On a lent 2x H200 (two exporters, one GPU each) a waiter's share over 1m rose 0.04, 0.13, 0.29, 0.38 at 24-42 s
-# after the onset and settled at 0.52-0.65: 0.5 named the straggler at 54 s and 0.3 at 42 s. The counter's 1m rate
-# outlives the straggle by up to a minute; the waiters' class (the exporter's 20 s window) ends it sooner, and kept
-# the last straggler from being named at the start of the next (docs/validation/2026-11-28-h200x2-jobs).
-WAITING_SHARE = 0.3
-STRAGGLER_SHARE = 0.2
-WAITING_CLASS = "collective_wait"
-JOB_WINDOW = "1m"  # four scrapes at the chart's 15 s; the exporter's own judgement takes 20-30 s before it
-
-
-def straggler_of(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The GPU the others of one job wait for, from each GPU's wait share and class; None where none stands out.
-    Named only while some GPU that waited spins in a collective now; the waiters listed are every GPU that waited
-    (a GPU whose class is between two readings, in the window after the onset, still waited)."""
-    # a class not (yet) exported ("": the exporter's bottleneck window not filled, or the family dropped) leaves the
-    # shares alone to decide
-    spinning = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g["class"] in (WAITING_CLASS, "")]
-    if len(gpus) < 2 or not spinning:
-        return None
-    least = min((g for g in gpus if g["class"] != WAITING_CLASS), key=lambda g: g["wait_share"], default=None)
-    if least is None or least["wait_share"] > STRAGGLER_SHARE:
-        return None
-    waiting = [g for g in gpus if g["wait_share"] >= WAITING_SHARE and g is not least]
-    return {**least, "waiting_gpus": len(waiting), "waiting_nodes": sorted({g["node"] for g in waiting})}
-
-
 class JobsView(FleetQueries):
     """Multi-node jobs, joined by the job key every node's exporter derives alike (gpuwarden_job_* series), and the
-    straggler among them: the GPU that waits least while its peers wait most (exporter/gpuwarden/health/collective.py
-    judges one node; this compares the nodes). Jobs keyed `local/...` are one node's only and are left out."""
+    stragglers among them (fleet/stragglers.py: each node's own judgement, compared across nodes). Jobs keyed
+    `local/...` are one node's only and are left out."""
 
-    async def jobs(self) -> dict[str, Any]:
+    async def jobs(self, at: float | None = None) -> dict[str, Any]:
+        """`at`: the evaluation time (default: now)."""
         sel, node_label = self.selector, self.node_label
         job_sel = f'{sel}, job_id!~"local/.*"' if sel else 'job_id!~"local/.*"'
-        waits, classes = await self.many(
-            f"max by ({node_label}, gpu, uuid, job_id, rank) "
-            f"(rate(gpuwarden_job_collective_wait_seconds_total{{{job_sel}}}[{JOB_WINDOW}]))",
-            f"max by ({node_label}, uuid, class) (gpuwarden_bottleneck_info{{{sel}}}) and on ({node_label}, uuid) "
-            f"max by ({node_label}, uuid) (gpuwarden_job_collective_wait_seconds_total{{{job_sel}}})",
+        counter = f"gpuwarden_job_collective_wait_seconds_total{{{job_sel}}}"
+        waits, now, found = await self.many(
+            f"max by ({node_label}, gpu, uuid, job_id, rank) (rate({counter}[{stragglers.JOB_WINDOW}]))",
+            f"max by ({node_label}, uuid, job_id) (irate({counter}[{stragglers.JOB_WINDOW}]))",
+            f"max by ({node_label}, job_id, kind, uuid, cause) (gpuwarden_job_finding{{{job_sel}, "
+            f'kind=~"{"|".join((*stragglers.NAMED_KINDS, stragglers.ELSEWHERE))}"}})',
+            at=at,
         )
-        class_of = {(self.node(s), s.labels.get("uuid", "")): s.labels.get("class", "") for s in classes}
+        now_of = {(self.node(s), s.labels.get("uuid", ""), s.labels.get("job_id", "")): s.value for s in now}
         members: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in waits:
-            node, uuid = self.node(row), row.labels.get("uuid", "")
-            members[row.labels.get("job_id", "")].append(
+            node, uuid, job = self.node(row), row.labels.get("uuid", ""), row.labels.get("job_id", "")
+            members[job].append(
                 {
                     "node": node,
                     "gpu": row.labels.get("gpu", ""),
                     "uuid": uuid,
                     "rank": row.labels.get("rank", "unknown"),
-                    "wait_share": round(min(max(row.value, 0.0), 1.0), 3),
-                    "class": class_of.get((node, uuid), ""),
+                    "wait_share": _share(row.value),
+                    "now_share": _share(now_of.get((node, uuid, job), 0.0)),
                 }
+            )
+        findings: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for series in found:
+            labels = series.labels
+            findings[labels.get("job_id", "")].append(
+                {
+                    "node": self.node(series),
+                    "kind": labels.get("kind", ""),
+                    "uuid": labels.get("uuid", ""),
+                    "cause": labels.get("cause", ""),
+                }  # fmt: skip
             )
         jobs = []
         for job, gpus in sorted(members.items()):
-            nodes = sorted({g["node"] for g in gpus})
             gpus.sort(key=lambda g: (g["node"], g["gpu"]))
-            jobs.append({"job_id": job, "nodes": nodes, "gpus": gpus, "straggler": straggler_of(gpus)})
+            named = stragglers.stragglers_of(gpus, findings.get(job, []))
+            nodes = sorted({g["node"] for g in gpus})
+            jobs.append({"job_id": job, "nodes": nodes, "gpus": gpus, "straggler": (named or [None])[0],
+                         "stragglers": named})  # fmt: skip
         jobs.sort(key=lambda j: (j["straggler"] is None, -len(j["gpus"]), j["job_id"]))
         return {
-            "window": JOB_WINDOW,
+            "window": stragglers.JOB_WINDOW,
             "jobs": jobs,
-            "source": "raw series: gpuwarden_job_collective_wait_seconds_total and gpuwarden_bottleneck_info",
+            "source": "raw series: gpuwarden_job_collective_wait_seconds_total and gpuwarden_job_finding",
         }
+
+
+def _share(value: float) -> float:
+    return round(min(max(value, 0.0), 1.0), 3)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
+from gpuwarden.health.bottleneck import WindowActivity, bottleneck_class
 from gpuwarden.health.state_file import GpuMemory
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.model.families import (
@@ -83,6 +84,7 @@ _HISTORY_KEYS = {
     (GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()),
     (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("tensor",)),
     (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp32",)),
+    (GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, ("fp16",)),
     (PCIE_BYTES_TOTAL.name, ("rx",)),
     (PCIE_BYTES_TOTAL.name, ("tx",)),
     (NVLINK_BYTES_TOTAL.name, ("rx",)),
@@ -504,94 +506,16 @@ WINDOW = (GPM_WINDOW_SECONDS_TOTAL.name, ())
 HEALTHY_CLASSES = frozenset({"idle", "tensor_bound"})
 
 
-@dataclass(frozen=True)
-class WindowActivity:
-    """What one GPU did over the bottleneck window: the ratios are shares of the window (GPM), the rates bytes per
-    second, `busy` the driver's busy ratio (None until the window has been sampled)."""
-
-    running: bool  # a process holds the GPU
-    sm: float
-    tensor: float = 0.0
-    fp32: float = 0.0
-    fp16: float = 0.0  # the half-precision pipe: bf16/fp16 arithmetic outside the tensor cores
-    dram: float = 0.0
-    nvlink_bytes_per_second: float = 0.0
-    pcie_rx_bytes_per_second: float = 0.0
-    busy: float | None = None
-
-
-def collective_wait(limits: Thresholds, activity: WindowActivity) -> bool:
-    """The signature of a rank spinning in a collective for a late peer: the driver busy (NCCL's kernel is
-    resident), the SMs no busier than NCCL's CTAs (one per channel: 17-24 % of 132 SMs measured), the math pipes
-    idle, the links quiet. Measured on 2x and 4x H200 (docs/diagnosis.md): waiters at 85-99 % busy; single-GPU
-    tiny kernels from Python, the launch-bound look-alike, at 28-31 % busy with 0.3 % SM."""
-    busy = activity.busy
-    return (
-        activity.running
-        and busy is not None
-        and busy >= limits.collective_busy_ratio
-        and activity.sm <= limits.collective_sm_ratio
-        and max(activity.tensor, activity.fp32, activity.fp16) < limits.collective_math_ratio
-        and activity.nvlink_bytes_per_second < limits.bottleneck_nvlink_bytes_per_second
-    )
-
-
-def bottleneck_class(limits: Thresholds, activity: WindowActivity, peers: int = 0) -> str:
-    """What a GPU's time goes to over the window: the limit that dominates, compared with the others, not one
-    threshold chain. The math pipes are compared with each other (a bf16 job at 22 % tensor and 2 % FP32 is a
-    tensor job); the driver's busy ratio is compared with SM activity (busy while the SMs idle is launch overhead,
-    or, on a GPU with peers in its job, a collective waiting for one of them). `peers`: the other ranks of the
-    GPU's job. The numbers and the jobs that set them: docs/diagnosis.md."""
-    if not activity.running:
-        return "idle"
-    sm, tensor, fp32, dram, busy = activity.sm, activity.tensor, activity.fp32, activity.dram, activity.busy
-    nvlink_bps, pcie_rx_bps = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
-    tensor_dominates = (
-        tensor >= limits.bottleneck_tensor_min_ratio and tensor >= limits.bottleneck_pipe_dominance * fp32
-    )
-    math_idle = max(tensor, fp32, activity.fp16) < limits.bottleneck_tensor_min_ratio
-    if tensor >= limits.bottleneck_tensor_ratio or (tensor_dominates and sm >= limits.bottleneck_sm_idle_ratio):
-        return "tensor_bound"
-    if dram >= limits.bottleneck_dram_ratio:
-        return "memory_bound"
-    if peers and collective_wait(limits, activity):
-        return "collective_wait"
-    # NCCL's own kernels keep SMs 30-60 % active while they move the data: heavy link traffic with the math
-    # pipes idle is communication, whatever the SMs read (measured: 2 GB of gradients a step, SM 46-48 %)
-    if math_idle and nvlink_bps >= limits.bottleneck_nvlink_busy_bytes_per_second:
-        return "communication_bound"
-    if sm >= limits.bottleneck_sm_busy_ratio:
-        # FP32 training only where the FP32 pipe carries the SMs' time and no half-precision pipe is active:
-        # never tell a job already in bf16 to use bf16. SM-bound work off the math pipes (element-wise,
-        # reductions, softmax, LayerNorm: SM 99 %, FP32 22 %) is its own class, with fusion as the advice.
-        if (
-            fp32 > tensor
-            and fp32 >= limits.bottleneck_fp32_ratio
-            and activity.fp16 < limits.bottleneck_tensor_min_ratio
-        ):
-            return "compute_without_tensor"
-        if tensor < limits.bottleneck_tensor_min_ratio:
-            return "sm_bound_non_matmul"
-        return "mixed"
-    if sm < limits.bottleneck_sm_idle_ratio:
-        if nvlink_bps >= limits.bottleneck_nvlink_bytes_per_second:
-            return "communication_bound"
-        if pcie_rx_bps >= limits.bottleneck_pcie_bytes_per_second:
-            return "host_transfer_bound"
-        launch = busy is not None and busy >= limits.bottleneck_launch_busy_ratio
-        if launch and sm < limits.bottleneck_launch_sm_share * busy:
-            return "launch_bound"
-        return "waiting"
-    return "mixed"
-
-
 def _running(values: Values) -> bool:
     return values.get((PROCESSES.name, ()), 0) > 0
 
 
+THROTTLE_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown", "sw_power_cap")
+
+
 def window_activity(history: _History, running: bool, now: float, window: float) -> WindowActivity | None:
-    """What the GPU did over the last `window` seconds (GPM, the driver's busy ratio, NVLink and PCIe rates); None
-    where the GPU has no GPM readings yet. `running`: a process holds the GPU now."""
+    """What the GPU did over the last `window` seconds (GPM, the driver's busy ratio, NVLink and PCIe rates,
+    throttle shares); None where the GPU has no GPM readings yet. `running`: a process holds the GPU now."""
     sm = history.ratio((GPM_SM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window)
     if sm is None:
         return None
@@ -599,11 +523,28 @@ def window_activity(history: _History, running: bool, now: float, window: float)
     def pipe(name: str) -> float:
         return history.ratio((GPM_PIPE_ACTIVE_SECONDS_TOTAL.name, (name,)), WINDOW, now, window) or 0.0
 
+    def rates(name: str) -> tuple[float, ...] | None:
+        found = [history.rate((name, (d,)), now, window) for d in ("rx", "tx")]
+        return None if None in found else tuple(found)  # type: ignore[arg-type]
+
     dram = history.ratio((GPM_DRAM_ACTIVE_SECONDS_TOTAL.name, ()), WINDOW, now, window) or 0.0
-    nvlink = sum(history.rate((NVLINK_BYTES_TOTAL.name, (d,)), now, window) or 0.0 for d in ("rx", "tx"))
-    pcie_rx = history.rate((PCIE_BYTES_TOTAL.name, ("rx",)), now, window) or 0.0
+    nvlink, pcie = rates(NVLINK_BYTES_TOTAL.name), rates(PCIE_BYTES_TOTAL.name)
     busy = history.ratio((BUSY_SECONDS_TOTAL.name, ()), (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ()), now, window)
-    return WindowActivity(running, sm, pipe("tensor"), pipe("fp32"), pipe("fp16"), dram, nvlink, pcie_rx, busy)
+    throttle = tuple((r, share) for r in THROTTLE_REASONS if (share := history.rate(_throttle(r), now, window)))
+    return WindowActivity(
+        running,
+        sm,
+        pipe("tensor"),
+        pipe("fp32"),
+        pipe("fp16"),
+        dram,
+        sum(nvlink or ()),
+        (pcie or (0.0, 0.0))[0],
+        busy,
+        pcie_tx_bytes_per_second=(pcie or (0.0, 0.0))[1],
+        paths=frozenset(name for name, read in (("nvlink", nvlink), ("pcie", pcie)) if read is not None),
+        throttle=throttle,
+    )
 
 
 def check_bottleneck(c: CheckContext) -> Verdict:
@@ -616,13 +557,14 @@ def check_bottleneck(c: CheckContext) -> Verdict:
             return c.verdict(OK, f"measuring: {seen:.0f} s of the {window} s window", "")
         return c.verdict(OK, "n/a", "")
     nvlink, pcie_rx = activity.nvlink_bytes_per_second, activity.pcie_rx_bytes_per_second
+    pcie_tx = activity.pcie_tx_bytes_per_second
     kind = bottleneck_class(c.thresholds, activity, c.peers)
     busy = activity.busy
     busy_text = "n/a" if busy is None else f"{busy:.0%}"
     observed = (
         f"{kind}: driver busy {busy_text}, SM {activity.sm:.0%}, tensor {activity.tensor:.0%}, FP32 "
         f"{activity.fp32:.0%}, FP16 {activity.fp16:.0%}, DRAM {activity.dram:.0%}, NVLink {nvlink / 1e9:.1f} GB/s, "
-        f"PCIe rx {pcie_rx / 1e9:.1f} GB/s over {window} s"
+        f"PCIe rx {pcie_rx / 1e9:.1f} GB/s, tx {pcie_tx / 1e9:.1f} GB/s over {window} s"
     )
     # Healthy classes (no process; tensor cores busy) are said by the gauge and the verdict, not as findings of
     # /api/v1/diagnosis: a healthy node has none.

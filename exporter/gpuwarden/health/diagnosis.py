@@ -129,9 +129,11 @@ BOTTLENECK_ADVICE: dict[str, tuple[str, str]] = {
         "interface settings and `nvidia-smi topo -m`.",
     ),
     "host_transfer_bound": (
-        "The SMs wait on host→device copies over PCIe.",
-        "Pinned memory (pin_memory=True), non_blocking copies overlapped with compute, more DataLoader workers, "
-        "keep data on the GPU between steps.",
+        "The SMs wait on copies between host and device over PCIe, in either direction: inputs copied in (PCIe rx) "
+        "or results, logits or metrics copied out (PCIe tx) from pageable memory, each copy blocking the stream.",
+        "Copy less and less often (keep data and metrics on the GPU, sync them every N steps); pinned host memory "
+        "(pin_memory=True, or a pinned buffer for copies out) with non_blocking copies overlapped with compute; "
+        "more DataLoader workers for inputs.",
     ),
     "waiting": (
         "A process holds the GPU but the SMs are mostly idle and little moves over NVLink or PCIe: the job waits on "

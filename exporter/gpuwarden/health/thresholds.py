@@ -121,8 +121,9 @@ class Thresholds:
     bottleneck_tensor_min_ratio: float = setting(0.1, gt=0, le=1)
     bottleneck_pipe_dominance: float = setting(2.0, ge=1)
     # "busy but SMs nearly idle": the driver counts a kernel running while the SMs barely work (a Python loop of
-    # tiny kernels on H100: driver busy 31 %, SM 0 %): launch overhead
-    bottleneck_launch_busy_ratio: float = setting(0.2, gt=0, le=1)
+    # tiny kernels on H100: driver busy 31 %, SM 0 %; a tiny-batch decode loop on H200: busy 15 %, SM 2 %): launch
+    # overhead
+    bottleneck_launch_busy_ratio: float = setting(0.1, gt=0, le=1)
     bottleneck_launch_sm_share: float = setting(0.25, gt=0, le=1)  # SM activity below this share of driver busy
     bottleneck_dram_ratio: float = setting(0.6, gt=0, le=1)  # device-memory bandwidth at least this share
     bottleneck_sm_busy_ratio: float = setting(0.5, gt=0, le=1)  # SMs busy, without tensor cores: FP32 math
@@ -143,6 +144,21 @@ class Thresholds:
     collective_busy_ratio: float = setting(0.6, gt=0, le=1)
     collective_sm_ratio: float = setting(0.35, gt=0, le=1)
     collective_math_ratio: float = setting(0.05, gt=0, le=1)
+    # ...and device memory below this share (waiters on H200: DRAM 4-10 %; decode replicas, busy with few tensor
+    # cycles, 40-70 %)
+    collective_dram_ratio: float = setting(0.2, gt=0, le=1)
+    # partial waits: a rank whose math pipes carry at least this share less than its job's busiest rank's (and is
+    # busy: spinning the rest) waits that share of each step for it; read where the busiest rank's math pipes are
+    # at least collective_partial_math_ratio (below, a percent of noise is a large share). A rank 1.2x slower
+    # leaves its peers 17 % of each step
+    collective_partial_wait_ratio: float = setting(0.15, gt=0, lt=1)
+    collective_partial_math_ratio: float = setting(0.1, gt=0, le=1)
+    # a job's usual waits: each rank's lowest wait share over the windows in which the job computed, this long; a
+    # straggler without a measured cause is named only where its peers wait collective_partial_wait_ratio more than
+    # that (an onset): a pipeline's built-in imbalance and a warm-up's skew have none
+    collective_baseline_s: int = setting(3600, ge=60)
+    # no progress: every path the job's data may take (NVLink, PCIe, the host's RDMA ports) carries less than this
+    collective_hang_bytes_per_second: float = setting(1e7, gt=0)
     # a straggler is named once the job's GPUs have disagreed this long (a checkpoint written by rank 0 between
     # steps is shorter); links that have carried nothing this long while ranks spin make it a hang. On 2x H200 a
     # CPU-bound rank 0 (0.3 s a step) showed in a 20 s window's classes 25 s after the onset: window 20 s and 10 s

@@ -2,14 +2,15 @@
 the job.
 
 Per job with GPUs on this node (jobs/grouping.py), over `collective_window_s`:
-- a GPU *waits* when its signature is a collective's spin (health/checks.py `collective_wait`);
-- the rules (jobs/judging.py) name a straggler, a hang or a straggler off this node;
-- a finding is reported once it has held for `collective_straggler_for_s` with the same straggler; a hang once the
-  links have been quiet for `collective_hang_for_s` (a rank that stops, a deadlock in its host code, is named a
-  straggler first, and the finding becomes a hang, still naming it, once the links have been quiet that long).
-The seconds each GPU spent waiting are a counter (gpuwarden_job_collective_wait_seconds_total), so the fleet can
-compare a job's nodes through Prometheus. What the step remembers between snapshots is one `GpuWatch` per GPU of a
-multi-GPU job and one `JobWatch` per job.
+- each rank's wait over the window (jobs/waits.py): a collective's spin, or a partial wait against the slowest rank;
+- the rules (jobs/judging.py) name stragglers, an imbalance, a hang or a straggler off this node, with the job's
+  usual waits (jobs/onset.py) and the evidence of progress on its paths (jobs/progress.py, jobs/rdma.py);
+- a job's findings are reported once its ranks have disagreed for `collective_straggler_for_s`; who is named follows
+  the window from then on (a straggler that moves to another rank is followed without a new wait); a hang once
+  nothing has moved for `collective_hang_for_s` (a rank that stops is named a straggler until then).
+The seconds each GPU spent waiting are a counter (gpuwarden_job_collective_wait_seconds_total: a spin counts whole,
+a partial wait its share), so the fleet can compare a job's nodes through Prometheus. What the step remembers
+between snapshots is one `GpuWatch` per GPU of a multi-GPU job and one `JobWatch` per job.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from gpuwarden.health.checks import HealthEvaluator, WindowActivity, collective_wait
+from gpuwarden.health.bottleneck import WindowActivity
+from gpuwarden.health.checks import HealthEvaluator
 from gpuwarden.health.thresholds import Thresholds
-from gpuwarden.jobs import judging
+from gpuwarden.jobs import causes, judging, progress, waits
+from gpuwarden.jobs.onset import UsualWaits
+from gpuwarden.jobs.rdma import RdmaCounters
+from gpuwarden.jobs.sharing import Sharing
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import CollectiveFinding
 
@@ -35,13 +41,12 @@ class WaitPoint:
 
 @dataclass
 class GpuWatch:
-    """One GPU of a multi-GPU job: its wait counter for that job, the counter's points over the window (the share of
-    the window it waited), and the processes outside the job seen computing on it."""
+    """One GPU of a multi-GPU job: its wait counter for that job and the counter's points over the window (the share
+    of the window it waited)."""
 
     job: str
-    waited: float = 0.0  # seconds spent spinning in a collective for this job
+    waited: float = 0.0  # seconds spent waiting for a peer of this job
     points: deque[WaitPoint] = field(default_factory=deque)
-    cotenants: dict[int, float] = field(default_factory=dict)  # PID outside the job → last seen computing on it
 
     def wait_share(self, now: float) -> float:
         """The share of the window spent waiting, from the counter (the points are the earlier snapshots')."""
@@ -55,28 +60,18 @@ class GpuWatch:
         while len(self.points) > 1 and self.points[1].at <= now - window:
             self.points.popleft()
 
-    def forget_cotenants(self, before: float) -> None:
-        self.cotenants = {pid: at for pid, at in self.cotenants.items() if at >= before}
-
-
-@dataclass
-class Onset:
-    """Since when a job's GPUs have disagreed naming the same straggler (None: none named), and since when its links
-    have been quiet (None: not quiet)."""
-
-    straggler: str | None
-    since: float
-    quiet_since: float | None = None
-
 
 @dataclass
 class JobWatch:
     """One job with GPUs on this node: when its GPUs were first seen together (a GPU's window may still hold the job
     before this one, killed and restarted on the same GPUs: the job is judged once the whole window lies in its own
-    life), and the onset of its current finding."""
+    life), since when its ranks have disagreed and nothing has moved (None: they do not, it does), and its usual
+    waits."""
 
     first_seen: float
-    onset: Onset | None = None
+    since: float | None = None
+    quiet_since: float | None = None
+    usual: UsualWaits = field(default_factory=UsualWaits)
 
 
 def multi_gpu_jobs(draft: Draft) -> dict[str, tuple[str, ...]]:
@@ -89,40 +84,47 @@ def multi_gpu_jobs(draft: Draft) -> dict[str, tuple[str, ...]]:
 
 
 class CollectiveStep:
-    """Fills draft.collective and draft.collective_wait_seconds."""
+    """Fills draft.collective and draft.collective_wait_seconds. `sys_root`: the host's /sys, for its RDMA ports."""
 
-    def __init__(self, evaluator: Callable[[], HealthEvaluator]) -> None:
+    def __init__(self, evaluator: Callable[[], HealthEvaluator], sys_root: Path | None = None) -> None:
         self._evaluator = evaluator  # read per snapshot: a reload swaps the evaluator (and its thresholds)
         self._gpus: dict[str, GpuWatch] = {}
         self._jobs: dict[str, JobWatch] = {}
         self._last_at: float | None = None
+        self._rdma = RdmaCounters(sys_root)
+        self._sharing = Sharing()
         # GPUs that others of their job wait for, as of the last snapshot: host evidence samples these
         self.suspects: set[str] = set()
+
+    def read_rdma_under(self, sys_root: Path | None) -> None:
+        """A reload changed the host's /sys: its RDMA ports are read there from now on."""
+        self._rdma = RdmaCounters(sys_root)
 
     def __call__(self, draft: Draft) -> None:
         evaluator = self._evaluator()
         limits, now = evaluator.thresholds, draft.taken_at
         elapsed = 0.0 if self._last_at is None else min(max(now - self._last_at, 0.0), MAX_CREDIT_S)
         self._last_at = now
+        self._rdma.sample(now, limits.collective_window_s * 1.5)
+        draft.cotenants = self._sharing.update(draft, limits.collective_window_s)
         jobs = multi_gpu_jobs(draft)
         self._gpus = {uuid: self._gpu(uuid, job) for job, uuids in jobs.items() for uuid in uuids}
         self._jobs = {job: self._jobs.get(job) or JobWatch(now) for job in jobs}
         findings: list[CollectiveFinding] = []
         self.suspects = set()
         for job, uuids in sorted(jobs.items()):
-            window = self._window(evaluator, job, uuids, now)
-            for uuid in window.waiting if window is not None else ():
-                self._gpus[uuid].waited += elapsed
-            finding = self._finding(draft, limits, window, now) if window is not None and window.complete else None
-            if finding is None:
-                self._jobs[job].onset = None
+            window = self._window(draft, evaluator, job, uuids, now)
+            if window is None:
                 continue
-            self.suspects |= set(window.others)  # type: ignore[union-attr]
-            confirmed = self._confirm(self._jobs[job], finding, limits, now)
-            if confirmed is not None:
-                findings.append(confirmed)
+            for uuid, rank in window.ranks.items():
+                self._gpus[uuid].waited += elapsed * rank.wait
+            judged = self._judge(draft, limits, window, now)
+            stepped = waits.steps(window.ranks)
+            computing = {u for u, r in window.ranks.items() if r.computes}
+            self._jobs[job].usual.add(now, {u: r.wait for u, r in window.ranks.items()}, stepped, elapsed,
+                                      limits.collective_baseline_s, computing)  # fmt: skip
+            findings += self._confirm(self._jobs[job], judged, limits, now)
         for watch in self._gpus.values():
-            watch.forget_cotenants(now - limits.collective_window_s)
             watch.record(now, limits.collective_window_s)
         draft.collective_wait_seconds = {uuid: watch.waited for uuid, watch in self._gpus.items()}
         draft.collective = tuple(findings)
@@ -133,49 +135,70 @@ class CollectiveStep:
         return known if known is not None and known.job == job else GpuWatch(job)
 
     def _window(
-        self, evaluator: HealthEvaluator, job: str, uuids: tuple[str, ...], now: float
+        self, draft: Draft, evaluator: HealthEvaluator, job: str, uuids: tuple[str, ...], now: float
     ) -> judging.JobWindow | None:
-        """The job's GPUs over the window, once the whole window lies in the job's life."""
+        """The job's GPUs over the window, once the whole window lies in the job's life and every GPU of it was
+        watched that long."""
         limits = evaluator.thresholds
         if now - self._jobs[job].first_seen < limits.collective_window_s:
             return None
         activity = {uuid: evaluator.collective_activity(uuid, now) for uuid in uuids}
         watched: dict[str, WindowActivity] = {u: a for u, a in activity.items() if a is not None}
-        return judging.JobWindow(
-            job, uuids, watched, frozenset(u for u, a in watched.items() if collective_wait(limits, a))
-        )
+        if len(watched) != len(uuids):
+            return None
+        ranks = waits.read(limits, watched, self._own_shares(draft, uuids))
+        waiters = {u: r.wait for u, r in ranks.items() if r.waits}
+        usual = self._jobs[job].usual
+        risen = usual.onset(waiters, 0.0, limits.collective_partial_wait_ratio) if waiters else None
+        member = draft.jobs[uuids[0]]
+        across = member.world_size is not None and member.world_size > len(uuids)
+        linked = ((watched[u], any(p.level.startswith("NV") for p in draft.topology.get(u, ()))) for u in uuids)
+        evidence = progress.evidence(limits, linked, self._rdma.rate(now, limits.collective_window_s), across)
+        idle = frozenset(u for u in uuids if usual.never_computed(u))
+        return judging.JobWindow(job, uuids, ranks, risen, evidence, idle)
 
-    def _finding(
-        self, draft: Draft, limits: Thresholds, window: judging.JobWindow, now: float
-    ) -> CollectiveFinding | None:
-        if window.waiting:
-            return judging.judge(draft, limits, window)
-        for uuid, pids in judging.cotenants(draft, window.uuids).items():
-            self._gpus[uuid].cotenants.update(dict.fromkeys(pids, now))
-        shared = {u for u in window.uuids if self._gpus[u].cotenants}
-        return judging.shared(draft, limits, window, shared)
+    def _own_shares(self, draft: Draft, uuids: tuple[str, ...]) -> dict[str, float]:
+        """Each rank's share of its GPU's SM time where a process outside the job computed on it within the window
+        (NVML's per-process SM shares; 1 where none did, or where the rank's own share is unknown)."""
+        shares = {}
+        for uuid in uuids:
+            theirs = sum(c.sm_ratio for c in draft.cotenants.get(uuid, ()))
+            main = next((p for p in draft.processes.get(uuid, ()) if p.pid == draft.jobs[uuid].pid), None)
+            mine = None if main is None else main.sm_ratio
+            shares[uuid] = mine / (mine + theirs) if mine is not None and theirs > 0 and mine + theirs > 0 else 1.0
+        return shares
+
+    def _judge(self, draft: Draft, limits: Thresholds, window: judging.JobWindow, now: float) -> judging.Judgement:
+        activity = {u: r.activity for u, r in window.ranks.items()}
+
+        def reasons(uuid: str) -> list[causes.Reason]:
+            peers = [u for u in window.uuids if u != uuid]
+            return causes.slower_gpu_reasons(draft, limits, uuid, peers, activity, draft.cotenants.get(uuid, ()))
+
+        judged = judging.judge(draft, window, reasons)
+        self.suspects |= {f.straggler for f in judged.findings if f.straggler}
+        return judged
 
     def _confirm(
-        self, watch: JobWatch, finding: CollectiveFinding, limits: Thresholds, now: float
-    ) -> CollectiveFinding | None:
-        """The finding once it has held for collective_straggler_for_s naming the same straggler; a hang once the
-        links have been quiet for collective_hang_for_s (named a straggler until then, or not at all without one)."""
-        onset = watch.onset
-        if onset is None or onset.straggler != finding.straggler:
-            onset = watch.onset = Onset(finding.straggler, now)
-        since = onset.since
-        if finding.kind != "collective_hang":
-            onset.quiet_since = None
+        self, watch: JobWatch, judged: judging.Judgement, limits: Thresholds, now: float
+    ) -> list[CollectiveFinding]:
+        """The findings once the job's ranks have disagreed for collective_straggler_for_s; a hang once nothing has
+        moved for collective_hang_for_s (its stragglers reported until then)."""
+        if not judged.findings and judged.hang is None:
+            watch.since = watch.quiet_since = None
+            return []
+        watch.since = now if watch.since is None else watch.since
+        found, since = list(judged.findings), watch.since
+        if judged.hang is None:
+            watch.quiet_since = None
         else:
-            onset.quiet_since = now if onset.quiet_since is None else onset.quiet_since
-            if now - onset.quiet_since >= limits.collective_hang_for_s:
-                since = onset.quiet_since
-            elif finding.straggler is None:
-                return None
-            else:
-                finding = replace(finding, kind="straggler")
-        if now - since < limits.collective_straggler_for_s:
-            return None
-        # the waiting counter's share; the sharing estimate (judging.shared) where larger: a partial wait
-        shares = tuple((u, max(self._gpus[u].wait_share(now), e)) for u, e in finding.waiting)
-        return replace(finding, since=since, waiting=shares)
+            watch.quiet_since = now if watch.quiet_since is None else watch.quiet_since
+            if now - watch.quiet_since >= limits.collective_hang_for_s:
+                found, since = [judged.hang], watch.quiet_since
+        if now - watch.since < limits.collective_straggler_for_s:
+            return []
+        # each waiter's share of the window spent waiting, from its counter
+        return [
+            replace(f, since=since, waiting=tuple((u, self._gpus[u].wait_share(now)) for u, _ in f.waiting))
+            for f in found
+        ]

@@ -5,16 +5,51 @@ cause of a `waiting` GPU read from what its main process does on the host. Added
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuwarden.health import diagnosis
 from gpuwarden.health.diagnosis import Finding
 from gpuwarden.jobs import host_reading
+from gpuwarden.jobs.causes import describe_cotenants
 from gpuwarden.model.snapshot import CollectiveFinding, GpuSnapshot, HostEvidence, Snapshot
 
 
 def diagnose(snapshot: Snapshot) -> list[Finding]:
-    """Every finding of the node: the GPUs' (a waiting GPU's cause from the host) and the jobs'."""
-    findings = diagnosis.diagnose(snapshot, explain_waiting) + job_findings(snapshot)
+    """Every finding of the node: the GPUs' (a waiting GPU's cause from the host, a shared GPU's other tenants) and
+    the jobs'."""
+    findings = shared_gpus(snapshot, diagnosis.diagnose(snapshot, explain_waiting)) + job_findings(snapshot)
     return sorted(findings, key=diagnosis.order)
+
+
+SHARED_GPU = (
+    "Another process computes on this GPU beside its job: the GPU time-slices between them, so the job's kernels "
+    "wait their turn and it runs slower than it would alone (by about the other's share of the SMs).",
+    "Give each its own GPU or MIG slice (MPS where they must share); find the other process's owner (pid above, "
+    "`nvidia-smi`, its pod or Slurm job) and move it.",
+)
+
+
+def shared_gpus(snapshot: Snapshot, findings: list[Finding]) -> list[Finding]:
+    """Each GPU that another process computes on gets its bottleneck finding naming that process with its SM share,
+    and the advice for a shared GPU; a GPU whose class is healthy (its tensor cores busy: both processes compute)
+    gets one as information. The GPU's class and numbers stay in the observed text."""
+    out = list(findings)
+    for gpu in snapshot.gpus:
+        others = snapshot.cotenants.get(gpu.uuid)
+        if not others:
+            continue
+        shared = f"; shared with {describe_cotenants(others)}"
+        index = next((i for i, f in enumerate(out) if f.uuid == gpu.uuid and f.check == "bottleneck"), None)
+        if index is not None:
+            found = out[index]
+            out[index] = replace(found, observed=found.observed + shared, likely_cause=SHARED_GPU[0],
+                                 recommended_action=SHARED_GPU[1])  # fmt: skip
+            continue
+        verdict = next((v for v in snapshot.health.get(gpu.uuid, ()) if v.check == "bottleneck"), None)
+        if verdict is not None:
+            out.append(Finding(gpu.index, gpu.uuid, "bottleneck", "info", verdict.observed + shared,
+                               verdict.threshold, *SHARED_GPU))  # fmt: skip
+    return out
 
 
 def explain_waiting(snapshot: Snapshot, uuid: str, bottleneck: str, cause: str, action: str) -> tuple[str, str]:
@@ -23,7 +58,7 @@ def explain_waiting(snapshot: Snapshot, uuid: str, bottleneck: str, cause: str, 
         return cause, action
     member = snapshot.jobs.get(uuid)
     peers = None if member is None else member.peers
-    stragglers = {found.straggler for found in snapshot.collective if found.straggler}
+    stragglers = {found.straggler for found in snapshot.collective if found.straggler and found.kind != "imbalance"}
     return waiting_cause(snapshot.host_evidence.get(uuid), cause, action, peers, uuid in stragglers)
 
 
@@ -132,11 +167,21 @@ STRAGGLER_CAUSES: dict[str, tuple[str, str]] = {
     ),
 }
 HANG = (
-    "A collective hang: the job's ranks spin in a collective and nothing has moved over the links for "
-    "collective_hang_for_s: a rank died, deadlocked, or called a different collective.",
+    "A collective hang: the job's ranks spin in a collective, none computes, and nothing has moved on any path its "
+    "data may take (NVLink, PCIe, the host's RDMA ports) for collective_hang_for_s: a rank died, deadlocked, or "
+    "called a different collective.",
     "Dump every rank's stacks (`py-spy dump --pid PID`), the odd one out first where one is named; enable "
     "NCCL_DEBUG=INFO and the process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING) so a hang fails fast; "
     "restart the job from its last checkpoint.",
+)
+
+
+IMBALANCE = (
+    "An imbalance built into the job, not a straggler: the other ranks wait for this one, but have waited as much "
+    "since the job began (pipeline stages of unequal cost, a rank with extra work, a warm-up still running), and "
+    "its GPU shows no sign of being slower.",
+    "Nothing is wrong with the GPU. To gain throughput, even out the work: rebalance the pipeline's stages (layers "
+    "per stage, micro-batches), spread rank 0's extra work; a warm-up ends by itself.",
 )
 
 
@@ -157,6 +202,9 @@ def _job_finding(snapshot: Snapshot, found: CollectiveFinding, by_uuid: dict[str
     if found.kind == "collective_hang":
         cause, action = HANG
         check, severity = "collective_hang", "warning"
+    elif found.kind == "imbalance":
+        cause, action = IMBALANCE
+        check, severity = "imbalance", "info"
     else:
         cause, action = STRAGGLER_CAUSES.get(found.cause, STRAGGLER_CAUSES["unknown"])
         check, severity = ("straggler", "warning") if found.kind == "straggler" else ("waiting_elsewhere", "info")

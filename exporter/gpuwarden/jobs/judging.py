@@ -1,126 +1,135 @@
-"""The collective rules: from one job's GPUs on this node over the window to a finding (or none). The decisive
-evidence is relational: ranks spinning in a collective wait for a peer that is doing something else, and that peer is
-the straggler. Launch-bound work is symmetric across ranks; a collective wait is not. The step that keeps the state
-between snapshots and confirms a finding over time is jobs/collective.py.
+"""The collective rules: from one job's GPUs on this node over the window to its findings. The decisive evidence is
+relational: ranks that wait (spinning in a collective, or computing less than the slowest rank: jobs/waits.py) wait
+for a peer that is doing something else, and that peer is the straggler. The step that keeps the state between
+snapshots and confirms findings over time is jobs/collective.py.
 
-- some GPUs wait and one does not: that one is the **straggler**, with its cause (jobs/causes.py);
-- none waits outright, but one rank's GPU is shared with a process outside the job that computes on it (time
-  slicing: the rank's kernels queue behind the other's), while the others are busy with less SM work than it: that
-  rank is the straggler, cause a slower GPU. On 2x H200 a co-located bf16 matmul took the waiter only to busy 77 %,
-  SM 43 % (half its time waiting, half computing): the spin signature alone missed it;
-- all of the job's GPUs here wait: where the job has ranks on other nodes (its world size says so) the straggler is
-  elsewhere (the fleet view names it); where it has none, and the links carry nothing, it is a **collective hang**.
+- some ranks wait and others hold them back: each of those is a **straggler** where there is evidence of it: its GPU
+  is measurably slower (a co-located process, a thermal or power throttle, a lowered power limit, lower clocks:
+  jobs/causes.py), or its peers wait more than they usually do (an onset, jobs/onset.py). Without either it is an
+  **imbalance** built into the job (pipeline stages, a warm-up's skew): information, never a straggler;
+- every rank here waits: where the job has ranks on other nodes the straggler is elsewhere (`waiting_elsewhere`,
+  after an onset; the fleet view names it);
+- a **collective hang** needs positive evidence that nothing progresses: ranks spin, none computes, and every path
+  the job's data may take (NVLink, PCIe, the host's RDMA ports) carried nothing over the window (jobs/progress.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuwarden.health.checks import WindowActivity
-from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import causes
+from gpuwarden.jobs.progress import Progress
+from gpuwarden.jobs.waits import RankWindow
 from gpuwarden.model.draft import Draft
-from gpuwarden.model.snapshot import CollectiveFinding, ProcessView
+from gpuwarden.model.snapshot import CollectiveFinding
 
-HANG_LINK_BYTES_PER_SECOND = 1e7  # links this quiet carry no collective's data: nothing moves
-SHARING_SM_RATIO = 0.05  # a process outside the job using this share of a rank's GPU's SMs computes on it
+ODD_ONE_OUT_BUSY = 0.2  # ranks idle on their GPU within this much busy of the least busy hold the spinners back
 
 
 @dataclass(frozen=True)
 class JobWindow:
-    """One job's GPUs on this node, as judged over the window: each GPU's activity, and which of them wait."""
+    """One job's GPUs on this node, as judged over the window: each rank's reading, whether the job's waits rose
+    above its usual ones (None: no usual waits known yet), and the evidence of progress on its paths."""
 
     job: str
     uuids: tuple[str, ...]  # in the job's order on this node
-    activity: dict[str, WindowActivity]  # the GPUs watched for the whole window
-    waiting: frozenset[str]
+    ranks: dict[str, RankWindow]  # the GPUs watched for the whole window
+    risen: bool | None = None
+    progress: Progress = Progress(False, "")
+    never_computed: frozenset[str] = frozenset()  # ranks idle in every window in which the job computed
 
     @property
     def complete(self) -> bool:
         """Every GPU of the job was watched for the window: only then is the job judged."""
-        return len(self.activity) == len(self.uuids)
+        return len(self.ranks) == len(self.uuids)
 
     @property
-    def others(self) -> list[str]:
-        """The GPUs that do not wait."""
-        return [u for u in self.uuids if u not in self.waiting]
+    def waiting(self) -> tuple[str, ...]:
+        return tuple(u for u in self.uuids if self.ranks[u].waits)
 
-    def waiters(self, share: float = 0.0) -> tuple[tuple[str, float], ...]:
-        """The waiting GPUs in the job's order, each with a share of the window spent waiting."""
-        return tuple((u, share) for u in self.uuids if u in self.waiting)
+    def waiters(self) -> tuple[tuple[str, float], ...]:
+        """The waiting GPUs in the job's order, each with its share of the window spent waiting."""
+        return tuple((u, self.ranks[u].wait) for u in self.waiting)
+
+    def holding_back(self) -> list[str]:
+        """The ranks the waiters wait for: where ranks wait partially, those that compute at the top of the job
+        (the slowest, setting each step); where ranks only spin, the ranks that do not, least busy first (idle on
+        their GPU while their process works elsewhere), or that compute while the others spin. Never a rank that
+        has not computed while the job did."""
+        others = [u for u in self.uuids if not self.ranks[u].waits and u not in self.never_computed]
+        if not others or not self.waiting:
+            return []
+        if any(not self.ranks[u].spins for u in self.waiting):
+            top = max(self.ranks[u].math for u in self.uuids)
+            return [u for u in others if self.ranks[u].math >= top * 0.9]
+        busy = {u: self.ranks[u].activity.busy or 0.0 for u in others}
+        least = min(busy.values())
+        return [u for u in others if self.ranks[u].computes or busy[u] <= least + ODD_ONE_OUT_BUSY]
 
 
-def judge(draft: Draft, limits: Thresholds, window: JobWindow) -> CollectiveFinding | None:
-    """Some of the job's GPUs wait: the odd one out, or a hang, or a straggler off this node."""
+Reasons = Callable[[str], list[causes.Reason]]  # a straggler's measured slowness (causes.slower_gpu_reasons)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What one window says of a job: its stragglers (or imbalances, or the straggler off this node), and a hang
+    where nothing progresses (the step reports the hang once that has lasted collective_hang_for_s, the stragglers
+    until then)."""
+
+    findings: tuple[CollectiveFinding, ...] = ()
+    hang: CollectiveFinding | None = None
+
+
+def judge(draft: Draft, window: JobWindow, reasons: Reasons) -> Judgement:
+    """The job's findings over this window."""
+    held = window.holding_back()
+    waiting = window.waiting
+    if not waiting or len(held) > len(waiting):
+        return Judgement()  # nothing waits, or most ranks do not wait: no one to single out
+    stopped = window.progress.stopped and not any(window.ranks[u].computes for u in window.uuids)
+    if not held:
+        return _all_waiting(draft, window, stopped)
+    found = tuple(_straggler(draft, window, uuid, reasons) for uuid in held)
+    if not stopped:
+        return Judgement(found)
+    # nothing moves: the job does not progress; the rank it stopped at named (the least busy of those it waits for)
+    first = next(f for f in found if f.straggler == min(held, key=lambda u: window.ranks[u].activity.busy or 0.0))
+    detail = f"{first.cause_detail}; {window.progress.detail}"
+    return Judgement(found, CollectiveFinding(window.job, "collective_hang", first.straggler, first.cause, detail,
+                                              window.waiters(), 0.0))  # fmt: skip
+
+
+def _all_waiting(draft: Draft, window: JobWindow, stopped: bool) -> Judgement:
     member = draft.jobs[window.uuids[0]]
-    others = window.others
-    quiet = all(window.activity[u].nvlink_bytes_per_second < HANG_LINK_BYTES_PER_SECOND for u in window.waiting)
-    if not others:
-        if member.world_size is not None and member.world_size > len(window.uuids):
-            elsewhere = (
-                f"every rank on this node waits ({len(window.uuids)} of {member.world_size}): the straggler is off it"
-            )
-            return CollectiveFinding(
-                window.job, "waiting_elsewhere", None, "off_node", elsewhere, window.waiters(), 0.0
-            )
-        if quiet:
-            stuck = "every rank spins in a collective and the links carry nothing"
-            return CollectiveFinding(window.job, "collective_hang", None, "unknown", stuck, window.waiters(), 0.0)
-        return None
-    if len(others) > len(window.waiting):
-        return None  # most ranks are not waiting: no one to single out
-    # the odd one out: the GPU furthest from a waiter's spin (least busy relative to the waiters), one named
-    straggler = min(others, key=lambda u: window.activity[u].busy or 0.0)
-    cause, detail = causes.cause(draft, limits, straggler, set(window.waiting), window.activity)
-    # nothing moves over the links while the odd one out does not compute: the job does not progress
-    kind = "collective_hang" if quiet and cause != "slower_gpu" else "straggler"
-    return CollectiveFinding(window.job, kind, straggler, cause, detail, window.waiters(), 0.0)
+    if stopped:
+        stuck = f"every rank spins in a collective and nothing moves ({window.progress.detail})"
+        return Judgement(hang=CollectiveFinding(window.job, "collective_hang", None, "unknown", stuck,
+                                                window.waiters(), 0.0))  # fmt: skip
+    if member.world_size is not None and member.world_size > len(window.uuids) and window.risen:
+        elsewhere = (
+            f"every rank on this node waits ({len(window.uuids)} of {member.world_size}), more than usual: the "
+            "straggler is off it"
+        )
+        found = CollectiveFinding(window.job, "waiting_elsewhere", None, "off_node", elsewhere, window.waiters(), 0.0)
+        return Judgement((found,))
+    return Judgement()
 
 
-def _same_owner(process: ProcessView, main: ProcessView | None) -> bool:
-    """Whether a process belongs where the rank's main process does (its pod, or its Slurm job): the job's own
-    helpers (an asynchronous checkpoint writer, a compile worker) are not another tenant on the GPU."""
-    if main is None or not (main.pod or main.slurm_job):
-        return False
-    return (process.namespace, process.pod, process.slurm_job) == (main.namespace, main.pod, main.slurm_job)
-
-
-def cotenants(draft: Draft, uuids: tuple[str, ...]) -> dict[str, set[int]]:
-    """Per GPU of the job, the PIDs outside the job (and outside its pod or Slurm job) that compute on it."""
-    ours = {draft.jobs[u].pid for u in uuids}
-    found: dict[str, set[int]] = {}
-    for uuid in uuids:
-        on_gpu = draft.processes.get(uuid, ())
-        main = next((p for p in on_gpu if p.pid == draft.jobs[uuid].pid), None)
-        found[uuid] = {p.pid for p in on_gpu if p.pid not in ours and _computes_beside(p, main)}
-    return found
-
-
-def _computes_beside(process: ProcessView, main: ProcessView | None) -> bool:
-    return not _same_owner(process, main) and "compute" in process.kind and (process.sm_ratio or 0) >= SHARING_SM_RATIO
-
-
-def shared(draft: Draft, limits: Thresholds, window: JobWindow, shared_gpus: set[str]) -> CollectiveFinding | None:
-    """No GPU waits outright: the one GPU of the job that a process outside it has computed on within the window
-    (`shared_gpus`), where the others are busy (waiting or computing: `collective_busy_ratio`) with fewer SMs active
-    than it."""
-    if len(shared_gpus) != 1:
-        return None
-    (straggler,) = shared_gpus
-    peers = [u for u in window.uuids if u != straggler]
-    mine = window.activity[straggler]
-    if not all(_busy_below(window.activity[u], mine, limits) for u in peers):
-        return None
-    _, detail = causes.cause(draft, limits, straggler, set(peers), window.activity)
-    # ranks in lockstep wait while the shared GPU runs the other process: its share of the GPU's SM time
-    ours = {draft.jobs[u].pid for u in window.uuids}
-    sm = {p.pid: p.sm_ratio or 0.0 for p in draft.processes.get(straggler, ())}
-    foreign = sum(v for pid, v in sm.items() if pid not in ours)
-    total = foreign + sm.get(draft.jobs[straggler].pid, 0.0)
-    estimate = round(foreign / total, 3) if total > 0 else 0.0
-    waiters = tuple((u, estimate) for u in peers)
-    return CollectiveFinding(window.job, "straggler", straggler, "slower_gpu", detail, waiters, 0.0)
-
-
-def _busy_below(peer: WindowActivity, mine: WindowActivity, limits: Thresholds) -> bool:
-    return (peer.busy or 0.0) >= limits.collective_busy_ratio and peer.sm < mine.sm
+def _straggler(draft: Draft, window: JobWindow, uuid: str, reasons: Reasons) -> CollectiveFinding:
+    """The rank named with its cause where there is evidence of it; an imbalance where there is none."""
+    rank = window.ranks[uuid]
+    waiters = window.waiters()
+    activity = {u: r.activity for u, r in window.ranks.items()}
+    numbers = causes.gpu_numbers(rank.activity, (activity[u] for u, _ in waiters))
+    if rank.computes:
+        found = reasons(uuid)
+        seen = "; ".join(r.text for r in found) or "no clock, power or co-located process seen"
+        cause, detail, measured = "slower_gpu", f"{numbers}; {seen}", any(r.alone for r in found)
+    else:
+        cause, host = causes.host_cause(draft.host_evidence.get(uuid))
+        detail, measured = f"{numbers}; on the host: {host}", False
+    kind = "straggler" if measured or window.risen else "imbalance"
+    if kind == "imbalance":
+        detail += "; the others waited as much since the job began: an imbalance built into it, not a straggler"
+    return CollectiveFinding(window.job, kind, uuid, cause, detail, waiters, 0.0)

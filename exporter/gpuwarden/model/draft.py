@@ -15,6 +15,7 @@ from gpuwarden.model.snapshot import (
     Allocation,
     CollectiveFinding,
     ContainerUsage,
+    Cotenant,
     GpuSnapshot,
     HostEvidence,
     JobMember,
@@ -59,6 +60,7 @@ class Draft:
     job_sources: dict[str, bool] = field(default_factory=dict)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()
+    cotenants: dict[str, tuple[Cotenant, ...]] = field(default_factory=dict)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
     kernel_log_up: bool | None = None  # the kernel log's reader reads now; None: no kernel log is read
     kernel_log_ignored: dict[str, int] = field(default_factory=dict)  # lines naming the driver not counted, by reason

@@ -414,8 +414,9 @@ SLURM_JOB_SM_ACTIVE_SECONDS_TOTAL = _f(
 JOB_COLLECTIVE_WAIT_SECONDS_TOTAL = _f(
     "gpuwarden_job_collective_wait_seconds_total",
     "counter",
-    "Seconds the GPU's main process spent spinning in a collective, waiting for another rank of its job (GPUs of "
-    "multi-GPU jobs only): rate() is the share of time it waits; the rank with the lowest share holds the others.",
+    "Seconds the GPU's main process spent waiting for another rank of its job (GPUs of multi-GPU jobs only): all of "
+    "a window in which it spins in a collective, the share of one in which it computes less than the job's slowest "
+    "rank on this node (a partial wait); rate() is the share of time it waits.",
     "job_id",
     "rank",
     unit="seconds",
@@ -424,7 +425,8 @@ JOB_FINDING = _f(
     "gpuwarden_job_finding",
     "gauge",
     "1 while a job on this node has a straggler (kind=straggler: gpu, uuid and rank name it, cause says why), is "
-    "hung in a collective (collective_hang), or waits for a rank on another node (waiting_elsewhere).",
+    "hung in a collective (collective_hang), waits for a rank on another node (waiting_elsewhere), or has a rank the "
+    "others have waited for since it began (imbalance: information, never a page).",
     "job_id",
     "kind",
     "gpu",

@@ -183,6 +183,16 @@ class HostEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class Cotenant:
+    """A process outside a GPU's job (not its rank, nor in its pod or Slurm job) that computed on the GPU within the
+    job view's window (exporter/gpuwarden/jobs/sharing.py): its kernels take turns with the job's."""
+
+    pid: int
+    name: str
+    sm_ratio: float  # the largest share of the GPU's SMs it used in one NVML sample over the window
+
+
+@dataclass(frozen=True, slots=True)
 class JobMember:
     """The job a GPU's main process belongs to, as the host shows it (exporter/gpuwarden/jobs/grouping.py): a key
     the same on every node where a launcher or Slurm set one (`local/...` where only this node's process tree or pod
@@ -321,6 +331,8 @@ class Snapshot:
     # uuid → seconds its main process spent waiting in collectives (a counter; GPUs of multi-GPU jobs only)
     collective_wait_seconds: dict[str, float] = field(default_factory=dict)
     collective: tuple[CollectiveFinding, ...] = ()  # stragglers and hangs of this node's jobs
+    # uuid → processes outside the GPU's job computing on it within the job view's window (a shared GPU)
+    cotenants: dict[str, tuple[Cotenant, ...]] = field(default_factory=dict)
     # the kernel log's GPU faults since boot: (kind, device, code) → (count, wall time of the latest)
     kernel: dict[tuple[str, str, int], tuple[int, float]] = field(default_factory=dict)
     kernel_log_up: bool | None = None  # the kernel log's reader reads now; None: no kernel log is read

@@ -161,7 +161,7 @@ class Pipeline:
         self.processes = ProcessesStep(self.host, self._pid_series)
         self.evidence = HostEvidenceStep(self.host.proc_root, self._job_window, lambda: self.collective.suspects)
         self.jobs = JobsStep(self.host.proc_root, pod_api(settings))
-        self.collective = CollectiveStep(lambda: self.health)
+        self.collective = CollectiveStep(lambda: self.health, settings.processes.sys_root)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
         self._running = False
 
@@ -251,6 +251,8 @@ class Pipeline:
                 )
             if moved or pods_changed:
                 self.jobs = JobsStep(self.host.proc_root, pod_api(new))
+            if new.processes.sys_root != old.processes.sys_root:
+                self.collective.read_rdma_under(new.processes.sys_root)
             self.settings = new
             return self._steps()
 

@@ -144,11 +144,14 @@ class Ramp(_Strict):
 
 
 class Trajectory(_Strict):
-    """A value over time: constant, ramp or square wave, plus optional bounded noise."""
+    """A value over time: constant, ramp, square wave or steps, plus optional bounded noise."""
 
     constant: float | None = None
     ramp: Ramp | None = None
     square: Square | None = None
+    steps: tuple[tuple[float, float], ...] | None = Field(
+        None, description="[[t, value], ...]: each value from its time on (the first from the start), times rising"
+    )
     noise: float = Field(0.0, ge=0)
 
     @model_validator(mode="before")
@@ -160,8 +163,12 @@ class Trajectory(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Trajectory:
-        if sum(x is not None for x in (self.constant, self.ramp, self.square)) != 1:
-            raise ValueError("give exactly one of constant, ramp, square (or a bare number)")
+        if sum(x is not None for x in (self.constant, self.ramp, self.square, self.steps)) != 1:
+            raise ValueError("give exactly one of constant, ramp, square, steps (or a bare number)")
+        if self.steps is not None and (
+            not self.steps or any(b[0] <= a[0] for a, b in zip(self.steps, self.steps[1:], strict=False))
+        ):
+            raise ValueError("steps: give [[t, value], ...] with rising times, e.g. [[0, 40], [120, 95]]")
         return self
 
     def steady_between(self, start: float, end: float) -> bool:
@@ -171,12 +178,16 @@ class Trajectory(_Strict):
             return False
         if self.constant is not None:
             return True
+        if self.steps is not None:  # no step inside (start, end]
+            return not any(start < t <= end for t, _ in self.steps[1:])
         r = self.ramp
         return r is not None and (end <= r.begin or start >= r.begin + r.duration)
 
     def at(self, t: float, seed: str) -> float:
         if self.constant is not None:
             value = self.constant
+        elif self.steps is not None:
+            value = next((v for at, v in reversed(self.steps) if t >= at), self.steps[0][1])
         elif self.ramp is not None:
             r = self.ramp
             progress = min(max((t - r.begin) / r.duration, 0.0), 1.0)
