@@ -297,9 +297,16 @@ def _node_health_at_a_glance(layout: Layout, gpu_legend: str) -> None:
     layout.add(
         kind="table",
         title="Firing alerts",
-        description="gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series).",
+        description="gpuwarden alerts firing for the selected nodes (Prometheus' ALERTS series). Pages for lasting "
+        "faults name the node and no instance (they outlive an exporter restart): the second query lists them.",
         targets=[
-            target(f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{NODE_SELECTOR}}}', fmt="table", instant=True)
+            # a held page (health/rules_model.py, held) has no `instance`: by node alone, or the board missed it
+            target(
+                f'ALERTS{{alertname=~"Gpuwarden.*",alertstate="firing",{NODE_SELECTOR}}} or '
+                'ALERTS{alertname=~"Gpuwarden.*",alertstate="firing",job=~"$job",node=~"$node",instance=""}',
+                fmt="table",
+                instant=True,
+            )
         ],
         unit="none",
         w=8,

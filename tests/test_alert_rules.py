@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alert_rules import generate
+from alert_rules import generate, restarts
 from gpuwarden.health import rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,8 +31,56 @@ def test_committed_rules_match_the_thresholds():
     # the map the chart's `thresholds` value reads (deploy/helm: prometheusrule.yaml)
     shipped_map = yaml.safe_load(generate.THRESHOLD_MAP_FILE.read_text())
     assert shipped_map == generate.threshold_map(), "run `python alert_rules/generate.py`"
-    critical = {"threshold": ["GpuwardenTemperatureCritical"], "for": [], "other": []}
+    critical = {"threshold": ["GpuwardenTemperatureCritical"], "for": [], "keep_firing": [], "other": []}
     assert shipped_map["temperature_critical_celsius"] == critical
+
+
+def moved(value: object) -> object:
+    """A value one step from `value`, of its type."""
+    if isinstance(value, tuple):
+        return (*value, 999)  # an XID list with one more code
+    if isinstance(value, str):
+        return value + "|Nothing"
+    return value + 1 if isinstance(value, int) else value * 1.01
+
+
+def test_every_rule_declares_exactly_the_thresholds_it_reads():
+    """Each field moved one step: the rules that change are the ones whose declarations name it, and in the way they
+    declare (the number the expression ends on, `for:`, `keep_firing_for`, or otherwise). The threshold map the chart
+    reads is built from the declarations (issue 51: no probing in the generator)."""
+    import dataclasses
+
+    from gpuwarden.health.rules_file import TRAILING_THRESHOLD
+    from gpuwarden.health.thresholds import DEFAULT, Thresholds
+
+    def rendered(t: Thresholds) -> dict[str, tuple[str, str | None, int, int]]:
+        out = {}
+        for rule in (r for g in rules.build(t) for r in g.rules):
+            match = TRAILING_THRESHOLD.search(rule.expr)
+            body = rule.expr[: match.start()] if match else rule.expr
+            out[rule.alert] = (body, match.group(2) if match else None, rule.for_s, rule.keep_firing_s)
+        return out
+
+    base = rendered(DEFAULT)
+    observed = {}
+    for field in dataclasses.fields(Thresholds):
+        new = moved(getattr(DEFAULT, field.name))
+        candidate = dataclasses.replace(DEFAULT, **{field.name: new})
+        candidate.validate()
+        reach: dict[str, list[str]] = {"threshold": [], "for": [], "keep_firing": [], "other": []}
+        for alert, (body, number, for_s, keep_s) in rendered(candidate).items():
+            old_body, old_number, old_for, old_keep = base[alert]
+            if body != old_body:
+                reach["other"].append(alert)
+                continue
+            if number != old_number:
+                reach["threshold" if float(number or "nan") == float(f"{new:g}") else "other"].append(alert)
+            if for_s != old_for:
+                reach["for" if for_s == new else "other"].append(alert)
+            if keep_s != old_keep:
+                reach["keep_firing" if keep_s == new else "other"].append(alert)
+        observed[field.name] = reach
+    assert observed == generate.threshold_map()
 
 
 @needs_promtool
@@ -57,6 +105,22 @@ def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
         for alert in check["exp_alerts"]
     ]  # fmt: skip
     assert expected and all(alert.get("exp_annotations", {}).get("description") for alert in expected)
+
+
+def test_the_generated_promtool_tests_are_committed_as_generated():
+    """The restart, fresh-Prometheus and verdict-agreement tests (alert_rules/restarts.py, agreement.py)."""
+    for path, text in generate.generated_tests().items():
+        assert path.read_text() == text, f"{path.name}: run `python alert_rules/generate.py`"
+
+
+def test_every_page_for_a_lasting_fault_has_a_restart_test():
+    """A new page cannot ship without its 2-minute-gap tests (both restart styles), or a reason it has none."""
+    pages = {r.alert for g in rules.build() for r in g.rules if r.severity == "critical"}
+    tested = {fault.alert for fault in restarts.FAULTS}
+    assert pages - tested == set(restarts.NOT_HELD), "add the page to restarts.FAULTS"
+    assert tested <= pages
+    named = {test["name"].split(":")[0] for test in yaml.safe_load(generate.RESTARTS_TESTS_FILE.read_text())["tests"]}
+    assert named == tested
 
 
 def test_every_alert_has_a_firing_test_and_a_silent_healthy_case():

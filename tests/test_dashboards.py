@@ -255,6 +255,10 @@ def test_panels_show_what_the_scenarios_imply(prometheus):
     }
     assert lost[(prometheus.instance_of("gpu-lost"), "6")] == "2"
     assert lost[(prometheus.instance_of("healthy"), "0")] == "0"
+    # the node board lists a page held across restarts (it names the node, not the instance) beside the others
+    firing = {(r["metric"]["alertname"], r["metric"]["node"]) for r in rows("gpuwarden-node.json", "Firing alerts")}
+    lost_node = f"node-{prometheus.instance_of('gpu-lost').rsplit(':', 1)[1]}"
+    assert ("GpuwardenGpuLost", lost_node) in firing, firing
     pods = {
         (r["metric"]["instance"], r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"])
         for r in rows("gpuwarden-node.json", "Pods on these GPUs")

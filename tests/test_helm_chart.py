@@ -773,7 +773,11 @@ def test_thresholds_set_once_give_the_exporters_file_and_rules_that_agree_with_g
     from gpuwarden.health.thresholds import DEFAULT, load_thresholds
 
     mapping = yaml.safe_load((ROOT / "alert_rules" / "threshold-alerts.yaml").read_text())
-    settable = [f for f, reach in mapping.items() if not reach["other"] and (reach["threshold"] or reach["for"])]
+    settable = [
+        f
+        for f, reach in mapping.items()
+        if not reach["other"] and (reach["threshold"] or reach["for"] or reach["keep_firing"])
+    ]
     moved = {}
     for field in settable:
         value = getattr(DEFAULT, field)

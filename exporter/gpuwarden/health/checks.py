@@ -170,6 +170,9 @@ BUSY = (BUSY_SECONDS_TOTAL.name, ())
 SAMPLED = (UTILIZATION_SAMPLED_SECONDS_TOTAL.name, ())
 
 
+THERMAL_REASONS = ("hw_thermal_slowdown", "sw_thermal_slowdown")
+
+
 def _throttle(reason: str) -> tuple[str, tuple[str, ...]]:
     return (THROTTLE_SECONDS_TOTAL.name, (reason,))
 
@@ -378,10 +381,35 @@ def check_temperature(c: CheckContext) -> Verdict:
     return c.verdict(OK, f"{temp:.0f} °C", f"<= {warning:g} °C")
 
 
+def _thermal_page(c: CheckContext) -> Verdict | None:
+    """The critical tier, where the page is (GpuwardenThermalThrottling: HW or SW thermal slowdown above
+    thermal_page_ratio of thermal_page_window_s, for thermal_page_for_s); None below it."""
+    limits = c.thresholds
+    window = f"{limits.thermal_page_window_s} s"
+    shares = [c.history.rate(_throttle(r), c.now, limits.thermal_page_window_s) for r in THERMAL_REASONS]
+    most = max((share for share in shares if share is not None), default=None)
+    if most is None:  # the window not watched yet (a start): what the state file recalls is kept, not judged
+        throttled = any(c.values.get((CLOCK_EVENT_ACTIVE.name, (r,))) for r in THERMAL_REASONS)
+        if throttled and c.evaluator.held_for(c.uuid, "thermal_page", c.now):
+            threshold = f"<= {limits.thermal_page_ratio:.0%} of {window}"
+            return c.pending("thermal_page", "thermal slowdown active", threshold, limits.thermal_page_for_s)
+        return None
+    if c.sustained("thermal_page", most > limits.thermal_page_ratio, limits.thermal_page_for_s):
+        return c.verdict(
+            CRITICAL, f"thermal slowdown {most:.0%} of {window}", f"<= {limits.thermal_page_ratio:.0%} of {window}"
+        )
+    return None
+
+
 def check_thermal_throttling(c: CheckContext) -> Verdict:
+    """Critical where the page is (_thermal_page); a warning above thermal_slowdown_ratio of thermal_slowdown_for_s,
+    as GpuwardenHwThermalSlowdown and GpuwardenSwThermalSlowdown are."""
+    page = _thermal_page(c)
+    if page is not None:
+        return page
     limits = c.thresholds
     active_now = None
-    for reason in ("hw_thermal_slowdown", "sw_thermal_slowdown"):
+    for reason in THERMAL_REASONS:
         active = bool(c.values.get((CLOCK_EVENT_ACTIVE.name, (reason,))))
         held = c.sustained(f"{reason}_active", active, limits.thermal_slowdown_for_s)
         share = c.history.rate(_throttle(reason), c.now, limits.thermal_slowdown_for_s)
@@ -607,6 +635,7 @@ class HealthEvaluator:
         windows = (
             limits.utilization_for_s,
             limits.thermal_slowdown_for_s,
+            limits.thermal_page_window_s,
             limits.power_cap_for_s,
             limits.pstate_for_s,
             limits.nvlink_crc_for_s,

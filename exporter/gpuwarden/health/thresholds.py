@@ -39,7 +39,8 @@ class Thresholds:
     # share of time the clocks were held down, from gpuwarden_throttle_seconds_total
     thermal_slowdown_ratio: float = setting(0.1, gt=0, le=1)
     thermal_slowdown_for_s: int = setting(300, ge=0)
-    # sustained thermal throttling pages: HW or SW thermal slowdown for at least this share of the window, that long
+    # sustained thermal throttling is critical (the exporter's verdict and the page, GpuwardenThermalThrottling): HW or
+    # SW thermal slowdown for more than this share of the window, that long
     thermal_page_ratio: float = setting(0.5, gt=0, le=1)
     thermal_page_window_s: int = setting(600, ge=60)
     thermal_page_for_s: int = setting(600, ge=0)
@@ -107,8 +108,9 @@ class Thresholds:
     # configuration and availability
     persistence_off_for_s: int = setting(900, ge=0)
     gpu_lost_for_s: int = setting(60, ge=0)
-    # a page for a lasting hardware fault (lost GPU, NVLink down, ECC, row remapping) holds this long without a
-    # reading before it resolves: an exporter restart (a new pod, a new instance) must not resolve it
+    # a page for a lasting fault (lost GPU, NVLink down, ECC, row remapping, heat, fabric, recovery action) holds this
+    # long without a reading before it resolves: an exporter restart (the same instance after a gap, or a new pod and
+    # instance) must not resolve it; a repaired fault's page resolves this long after its last faulty reading
     page_hold_s: int = setting(300, ge=0)
     retired_pages_limit: int = setting(63, ge=1)
     # bottleneck classes from GPM activity (information, never paged), judged over this window

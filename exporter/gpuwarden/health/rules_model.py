@@ -1,0 +1,171 @@
+"""The alert rules' building blocks: a rule as named data (what it reads of the thresholds, which verdict it mirrors),
+and the PromQL shapes the rules share (a page held across exporter restarts, the `node` label everywhere).
+
+The rules themselves are in rules_hardware.py and rules_service.py; health/rules.py assembles them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuwarden.health.thresholds import Thresholds
+
+RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
+SELECTOR = 'job="gpuwarden"'
+HOLD_MARGIN_S = 60  # past a finding's own warm-up after a restart: the new target found and scraped, a rule evaluated
+
+# The day-long windows read recorded maxima, not raw samples: at 10,000 nodes the raw [1d] of every GPU's active
+# NVLinks was 461 M samples an evaluation, and every node's GPU count over [24h] 58 M (issue 38,
+# docs/benchmarks.md, Rules). Each record keeps the most seen over HISTORY_WINDOW, written every
+# HISTORY_INTERVAL_S: consecutive windows overlap, so no sample falls between two records, and an alert over the
+# records sees the day as the raw series did, up to one interval late at its newest end and HISTORY_WINDOW longer
+# at its oldest.
+HISTORY_GROUP = "gpuwarden-history"
+HISTORY_INTERVAL_S = 600
+HISTORY_WINDOW = "15m"
+NVLINK_ACTIVE_MAX = "gpuwarden:gpu_nvlink_active_links:max15m"
+NODE_GPUS_MAX = "gpuwarden:node_gpus:max15m"
+# Tickets and information over windows of 15-30 minutes need no evaluation every minute: a fault they report lasts
+# the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
+SUSTAINED_GROUP = "gpuwarden-sustained"
+SUSTAINED_INTERVAL_S = 300
+
+# Pages name the node: the `node` label where the scrape config adds it (the chart does; `instance` is then a pod
+# IP), else the instance.
+NODE = "{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
+GPU = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {NODE}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert, with what it reads of the thresholds declared: the generator's threshold map (which the chart
+    reads), the docs and the generated tests read these declarations, and a test moves every field to prove them."""
+
+    alert: str
+    expr: str
+    severity: str
+    summary: str
+    description: str
+    for_s: int = 0
+    action: str | None = None  # cordon, reset_gpu, reboot, rma: for automation on the receiving side
+    keep_firing_s: int = 0  # `keep_firing_for`: how long it holds with no reading (see `held`)
+    # what makes the node a cordon candidate (the fleet view), where that outlasts the page: default `expr`
+    finding_expr: str | None = None
+    threshold: str | None = None  # the Thresholds field whose value the expression ends on
+    for_field: str | None = None  # the Thresholds field `for:` is
+    keep_firing_field: str | None = None  # the Thresholds field `keep_firing_for` is
+    reads: tuple[str, ...] = ()  # fields that shape the expression otherwise (windows, lists, sums of fields)
+    verdict: str | None = None  # the exporter's check (health/checks.py) whose verdict this alert mirrors
+
+    @property
+    def finding(self) -> str:
+        return self.finding_expr or self.expr
+
+
+def alert(
+    t: Thresholds,
+    name: str,
+    expr: str,
+    severity: str,
+    summary: str,
+    description: str,
+    *,
+    threshold: str | None = None,
+    for_: str | int = 0,
+    keep_firing: str | int = 0,
+    reads: tuple[str, ...] = (),
+    action: str | None = None,
+    finding_expr: str | None = None,
+    verdict: str | None = None,
+) -> Rule:
+    """A Rule from its declarations: `threshold` names the field whose value is appended to `expr` (which ends on
+    its comparison), `for_` and `keep_firing` a field or a fixed number of seconds. The rendered numbers are then
+    the declared fields' by construction."""
+    if threshold is not None:
+        expr = f"{expr} {getattr(t, threshold):g}"
+    return Rule(
+        alert=name,
+        expr=expr,
+        severity=severity,
+        summary=summary,
+        description=description,
+        for_s=getattr(t, for_) if isinstance(for_, str) else for_,
+        action=action,
+        keep_firing_s=getattr(t, keep_firing) if isinstance(keep_firing, str) else keep_firing,
+        finding_expr=finding_expr,
+        threshold=threshold,
+        for_field=for_ if isinstance(for_, str) else None,
+        keep_firing_field=keep_firing if isinstance(keep_firing, str) else None,
+        reads=reads,
+        verdict=verdict,
+    )
+
+
+@dataclass(frozen=True)
+class Record:
+    """A recording rule that an alert reads instead of a day of raw samples."""
+
+    record: str
+    expr: str
+
+
+@dataclass
+class Group:
+    name: str
+    rules: list[Rule] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    interval_s: int | None = None  # None: the Prometheus server's global evaluation interval
+
+
+def sustained_interval(*condition_s: int) -> int | None:
+    """SUSTAINED_INTERVAL_S for a group whose conditions all last 10 minutes or more (windows and `for:`: two
+    evaluations fit in the shortest), else None, the server's interval: a threshold tuned shorter is evaluated as
+    often as the other alerts."""
+    return SUSTAINED_INTERVAL_S if min(condition_s) >= 2 * SUSTAINED_INTERVAL_S else None
+
+
+def duration(seconds: int) -> str:
+    """300 → '5m', 3600 → '1h', 90 → '90s' (Prometheus duration syntax)."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def xid_regex(xids: tuple[int, ...]) -> str:
+    return "|".join(str(x) for x in sorted(xids))
+
+
+def nodeish(series: str) -> str:
+    """`series` with a `node` label everywhere: kept where the scrape config set it, the instance where it did not.
+    Rules that must outlive an exporter restart group by it: a restarted pod has a new instance, not a new node."""
+    return f'(label_replace({series[:-1]},node=""}}, "node", "$1", "instance", "(.*)") or {series[:-1]},node!=""}})'
+
+
+def nodeish_over(series: str, window: str) -> str:
+    """max_over_time(`series`[window]) with a `node` label everywhere, as nodeish(): the range read from the raw
+    series (a range over label_replace needs a subquery, which evaluates the relabelling at every step)."""
+    return (
+        f'(label_replace(max_over_time({series[:-1]},node=""}}[{window}]), "node", "$1", "instance", "(.*)") '
+        f'or max_over_time({series[:-1]},node!=""}}[{window}]))'
+    )
+
+
+def held(expr: str) -> str:
+    """`expr` as a page for a lasting fault: the same alert across an exporter restart.
+
+    A restarted pod has a new `pod` and a new `instance`. The alert keeps `node` (the instance where the scrape
+    gives no `node` label: a host's address, which a restart keeps) and drops both, aggregating over them, so the
+    new series continue the firing alert rather than resolving it and opening another (aggregation, unlike a
+    relabelled vector, cannot fail on two series that now look alike while old and new overlap).
+    `keep_firing_for` (Thresholds.page_hold_s) bridges the scrapes between the two. Applied to a value rather than
+    a comparison (`held(reading) > threshold`), the page keeps the threshold it ends on: the highest reading of the
+    GPU's series, old and new, is compared."""
+    joined = f'label_join({expr}, "node_or_instance", "@", "node", "instance")'
+    named = f'label_replace({joined}, "node", "$1", "node_or_instance", "@(.+)")'
+    return f"max without (pod, instance, node_or_instance) ({named})"
+
+
+def anchor(alert_name: str) -> str:
+    """The docs/runbooks.md heading anchor of an alert ('## GpuwardenGpuLost' → 'gpuwardengpulost')."""
+    return alert_name.lower()
