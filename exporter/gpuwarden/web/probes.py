@@ -17,7 +17,9 @@ connected; a flood's idle connection sends nothing. So the listener has the kern
 first bytes arrive (`accept_only_with_data`, Linux's TCP_DEFER_ACCEPT, for up to `DEFER_ACCEPT_S`): idle
 connections wait in the kernel, costing the server nothing, and a probe is accepted and answered past them. One
 still idle when the wait ends is accepted and meets the server's own limits (the header deadline, and at
-`MAX_CONNECTIONS` the oldest connection that has sent nothing is closed).
+`MAX_CONNECTIONS` the oldest connection that has sent nothing is closed). A flood that sends a byte first is not
+held back by the kernel: each peer address gets a share of `MAX_PER_PEER` connections (web/peers.py), so a pod's
+flood churns within its own share and never takes the kubelet's connections.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwarden.web.listener import accept_only_with_data
+from gpuwarden.web.peers import PeerShares, SharedListener
 from gpuwarden.web.readiness import Readiness, SnapshotSource, send_json, serve_lifespan
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 LOOP_STALL_S = 10.0  # the liveness probe's period: a loop this late has stopped, not slowed under load
 DEFER_ACCEPT_S = 30.0  # how long the kernel keeps a connection that has sent nothing from the server (31 s in fact)
 MAX_CONNECTIONS = 64  # the kubelet holds at most three at once (startup, liveness and readiness probes)
+MAX_PER_PEER = 8  # connections one address may hold (web/peers.py): the kubelet's three, and room to spare
 
 
 class ProbeApp:
@@ -88,7 +92,10 @@ class ProbeListener:
 
         # a probe sends its request at once: the header deadline evicts whatever holds a connection without one
         self.guard = ConnectionGuard(
-            header_timeout_s=header_timeout_s, max_connections=MAX_CONNECTIONS, max_requests=32
+            header_timeout_s=header_timeout_s,
+            max_connections=MAX_CONNECTIONS,
+            max_requests=32,
+            peers=PeerShares(MAX_PER_PEER),
         )
         self.server = HttpServer(app, self.guard, graceful_s=1.0)
         self.defer_s = defer_s
@@ -97,6 +104,8 @@ class ProbeListener:
     def start(self, listener: socket.socket) -> None:
         if not accept_only_with_data(listener, self.defer_s):
             log.info("the probe listener cannot have the kernel hold idle connections here (no TCP_DEFER_ACCEPT)")
+        assert self.guard.peers is not None
+        listener = SharedListener.around(listener, self.guard.peers, lambda: self.guard.reject("evicted"))
         self.thread = threading.Thread(target=self.server.run, args=(listener,), name="gpuwarden-probes", daemon=True)
         self.thread.start()
 
