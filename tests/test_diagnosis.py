@@ -213,10 +213,10 @@ def fake_proc(root: Path, pid: int, main: str, others: str = "S", workers: str =
 
 
 def test_a_thread_sample_reads_states_and_worker_children(tmp_path):
-    from gpuwarden.jobs.activity import sample
+    from gpuwarden.jobs.activity import list_threads, sample
 
     root = fake_proc(tmp_path / "proc", 4242, main="R", others="D", workers="RRS")
-    seen = sample(root, 4242)
+    seen = sample(root, 4242, tids=list_threads(root, 4242) or ())
     assert seen is not None and seen.main_running and seen.disk_wait == 1 and seen.running == 1
     assert (seen.workers, seen.workers_running) == (3, 2)
     assert sample(root, 999) is None  # not visible: no evidence, not a crash

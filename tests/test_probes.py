@@ -7,6 +7,7 @@ the liveness probe. Real HTTP throughout: the exporter's CLI over the simulator,
 
 from __future__ import annotations
 
+import resource
 import socket
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import httpx
 import pytest
 
 from gpuwarden.web.limits import ConnectionGuard
-from gpuwarden.web.probes import LOOP_STALL_S, ProbeApp
+from gpuwarden.web.listener import bind_listener
+from gpuwarden.web.probes import LOOP_STALL_S, MAX_PER_PEER, ProbeApp, ProbeListener
 from tests.helpers.common import ServedApp, free_port, tls_web_config, wait_for
 from tests.helpers.daemon import running_cli
 
@@ -159,6 +161,93 @@ def test_the_main_servers_heartbeat_stops_while_its_loop_is_blocked():
     finally:
         release.set()
         live.stop()
+
+
+def test_idle_connections_wait_in_the_kernel_while_every_probe_is_answered():
+    """1,000 connections to the probe listener that send nothing, held open, then 30 probes: each is answered 200,
+    and the idle connections never reach the server (none accepted, none evicted, none closed): the kernel holds
+    them until their first bytes (TCP_DEFER_ACCEPT). Without that, the listener accepts them and closes all but its
+    64, and an idle flood that reopens them keeps it churning (bench/probes_under_load.py idle: 12 of 65 probes
+    lost before). The wait is set long here so that a slow machine cannot outlast it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < IDLE_CONNECTIONS + 200:
+        pytest.skip(f"the open-file limit ({hard}) is below {IDLE_CONNECTIONS + 200}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    port = free_port()
+    listener = bind_listener("127.0.0.1", port)
+    assert listener is not None
+    probes = ProbeListener(ProbeApp(lambda: None, lambda _s, _now: None, time.monotonic), 1.0, defer_s=600)
+    idle: list[socket.socket] = []
+    try:
+        probes.start(listener)
+        assert probes.server.started.wait(30)
+        for _ in range(IDLE_CONNECTIONS):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        answers = [probe(port, "/healthz" if n % 2 else "/readyz")[0] for n in range(30)]
+        connections = probes.server.server.server_state.connections
+        wait_for(lambda: not connections)  # the probes' own connections, closed after their answers
+        still_open = sum(_open_and_silent(sock) for sock in idle)
+        refused = probes.guard.counts()  # before the idle ones are closed: a FIN is data, and is accepted
+    finally:
+        for sock in idle:
+            sock.close()
+        probes.stop()
+        listener.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert answers == [200] * 30
+    assert refused == dict.fromkeys(refused, 0)  # nothing evicted or timed out
+    assert still_open == IDLE_CONNECTIONS
+
+
+IDLE_CONNECTIONS = 1000
+
+
+def test_another_address_cannot_hold_more_than_its_share_of_the_probe_listener():
+    """200 connections from 127.0.0.2 (another pod) that send a byte and stop, past the kernel's wait for data: the
+    first MAX_PER_PEER are kept, the rest closed at accept; every probe from the kubelet's address (127.0.0.1) is
+    answered meanwhile, and so is one from 127.0.0.2 itself, for which the oldest of that address's connections
+    makes room."""
+    port = free_port()
+    listener = bind_listener("127.0.0.1", port)
+    assert listener is not None
+    # a header deadline longer than the test: the kept connections stay kept
+    probes = ProbeListener(ProbeApp(lambda: None, lambda _s, _now: None, time.monotonic), 600.0, defer_s=600)
+    flood: list[socket.socket] = []
+    try:
+        probes.start(listener)
+        assert probes.server.started.wait(30)
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+            sock.sendall(b"G")
+            flood.append(sock)
+        wait_for(lambda: sum(_open_and_silent(sock) for sock in flood) == MAX_PER_PEER, timeout=60)
+        answers = [probe(port)[0] for _ in range(20)]
+        assert probes.guard.peers is not None and probes.guard.peers.open["127.0.0.2"] == MAX_PER_PEER
+        with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0)) as own:
+            own.sendall(b"GET /readyz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            from_the_flooding_address = own.recv(64)
+        wait_for(lambda: sum(_open_and_silent(sock) for sock in flood) == MAX_PER_PEER - 1, timeout=60)
+        evicted = probes.guard.counts()["evicted"]
+    finally:
+        for sock in flood:
+            sock.close()
+        probes.stop()
+        listener.close()
+    assert answers == [200] * 20
+    assert from_the_flooding_address.startswith(b"HTTP/1.1 200")
+    assert evicted == 200 - MAX_PER_PEER + 1  # refused at accept, and the one that made room
+
+
+def _open_and_silent(sock: socket.socket) -> bool:
+    """The connection is open and nothing has arrived on it (a close would read b"", a reset raise)."""
+    sock.setblocking(False)  # with a timeout, recv would wait for data first
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def test_a_bad_or_taken_probe_address_is_one_line():

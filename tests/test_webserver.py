@@ -574,6 +574,7 @@ def test_asyncio_still_accepts_in_the_coroutine_the_handshake_limiter_watches():
 
 _INSTANCE_ATTRIBUTES = (
     "transport",
+    "client",
     "cycle",
     "pipeline",
     "tasks",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuwarden.attribution.host import BackgroundLookups
 from gpuwarden.jobs import activity
 from gpuwarden.model.draft import Draft
 from gpuwarden.model.snapshot import HostEvidence
@@ -43,18 +44,25 @@ class HostEvidenceStep:
         proc_root: Path | None,
         job_window: Callable[[], float] = lambda: float("inf"),
         suspects: Callable[[], set[str]] = set,
+        submit: Callable[[str, Callable[[], None]], None] | None = None,
     ) -> None:
+        """`submit` runs a listing of a process's threads off the assembly (host.BackgroundLookups.submit); by
+        default a lookup thread of this step's own."""
         self._proc_root = proc_root  # None: the host's /proc is not mounted, nothing to look at
         self._job_window = job_window  # seconds the job view judges over (health collective_window_s), per snapshot
         self._suspects = suspects  # the job view's suspects as of the last snapshot
         self._watched: dict[str, Watched] = {}  # waiting GPU → its main process's samples
+        self._threads = (
+            activity.ThreadLists(proc_root, submit or BackgroundLookups().submit) if proc_root is not None else None
+        )
 
     def __call__(self, draft: Draft) -> None:
         waiting = waiting_gpus(draft, self._suspects())
         self._watched = {uuid: watched for uuid, watched in self._watched.items() if uuid in waiting}
-        if self._proc_root is None:
+        if self._proc_root is None or self._threads is None:
             draft.host_evidence = {}
             return
+        self._threads.retain({draft.processes[uuid][0].pid for uuid in waiting})
         found: dict[str, HostEvidence] = {}
         looked: dict[int, activity.ThreadSample | None] = {}  # one look per process, however many GPUs it holds
         for uuid in waiting:
@@ -66,7 +74,8 @@ class HostEvidenceStep:
             if draft.taken_at - tally.sampled_at >= activity.SAMPLE_EVERY_S:
                 tally.sampled_at = draft.taken_at
                 if pid not in looked:
-                    looked[pid] = activity.sample(self._proc_root, pid, draft.taken_at)
+                    tids, turn = self._threads.for_sample(pid, draft.taken_at)
+                    looked[pid] = activity.sample(self._proc_root, pid, draft.taken_at, tids, turn)
                 if looked[pid] is not None:
                     tally.add(looked[pid])
             if tally.samples:

@@ -159,7 +159,9 @@ class Pipeline:
         self.pods = pod_attribution(settings, wall_clock)
         self.host = HostProcesses(proc_root(settings), settings.processes.pod_logs_root)
         self.processes = ProcessesStep(self.host, self._pid_series)
-        self.evidence = HostEvidenceStep(self.host.proc_root, self._job_window, lambda: self.collective.suspects)
+        self.evidence = HostEvidenceStep(
+            self.host.proc_root, self._job_window, lambda: self.collective.suspects, self.host.lookups.submit
+        )
         self.jobs = JobsStep(self.host.proc_root, pod_api(settings))
         self.collective = CollectiveStep(lambda: self.health, settings.processes.sys_root)
         self.poller = Poller(poll_plan(settings), self._steps(), wall_clock, pool, started_init)
@@ -247,7 +249,7 @@ class Pipeline:
                 self.host = HostProcesses(*host_paths)
                 self.processes = ProcessesStep(self.host, self._pid_series)
                 self.evidence = HostEvidenceStep(
-                    self.host.proc_root, self._job_window, lambda: self.collective.suspects
+                    self.host.proc_root, self._job_window, lambda: self.collective.suspects, self.host.lookups.submit
                 )
             if moved or pods_changed:
                 self.jobs = JobsStep(self.host.proc_root, pod_api(new))

@@ -1,6 +1,7 @@
 """The exporter process around the pipeline: listeners bound first, the pipeline started, the renderer, the HTTP
-server and its probe listener, and one supervisor thread (memory settled after start-up, SIGHUP reloads in order, the
-exit once NVML is unusable for good). Built here, not in cli/: the command line only parses and hands over."""
+server and its probe listener, and one supervisor thread (memory settled after start-up and after bursts of
+connections, SIGHUP reloads in order, the exit once NVML is unusable for good). Built here, not in cli/: the command
+line only parses and hands over."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gpuwarden import __version__, logs
 from gpuwarden.commandline import EXIT_FATAL, EXIT_LISTEN, EXPORTER_ENV_PREFIX, log_service_links
 from gpuwarden.config.settings import ConfigError, Settings, options
 from gpuwarden.config.typed import as_dict
+from gpuwarden.runtime.memory import MemorySettler
 from gpuwarden.web.listener import bind_listener
 
 if TYPE_CHECKING:  # imported where they are built: the HTTP stack loads while NVML initialises
@@ -201,10 +203,13 @@ def _serve_http(
         nonlocal settings, exit_code
         settle_by: float | None = time.monotonic() + settings.poll.call_deadline * 2
         exit_at: float | None = None
+        settler = MemorySettler()
         while not stopped.wait(0.2):
             if settle_by is not None and (pipeline.ready_once.is_set() or time.monotonic() >= settle_by):
                 settle_memory()  # once, when start-up is over (a first snapshot, or no GPU to wait for)
                 settle_by = None
+            elif settle_by is None:
+                settler.tick()  # what a burst of connections freed, handed back (runtime/memory.py)
             if reload_requested.is_set():
                 reload_requested.clear()
                 try:

@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuwarden.web.peers import PeerShares
+
 log = logging.getLogger(__name__)
 
 PROBES = frozenset({"/healthz", "/readyz"})
@@ -60,6 +62,8 @@ class ConnectionGuard:
     # paths never shed past max_requests: the probes, and the scrape (served from the render cache, so cheap), which
     # a flood of API requests must not cost Prometheus its samples (the service adds its telemetry path)
     unshed_paths: frozenset[str] = PROBES
+    # a share per peer address (web/peers.py; the probe listener's): None, no share
+    peers: PeerShares | None = None
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
     _logged_at: float = 0.0
     _unlogged: int = 0

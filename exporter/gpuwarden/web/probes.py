@@ -9,18 +9,38 @@ their own, plain HTTP with two small answers, and what they report is judged fro
   `HttpServer.last_turn`), so a loop that hangs still restarts the pod, as the probe on the main port would;
 - `/readyz` is the front's readiness (the fast snapshot's age, NVML up, a GPU visible), and fails too while the
   main loop is stalled.
+
+Any pod can reach the port (the kubelet probes from the node), so it must survive a flood. 1,000 idle connections,
+each reopened as soon as the server closed it, made the server accept and evict ~1,300 connections a second, and
+reset or timed out 12 of 65 probes (bench/probes_under_load.py). The kubelet sends its request as soon as it has
+connected; a flood's idle connection sends nothing. So the listener has the kernel hold a connection until its
+first bytes arrive (`accept_only_with_data`, Linux's TCP_DEFER_ACCEPT, for up to `DEFER_ACCEPT_S`): idle
+connections wait in the kernel, costing the server nothing, and a probe is accepted and answered past them. One
+still idle when the wait ends is accepted and meets the server's own limits (the header deadline, and at
+`MAX_CONNECTIONS` the oldest connection that has sent nothing is closed). A flood that sends a byte first is not
+held back by the kernel: each peer address gets a share of `MAX_PER_PEER` connections (web/peers.py), so a pod's
+flood churns within its own share and never takes the kubelet's connections.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuwarden.web.listener import accept_only_with_data
+from gpuwarden.web.peers import PeerShares, SharedListener
 from gpuwarden.web.readiness import Readiness, SnapshotSource, send_json, serve_lifespan
 
+log = logging.getLogger(__name__)
+
 LOOP_STALL_S = 10.0  # the liveness probe's period: a loop this late has stopped, not slowed under load
+DEFER_ACCEPT_S = 30.0  # how long the kernel keeps a connection that has sent nothing from the server (31 s in fact)
+MAX_CONNECTIONS = 64  # the kubelet holds at most three at once (startup, liveness and readiness probes)
+MAX_PER_PEER = 8  # connections one address may hold (web/peers.py): the kubelet's three, and room to spare
 
 
 class ProbeApp:
@@ -66,16 +86,26 @@ class ProbeApp:
 class ProbeListener:
     """The probe app on gpuwarden's HTTP server (its own guard and loop) in a daemon thread."""
 
-    def __init__(self, app: ProbeApp, header_timeout_s: float) -> None:
+    def __init__(self, app: ProbeApp, header_timeout_s: float, defer_s: float = DEFER_ACCEPT_S) -> None:
         from gpuwarden.web.limits import ConnectionGuard
         from gpuwarden.web.server import HttpServer
 
         # a probe sends its request at once: the header deadline evicts whatever holds a connection without one
-        self.guard = ConnectionGuard(header_timeout_s=header_timeout_s, max_connections=64, max_requests=32)
+        self.guard = ConnectionGuard(
+            header_timeout_s=header_timeout_s,
+            max_connections=MAX_CONNECTIONS,
+            max_requests=32,
+            peers=PeerShares(MAX_PER_PEER),
+        )
         self.server = HttpServer(app, self.guard, graceful_s=1.0)
+        self.defer_s = defer_s
         self.thread: threading.Thread | None = None
 
-    def start(self, listener: Any) -> None:
+    def start(self, listener: socket.socket) -> None:
+        if not accept_only_with_data(listener, self.defer_s):
+            log.info("the probe listener cannot have the kernel hold idle connections here (no TCP_DEFER_ACCEPT)")
+        assert self.guard.peers is not None
+        listener = SharedListener.around(listener, self.guard.peers, lambda: self.guard.reject("evicted"))
         self.thread = threading.Thread(target=self.server.run, args=(listener,), name="gpuwarden-probes", daemon=True)
         self.thread.start()
 

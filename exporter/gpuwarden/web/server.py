@@ -12,7 +12,9 @@ what it lacks, per connection, with the limits of gpuwarden.web.limits.Connectio
   for ever, and 1,032 such connections held for good refused 121 of 134 probes (TLS: an OOM kill at 256 MiB);
 - admission: at the connection limit a connection closing with its response unsent is aborted, else the oldest
   one waiting for a request with nothing in its socket (one whose request has arrived unread may be a probe), and
-  up to `PROBE_RESERVE` connections past the limit get in, so a probe is not the one refused;
+  up to `PROBE_RESERVE` connections past the limit get in, so a probe is not the one refused; where the guard
+  gives each peer address a share (the probe listener, web/peers.py: past it a connection is refused at accept
+  unless it asks for a probe), a probe past its peer's share makes room among that peer's own connections;
 - shedding: past the request limit new requests get 503, except the probes and the scrape (`unshed_paths`);
 - TCP_NODELAY on every accepted socket (asyncio sets it only where the listener was made with IPPROTO_TCP);
 - one counter per refusal (`gpuwarden_http_rejected_total`), never a log line per malformed request.
@@ -61,6 +63,7 @@ QUIET_MESSAGES = ("Invalid HTTP request received.", "Unsupported upgrade request
 # Attributes and methods of uvicorn's HttpToolsProtocol that GuardedHttpProtocol reads or overrides.
 UVICORN_INTERNALS = (
     "transport",
+    "client",
     "cycle",
     "pipeline",
     "tasks",
@@ -300,10 +303,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.guard.peers is not None:  # a probe past its peer's share (web/peers.py) makes room among its own
+            victim = self.guard.peers.make_room(self, self.guard.waiting, lambda c: _bytes_unread(c.transport) == 0)
+            if victim is not None:
+                self.guard.reject("evicted")
+                victim._abort()
         self._admit()
         self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.guard.peers is not None:
+            self.guard.peers.remove(self.peer)
         self._cancel_deadline()
         self._writes.discard()
         if self._writes.aborted:
@@ -313,6 +323,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._write_timer = None
         super().connection_lost(exc)
         self._park_writer(False)
+
+    @property
+    def peer(self) -> str:
+        """The client's address ("" for a Unix socket)."""
+        return self.client[0] if self.client else ""
 
     def _admit(self) -> None:
         """Make room by aborting a connection closing with its response unsent (worth least: the server is done
