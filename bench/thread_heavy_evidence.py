@@ -55,11 +55,10 @@ def holder(threads: int) -> tuple[subprocess.Popen, int]:
 
 def step_times(root: Path, pid: int, samples: int) -> list[float]:
     """Milliseconds the host-evidence step took in each poll that sampled the process (every 2 s of the clock)."""
-    sys.path[:0] = [str(root / "exporter")]
     import yaml
 
-    from gpuwarden.attribution import evidence
     from gpuwarden.config.settings import load_settings
+    from gpuwarden.jobs import evidence
     from gpuwarden.nvml import library
     from gpuwarden.runtime.pipeline import Pipeline
     from gpuwarden.sim import install_simulator
@@ -72,11 +71,11 @@ def step_times(root: Path, pid: int, samples: int) -> list[float]:
     original = evidence.HostEvidenceStep.__call__
 
     def timed(self, draft) -> None:  # noqa: ANN001 - the step and its draft
-        taken = sum(len(tally.samples) for _, tally in self._activity.values())
+        taken = sum(len(watched.tally.samples) for watched in self._watched.values())
         began = time.perf_counter()
         original(self, draft)
         took = (time.perf_counter() - began) * 1000
-        if sum(len(tally.samples) for _, tally in self._activity.values()) > taken:  # a poll that sampled
+        if sum(len(watched.tally.samples) for watched in self._watched.values()) > taken:  # a poll that sampled
             times.append(took)
 
     evidence.HostEvidenceStep.__call__ = timed  # type: ignore[method-assign]
