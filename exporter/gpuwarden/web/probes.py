@@ -11,15 +11,15 @@ their own, plain HTTP with two small answers, and what they report is judged fro
   main loop is stalled.
 
 Any pod can reach the port (the kubelet probes from the node), so it must survive a flood. 1,000 idle connections,
-each reopened as soon as the server closed it, made the server accept and evict ~1,300 connections a second, and
-reset or timed out 12 of 65 probes (bench/probes_under_load.py). The kubelet sends its request as soon as it has
-connected; a flood's idle connection sends nothing. So the listener has the kernel hold a connection until its
-first bytes arrive (`accept_only_with_data`, Linux's TCP_DEFER_ACCEPT, for up to `DEFER_ACCEPT_S`): idle
-connections wait in the kernel, costing the server nothing, and a probe is accepted and answered past them. One
-still idle when the wait ends is accepted and meets the server's own limits (the header deadline, and at
-`MAX_CONNECTIONS` the oldest connection that has sent nothing is closed). A flood that sends a byte first is not
-held back by the kernel: each peer address gets a share of `MAX_PER_PEER` connections (web/peers.py), so a pod's
-flood churns within its own share and never takes the kubelet's connections.
+each reopened as soon as the server closed it, made the server accept and close ~700 connections a second, and 15
+of 60 probes failed in 10 minutes, 3 in a row: a restart (bench/probes_under_load.py idle). The kubelet sends its
+request as soon as it has connected; a flood's idle connection sends nothing. So the listener has the kernel hold
+a connection until its first bytes arrive (`accept_only_with_data`, Linux's TCP_DEFER_ACCEPT, for up to
+`DEFER_ACCEPT_S`): idle connections wait in the kernel, costing the server nothing, and a probe is accepted and
+answered past them. One still idle when the wait ends is accepted and meets the server's own limits (the header
+deadline, and at `MAX_CONNECTIONS` the oldest connection that has sent nothing is closed). A flood that sends a byte
+first is not held back by the kernel: each peer address gets a share of `MAX_PER_PEER` connections, enforced at accept
+(web/peers.py), so a pod's flood is closed as it arrives and never takes the kubelet's connections.
 """
 
 from __future__ import annotations
