@@ -74,6 +74,18 @@ class JobWatch:
     usual: UsualWaits = field(default_factory=UsualWaits)
 
 
+# causes measured on the named rank's own main process that corroborate its peers' waits: its CPU or its input
+# workers. Not I/O: rank 0 writing a checkpoint while the others wait is a job's rhythm, and shorter than 10 s
+CORROBORATED = frozenset({"cpu", "input"})
+
+
+def confirmation_s(limits: Thresholds, found: list[CollectiveFinding]) -> int:
+    """How long a job's ranks must disagree before its findings are reported: shorter where every straggler's cause
+    is its own main process measured on the host (CORROBORATED), a second source beside its peers' waits."""
+    corroborated = found and all(f.kind == "straggler" and f.cause in CORROBORATED for f in found)
+    return limits.collective_straggler_corroborated_for_s if corroborated else limits.collective_straggler_for_s
+
+
 def multi_gpu_jobs(draft: Draft) -> dict[str, tuple[str, ...]]:
     """Job → its GPUs on this node, for jobs with peers."""
     jobs: dict[str, list[str]] = defaultdict(list)
@@ -195,7 +207,7 @@ class CollectiveStep:
             watch.quiet_since = now if watch.quiet_since is None else watch.quiet_since
             if now - watch.quiet_since >= limits.collective_hang_for_s:
                 found, since = [judged.hang], watch.quiet_since
-        if now - watch.since < limits.collective_straggler_for_s:
+        if now - watch.since < confirmation_s(limits, found):
             return []
         # each waiter's share of the window spent waiting, from its counter
         return [
