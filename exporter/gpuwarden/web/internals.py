@@ -105,7 +105,7 @@ INTERNALS: tuple[Internal, ...] = (
     _protocol_state("tasks", "the server's running requests (shedding past max_requests)"),
     _protocol_state("connections", "the server's open connections (admission at the limit)"),
     _protocol_state("flow", "whether the writer is paused (paced writes, parked writers)", _FLOW),
-    _protocol_state("url", "the request's path: probes and the scrape are never shed"),
+    _protocol_state("url", "the request's path: probes and the scrape are never shed", "builtins.bytes"),
     _protocol_state("headers", "the request's headers: their size, its content-length"),
     Internal(_FLOW, "write_paused", "state", "protocol", "the transport paused the writer: the client is not reading"),
     Internal(_CYCLE, "response_complete", "state", "protocol", "a request's answer is done: no task runs for it"),
@@ -150,11 +150,18 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(_TLS_PROTOCOL, "max_size", "setting", "limits", "the receive buffer given each TLS connection"),
     Internal("asyncio.constants", "SSL_HANDSHAKE_TIMEOUT", "setting", "limits", "the handshake's deadline"),
     # web/server.py: uvicorn's server, over our listener, with our TLS context and our signal handling
-    Internal("uvicorn", "Server", "subclassed", "server", "the server: lifecycle, lifespan, graceful shutdown"),
+    Internal("uvicorn.server", "Server", "subclassed", "server", "the server: lifecycle, lifespan, graceful shutdown"),
     Internal("uvicorn.Server", "serve", "method", "server", "runs the server over the listener already bound"),
     Internal("uvicorn.Server", "startup", "method", "server", "starts the handshake limiter, sweep and heartbeat"),
     Internal("uvicorn.Server", "handle_exit", "method", "server", "SIGTERM exits 0: the signal is not raised again"),
-    Internal("uvicorn.Server", "_captured_signals", "state", "server", "cleared so uvicorn does not re-raise them"),
+    Internal(
+        "uvicorn.Server",
+        "_captured_signals",
+        "state",
+        "server",
+        "cleared so uvicorn does not raise them again once stopped",
+        type="builtins.list",
+    ),
     Internal("uvicorn.Server", "should_exit", "state", "server", "set to stop the server (stop())"),
     Internal("uvicorn.Server", "config", "state", "server", "the TLS context the startup reads", type="uvicorn.Config"),
     Internal(
@@ -175,6 +182,16 @@ INTERNALS: tuple[Internal, ...] = (
         "a config already loaded is not loaded again, so the TLS context set after load() stays",
         expects=("if not config.loaded:",),
     ),
+)
+
+# web/api.py: the JSON API's own response class and error handler, on starlette's objects
+_RESPONSE = "starlette.responses.Response"
+INTERNALS += (
+    Internal("starlette.responses", "Response", "subclassed", "api", "PartsResponse: a body sent as its parts"),
+    Internal(_RESPONSE, "status_code", "state", "api", "PartsResponse sends the head itself"),
+    Internal(_RESPONSE, "raw_headers", "state", "api", "PartsResponse sends the head itself (content-length set)"),
+    Internal("starlette.exceptions.HTTPException", "status_code", "state", "api", "errors as JSON (documented)"),
+    Internal("starlette.exceptions.HTTPException", "detail", "state", "api", "errors as JSON (documented)"),
 )
 
 # the names web/ reaches by string (getattr, a coroutine's __qualname__), taken from the rows above
