@@ -1,12 +1,13 @@
-"""Every uvicorn and asyncio internal that web/ touches, as data: what, where, why, and the check after an upgrade.
+"""Every uvicorn, asyncio and starlette internal that web/ touches, as data: what, where, why, and how to check it.
 
 uvicorn documents no way to subclass its protocol or server, and asyncio none to reach under its TLS transport or
 into its accept task; web/ does all of these (web/pacing.py, web/handshakes.py, web/protocol.py, web/server.py,
-web/limits.py). `INTERNALS` names each internal once: the library object it belongs to (`owner`), the name touched,
-its kind (`KINDS`), the web/ module that touches it and why. `missing()` checks them against the installed
-libraries; tests/test_web_internals.py runs it, and also reads web/'s sources and fails when a module touches an
-internal of uvicorn, asyncio, httptools, starlette or anyio that is not listed here, so an upgrade that drops one
-fails a test rather than a node, and a new one cannot go unlisted.
+web/limits.py), and web/api.py subclasses starlette's Response. `INTERNALS` names each internal once: the library
+object it belongs to (`owner`), the name touched, its kind (`KINDS`), the web/ module that touches it and why.
+`missing()` checks them against the installed libraries; tests/test_web_internals.py runs it, and also reads web/'s
+sources and fails when a module touches an internal of uvicorn, asyncio, httptools, starlette, anyio or fastapi that
+is not listed here (the rules are in its docstring), so an upgrade that drops one fails a test rather than a node,
+and a new one cannot go unlisted.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ _FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
 _TLS_TRANSPORT = "asyncio.sslproto._SSLProtocolTransport"
 _TLS_PROTOCOL = "asyncio.sslproto.SSLProtocol"
 _SELECTOR_LOOP = "asyncio.selector_events.BaseSelectorEventLoop"
+
+# the names web/ reaches by string (getattr, a coroutine's __qualname__); their rows are below
+TLS_TRANSPORT_PROTOCOL = "_ssl_protocol"  # asyncio's TLS transport → its TLS protocol
+TLS_PROTOCOL_TRANSPORT = "_transport"  # ... → the socket transport beneath
+_ACCEPT = "_accept_connection2"
+ACCEPT_COROUTINE = f"{_SELECTOR_LOOP.rpartition('.')[2]}.{_ACCEPT}"  # the accept task's coroutine, the handshake inside
 
 
 def _protocol_method(name: str, why: str, *expects: str) -> Internal:
@@ -118,12 +125,12 @@ INTERNALS: tuple[Internal, ...] = (
         expects=("await self.flow.drain()",),
     ),
     # web/pacing.py: the socket transport beneath asyncio's TLS transport, whose buffer is limited too
-    Internal(_TLS_TRANSPORT, "_ssl_protocol", "state", "pacing", "the TLS transport's protocol", type=_TLS_PROTOCOL),
-    Internal(_TLS_PROTOCOL, "_transport", "state", "pacing", "the socket transport beneath the TLS layer"),
+    Internal(_TLS_TRANSPORT, TLS_TRANSPORT_PROTOCOL, "state", "pacing", "its TLS protocol", type=_TLS_PROTOCOL),
+    Internal(_TLS_PROTOCOL, TLS_PROTOCOL_TRANSPORT, "state", "pacing", "the socket transport beneath the TLS layer"),
     # web/handshakes.py: TLS handshakes in progress, bounded inside asyncio's accept task
     Internal(
         _SELECTOR_LOOP,
-        "_accept_connection2",
+        _ACCEPT,
         "coroutine",
         "handshakes",
         "each accepted connection's task runs it, the TLS handshake inside; cancelled, it closes the transport; "
@@ -193,11 +200,6 @@ INTERNALS += (
     Internal("starlette.exceptions.HTTPException", "status_code", "state", "api", "errors as JSON (documented)"),
     Internal("starlette.exceptions.HTTPException", "detail", "state", "api", "errors as JSON (documented)"),
 )
-
-# the names web/ reaches by string (getattr, a coroutine's __qualname__), taken from the rows above
-TLS_TRANSPORT_PROTOCOL = "_ssl_protocol"  # asyncio's TLS transport → its TLS protocol
-TLS_PROTOCOL_TRANSPORT = "_transport"  # ... → the socket transport beneath
-ACCEPT_COROUTINE = "BaseSelectorEventLoop._accept_connection2"  # the accept task's coroutine, the handshake inside
 
 
 def missing(internals: tuple[Internal, ...] = INTERNALS) -> list[str]:
