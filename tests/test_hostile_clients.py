@@ -422,7 +422,7 @@ def test_a_probe_accepted_in_one_burst_with_idle_connections_is_answered(tmp_pat
     but not yet reported lost, so the counter said 22 where one connection was closed. Now a connection is
     evictable only with nothing in its socket, the burst past the probe reserve is refused, and the counter
     counts connections closed."""
-    from gpuwarden.web.server import PROBE_RESERVE
+    from gpuwarden.web.protocol import PROBE_RESERVE
     from tests.helpers.common import wait_for
 
     limit, past_reserve = 16, 9
@@ -485,7 +485,7 @@ def test_past_the_reserve_a_burst_of_requests_is_refused_except_the_probe_among_
     one can be evicted: the loop had to refuse a connection before reading it, and the probe in the burst was reset
     (CI, 2026-11-28: the same failure as above, under load, after the burst's fix). Now each newcomer past the
     reserve is read: the probe is answered 200, the others 503, and those within limit and reserve 200."""
-    from gpuwarden.web.server import PROBE_RESERVE
+    from gpuwarden.web.protocol import PROBE_RESERVE
 
     limit, past = 16, 6
     request = b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

@@ -1,6 +1,6 @@
 """The bytes of answers on their way to clients, bounded as a whole: ASGI middleware of the fleet service.
 
-gpuwarden's server (web/server.py) hands an answer to the socket only as fast as its client reads, keeping the rest
+gpuwarden's server (web/pacing.py) hands an answer to the socket only as fast as its client reads, keeping the rest
 as the app's own bytes; a client that never reads is cut off after the header timeout. What it cannot bound is how
 many answers the app has made meanwhile: each request for a 730 KB view rendered its own copy, and 600 clients that
 sent `Connection: close` and never read OOM-killed the fleet service at 384 MiB (issue 48). Here every answer's

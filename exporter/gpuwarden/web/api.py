@@ -205,7 +205,7 @@ def _by_instance(processes: tuple[ProcessView, ...]) -> dict[str, int]:
 class PartsResponse(Response):
     """A body sent as its parts, one ASGI message each, never joined: a part shared by every request (the GPUs'
     JSON, cached per snapshot) is then never copied into a per-request body, and a client that reads slowly holds a
-    view of it rather than its own ~100 KB (gpuwarden.web.server._PacedWrites)."""
+    view of it rather than its own ~100 KB (gpuwarden.web.pacing.PacedWrites)."""
 
     def __init__(self, parts: tuple[bytes, ...], media_type: str) -> None:
         self.parts = parts

@@ -1,7 +1,7 @@
 """ASGI pieces both HTTP apps share (the exporter's and the fleet service's): JSON problems and validation errors as
 plain data. Imports nothing of the poller, NVML or Prometheus, and FastAPI only when a helper that builds its
 objects runs. (The request-header limit is the server's: exporter/gpuwarden/web/limits.py, enforced by
-exporter/gpuwarden/web/server.py.)"""
+exporter/gpuwarden/web/protocol.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What a client can hold of the server: the limits exporter/gpuwarden/web/server.py enforces per connection (on
-uvicorn), and their counters.
+"""What a client can hold of the server: the per-connection limits web/protocol.py enforces, and their counters.
 
 An idle or slowloris connection, a 100 MB header or a flood of requests must never take the probes or an
 authorised scrape down with it. The limits: a deadline for each request to arrive; a header size limit counted as
@@ -55,9 +54,10 @@ class ConnectionGuard:
     parked: int = 0  # requests waiting out a refusal delay: they cost nothing and must not cause shedding
     waiting: dict[Any, float] = field(default_factory=dict)  # connections awaiting a request → since (ordered)
     aborting: int = 0  # connections aborted and not yet reported lost: still in the server's set, holding nothing
-    max_handshakes: int = 256  # TLS connections accepted and still in their handshake (webserver.HandshakeLimiter)
+    max_handshakes: int = 256  # TLS connections accepted and still in their handshake (web/handshakes.py)
     # how long a handshake may wait on its client before its slot goes to a waiting one: ClientHello still
-    # incomplete, or the server's answer unfinished (web/server.py; tests that starve their own clients lengthen them)
+    # incomplete, or the server's answer unfinished (web/handshakes.py; tests that starve their own clients lengthen
+    # them)
     handshake_grace_s: tuple[float, float] = (0.15, 0.5)
     # paths never shed past max_requests: the probes, and the scrape (served from the render cache, so cheap), which
     # a flood of API requests must not cost Prometheus its samples (the service adds its telemetry path)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden import __version__
+from gpuwarden.health.diagnosis import Finding
 from gpuwarden.jobs.findings import diagnose
-from gpuwarden.model.snapshot import GpuSnapshot, Snapshot
+from gpuwarden.model.snapshot import GpuSnapshot, ProcessView, Snapshot
 
 GIB = 1024**3
 LINKS = (
@@ -60,7 +62,7 @@ def _not_yet_classed(verdicts: tuple[Any, ...]) -> str:
 
 def gpu_row(snap: Snapshot, gpu: GpuSnapshot) -> GpuRow:
     verdicts = snap.health.get(gpu.uuid, ())
-    worst = max((v.severity for v in verdicts), key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
+    worst = _severest(v.severity for v in verdicts)
     used, total = _value(gpu, "gpuwarden_memory_used_bytes"), _value(gpu, "gpuwarden_memory_total_bytes")
     memory = "–" if used is None else f"{used / GIB:.1f} GiB" + (f" of {total / GIB:.0f}" if total else "")
     state = "up" if gpu.up else f"lost ({gpu.lost_reason or 'no answer'})"
@@ -80,47 +82,56 @@ def gpu_row(snap: Snapshot, gpu: GpuSnapshot) -> GpuRow:
     )
 
 
+def _severest(severities: Iterable[str]) -> str:
+    return max(severities, key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
+
+
+def _node_verdict(snap: Snapshot, rows: list[GpuRow], findings: list[Finding]) -> str:
+    """The node's worst: its GPUs', critical while NVML is down, and the findings'."""
+    worst = _severest(r.health for r in rows)
+    if not snap.nvml_up:
+        worst = "critical"
+    return _severest([worst, *(f.severity for f in findings)])
+
+
+def _holder(gpu: GpuSnapshot, process: ProcessView) -> dict[str, Any]:
+    """One process on a GPU: where it runs (its pod's path, else its Slurm job) and its memory."""
+    where = "/".join(x for x in (process.namespace, process.pod, process.container) if x)
+    memory = process.used_memory_bytes
+    return {
+        "gpu": gpu.index,
+        "pid": process.pid,
+        "name": process.name or "?",
+        "where": where or (process.slurm_job and f"slurm job {process.slurm_job}") or "–",
+        "memory": "–" if memory is None else f"{memory / GIB:.1f} GiB",
+        "share": "–" if process.memory_share is None else f"{process.memory_share:.0%}",
+    }
+
+
+def _taken(snap: Snapshot) -> str:
+    if not snap.taken_at:
+        return "not yet (starting)"
+    return datetime.datetime.fromtimestamp(snap.taken_at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def page_model(snap: Snapshot, telemetry_path: str) -> dict[str, Any]:
     """What the template shows, computed here (the template only lays it out)."""
     findings = diagnose(snap)
     rows = [gpu_row(snap, gpu) for gpu in snap.gpus]
-    worst = max((r.health for r in rows), key=lambda s: SEVERITY_ORDER.get(s, 0), default="ok")
-    if not snap.nvml_up:
-        worst = "critical"
-    worst = max([worst, *(f.severity for f in findings)], key=lambda s: SEVERITY_ORDER.get(s, 0))
-    answering = sum(1 for gpu in snap.gpus if gpu.up)
-    holders = [
-        {
-            "gpu": gpu.index,
-            "pid": p.pid,
-            "name": p.name or "?",
-            "where": "/".join(x for x in (p.namespace, p.pod, p.container) if x)
-            or (p.slurm_job and f"slurm job {p.slurm_job}")
-            or "–",
-            "memory": "–" if p.used_memory_bytes is None else f"{p.used_memory_bytes / GIB:.1f} GiB",
-            "share": "–" if p.memory_share is None else f"{p.memory_share:.0%}",
-        }
-        for gpu in snap.gpus
-        for p in snap.processes.get(gpu.uuid, ())
-    ]
-    taken = (
-        datetime.datetime.fromtimestamp(snap.taken_at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if snap.taken_at
-        else "not yet (starting)"
-    )
+    worst = _node_verdict(snap, rows, findings)
     return {
         "verdict": worst if worst != "info" else "ok",
         "verdict_text": {"critical": "critical", "warning": "warning"}.get(worst, "healthy"),
-        "answering": answering,
+        "answering": sum(1 for gpu in snap.gpus if gpu.up),
         "counted": len(snap.gpus) + len(snap.gpus_skipped),
         "nvml": "up" if snap.nvml_up else f"down ({snap.nvml_error or 'unknown'})",
         "driver": snap.driver.get("driver_version", "n/a"),
-        "taken": taken,
+        "taken": _taken(snap),
         "version": __version__,
         "gpus": rows,
         "skipped": sorted(snap.gpus_skipped.items()),
         "findings": findings,
-        "holders": holders,
+        "holders": [_holder(gpu, p) for gpu in snap.gpus for p in snap.processes.get(gpu.uuid, ())],
         "links": (telemetry_path, *LINKS),
     }
 

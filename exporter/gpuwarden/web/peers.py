@@ -12,8 +12,8 @@ not asked for one. Refusing costs the server little (making room for every newco
 of 105 probes: each newcomer admitted was read and timed, and the accept queue grew).
 
 `SharedListener` counts a connection in when it accepts it (asyncio accepts a burst of them before any one's
-protocol starts), gpuwarden.web.server's protocol counts it out (`connection_lost`) and, for one that asked for a
-probe past its share, makes room (`make_room`).
+protocol starts), web/protocol.py's GuardedHttpProtocol counts it out (`connection_lost`) and, for one that asked
+for a probe past its share, makes room (`make_room`).
 """
 
 from __future__ import annotations
