@@ -94,7 +94,7 @@ def test_promtool_check_rules_is_clean():
 @pytest.mark.slow  # promtool over every alert's unit tests
 @needs_promtool
 def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
-    """Exactly the README's command, from the repository root: rules, labels and rendered annotations."""
+    """Exactly docs/alerting.md's command, from the repository root: rules, labels and rendered annotations."""
     result = subprocess.run(
         "promtool test rules alert_rules/tests/*.yaml", shell=True, cwd=ROOT, capture_output=True, text=True
     )
