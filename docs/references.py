@@ -1,5 +1,5 @@
-"""Generate the README's configuration and metric references and docs/nvml.md's operations table from the code
-(`python docs/references.py`).
+"""Generate the configuration reference (docs/configuration.md), the metric, collector-group and series-budget
+references (docs/metrics.md) and docs/nvml.md's operations table from the code (`python docs/references.py`).
 
 tests/test_docs.py fails when the committed documents differ from what this produces.
 """
@@ -13,10 +13,12 @@ from pathlib import Path
 from gpuwarden.config.settings import options
 from gpuwarden.model.families import FAMILIES
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-if str(README.parent / "docs") not in sys.path:  # run as a script, or imported by tests as docs.references
-    sys.path.insert(0, str(README.parent / "docs"))
-NVML_DOC = README.parent / "docs" / "nvml.md"
+DOCS = Path(__file__).resolve().parent
+if str(DOCS) not in sys.path:  # run as a script, or imported by tests as docs.references
+    sys.path.insert(0, str(DOCS))
+NVML_DOC = DOCS / "nvml.md"
+METRICS_DOC = DOCS / "metrics.md"
+CONFIG_DOC = DOCS / "configuration.md"
 
 
 def metric_reference() -> str:
@@ -70,15 +72,15 @@ def _fill(text: str, sections: dict[str, str], where: str) -> str:
     return text
 
 
-def render(text: str) -> str:
-    """The README with its generated references filled in."""
-    sections = {
-        "metrics": metric_reference(),
-        "config": config_reference(),
-        "groups": groups_reference(),
-        "budget": budget_reference(),
-    }
-    return _fill(text, sections, "README.md")
+def render_metrics_doc(text: str) -> str:
+    """docs/metrics.md with its metric, collector-group and series-budget references filled in."""
+    sections = {"metrics": metric_reference(), "groups": groups_reference(), "budget": budget_reference()}
+    return _fill(text, sections, "docs/metrics.md")
+
+
+def render_config_doc(text: str) -> str:
+    """docs/configuration.md with its configuration reference filled in."""
+    return _fill(text, {"config": config_reference()}, "docs/configuration.md")
 
 
 def render_nvml_doc(text: str) -> str:
@@ -86,10 +88,13 @@ def render_nvml_doc(text: str) -> str:
     return _fill(text, {"operations": operations_reference()}, "docs/nvml.md")
 
 
+RENDERERS = {METRICS_DOC: render_metrics_doc, CONFIG_DOC: render_config_doc, NVML_DOC: render_nvml_doc}
+
+
 def main() -> int:
-    README.write_text(render(README.read_text(encoding="utf-8")), encoding="utf-8")
-    NVML_DOC.write_text(render_nvml_doc(NVML_DOC.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"updated {README} and {NVML_DOC}")
+    for path, render in RENDERERS.items():
+        path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"updated {path}")
     return 0
 
 

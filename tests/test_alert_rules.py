@@ -94,7 +94,7 @@ def test_promtool_check_rules_is_clean():
 @pytest.mark.slow  # promtool over every alert's unit tests
 @needs_promtool
 def test_the_shipped_unit_tests_pass_as_an_sre_runs_them():
-    """Exactly the README's command, from the repository root: rules, labels and rendered annotations."""
+    """Exactly docs/alerting.md's command, from the repository root: rules, labels and rendered annotations."""
     result = subprocess.run(
         "promtool test rules alert_rules/tests/*.yaml", shell=True, cwd=ROOT, capture_output=True, text=True
     )
@@ -210,17 +210,3 @@ def test_shipped_alertmanager_config_is_valid():
             [amtool, "config", "routes", "test", f"--config.file={config}", *labels], capture_output=True, text=True
         )
         assert routed.stdout.strip() == receiver, (labels, routed.stdout, routed.stderr)
-
-
-def test_the_readme_counts_the_rules_the_files_hold():
-    """The README's "N alerts in G groups" and "N recording rules" are the shipped files' counts (it said 29 of 31)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    alerting = yaml.safe_load(RULES.read_text())["groups"]
-    recording = yaml.safe_load((ROOT / "alert_rules" / "gpuwarden.recording.yaml").read_text())["groups"]
-    alerts = sum("alert" in rule for group in alerting for rule in group["rules"])
-    with_alerts = sum(any("alert" in rule for rule in group["rules"]) for group in alerting)
-    history = sum("record" in rule for group in alerting for rule in group["rules"])
-    records = sum(len(group["rules"]) for group in recording)
-    assert f"`alert_rules/gpuwarden.rules.yaml`: {alerts} alerts in {with_alerts} groups" in readme
-    assert f"and {history} recording rules they read" in readme
-    assert f"`alert_rules/gpuwarden.recording.yaml`: {records} recording rules" in readme

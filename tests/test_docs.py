@@ -1,4 +1,4 @@
-"""The README's references are generated from the code, and .ci/run runs the README's test command."""
+"""The documents' references are generated from the code, and .ci/run runs the README's test command."""
 
 from __future__ import annotations
 
@@ -16,9 +16,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow  # regenerates every reference, the series budget included
-def test_readme_references_match_the_code():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert docs.render(readme) == readme, "run `python docs/references.py` to regenerate the README references"
+def test_metric_references_match_the_code():
+    text = docs.METRICS_DOC.read_text(encoding="utf-8")
+    assert docs.render_metrics_doc(text) == text, "run `python docs/references.py` to regenerate docs/metrics.md"
+
+
+def test_configuration_reference_matches_the_code():
+    text = docs.CONFIG_DOC.read_text(encoding="utf-8")
+    assert docs.render_config_doc(text) == text, "run `python docs/references.py` to regenerate docs/configuration.md"
+    assert "`--web.listen-address`" in text and "`GPUWARDEN_POLL_FAST_INTERVAL`" in text
 
 
 def test_nvml_doc_lists_every_operation_the_code_performs():
@@ -141,3 +147,66 @@ def test_bench_scripts_import_as_packages_and_their_imports_resolve():
                 ]
     assert missing == []
     assert on_sys_path == []
+
+
+README_MAX_LINES = 250
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+
+
+def readme_problems(text: str) -> list[str]:
+    """The README reads in five minutes and holds no lab notebook: under README_MAX_LINES lines, no commit hash."""
+    problems = []
+    if (lines := len(text.splitlines())) >= README_MAX_LINES:
+        problems.append(f"{lines} lines (the README stays under {README_MAX_LINES}: move reference to docs/)")
+    problems += [f"a commit hash: {found}" for found in COMMIT_HASH.findall(text)]
+    return problems
+
+
+def test_the_readme_is_short_and_names_no_commit():
+    assert readme_problems((ROOT / "README.md").read_text(encoding="utf-8")) == []
+
+
+def test_a_long_readme_or_a_commit_hash_is_reported():
+    assert readme_problems("# x\n" * README_MAX_LINES) != []
+    assert readme_problems("fixed at 8f05687, measured at d3a938b1c2\n") == [
+        "a commit hash: 8f05687",
+        "a commit hash: d3a938b1c2",
+    ]
+    # numbers, words of hex letters and UUIDs' short parts are not commits
+    assert readme_problems("10045 deadbeef 1234567 2026-11-29 `cafe` 0x1f\n") == []
+
+
+# A count of something the tree defines (rules, scenarios, dashboards, tests, ...) goes stale the day one is added:
+# the documents give none, outside the tables docs/references.py generates. Measured figures keep their counts with
+# their conditions in docs/benchmarks.md and the validation reports.
+NUMBER = r"(?:\d[\d,]*|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)"
+DEFINED = (
+    r"alert rules|alerts|rules|recording rules|scenarios|dashboards|tests|test files|test cases|cases|checks"
+    r"|collector groups|groups|modules|endpoints|panels|runbooks|metric families|families"
+)
+COUNT = re.compile(rf"\b{NUMBER} (?:[a-z-]+ )?(?:{DEFINED})\b", re.I)
+MEASURED = ("docs/benchmarks.md", "docs/validation/")
+
+
+def counts_of_defined_things(text: str) -> list[str]:
+    """The counts of things the tree defines in a document, its generated tables aside."""
+    prose = re.sub(r"<!-- (\w+):start -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    return [found.group(0) for found in COUNT.finditer(prose)]
+
+
+def test_no_document_counts_what_the_tree_defines():
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = {
+        str(path.relative_to(ROOT)): counts
+        for path in documents
+        if not str(path.relative_to(ROOT)).startswith(MEASURED)
+        if (counts := counts_of_defined_things(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}, "drop these counts, or generate them (docs/references.py)"
+
+
+def test_a_planted_count_is_reported():
+    assert counts_of_defined_things("gpuwarden ships 29 alert rules and twenty scenarios") == ["29 alert rules"]
+    planted = "in three groups, with 12 shipped scenarios"
+    assert counts_of_defined_things(planted) == ["three groups", "12 shipped scenarios"]
+    assert counts_of_defined_things("<!-- budget:start -->\n377 checks\n<!-- budget:end -->\n") == []

@@ -3,8 +3,8 @@
 The exporter reads the energy counter every slow interval (15 s: 3 ms a call on H100). A scrape carries the last
 read, 0-15 s old, so `rate(gpuwarden_energy_joules_total[1m])` over four 15 s scrapes counted 30-60 s of energy: the
 dcgm compat series DCGM_FI_DEV_POWER_USAGE read 497-735 W while the GPU drew 585-635 W. The compat rule, the node
-dashboard and the README now divide the counter's increase by the time between the reads it came from (the slow
-tier's own timestamp, read in the same cycle).
+dashboard and docs/metrics.md's query now divide the counter's increase by the time between the reads it came from
+(the slow tier's own timestamp, read in the same cycle).
 
 A real-time run of 60 s scrapes is minutes long, so the scrapes are replayed: the real pipeline over the simulator
 (the ecc-uncorrectable scenario: 610 W ± 25 W noise, every 0.2 s) on a manual clock, its slow cycle every 15 s with a

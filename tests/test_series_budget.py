@@ -44,8 +44,8 @@ def test_the_default_set_of_an_8_gpu_nvswitch_node_fits_the_budget(kubelet: Fake
     assert counts["gpuwarden_bottleneck_info"] == 8 and counts["gpuwarden_container_gpu_memory_used_bytes"] == 8
     assert counts["gpuwarden_nvlink_active_links"] == 8 and "gpuwarden_nvlink_up" not in counts
     assert total + KERNEL_LOG_SERIES <= BUDGET, (total, counts.most_common(10))  # a real node reads its kernel log
-    # what the README says pod attribution adds, to its figure without it (test_docs holds that figure to the code)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    # what docs/metrics.md says pod attribution adds, to its figure without it (test_docs holds that figure to the code)
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     job_view = ("gpuwarden_job_collective_wait_seconds_total", "gpuwarden_job_identity_source_up")
     assert sum(counts[name] for name in job_view) == JOB_SERIES
     assert total == int(re.search(r"\*\*(\d+)\*\* of the budget", readme).group(1)) + POD_SERIES + JOB_SERIES

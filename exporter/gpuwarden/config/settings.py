@@ -3,7 +3,7 @@
 Sources, lowest to highest precedence: defaults < YAML file < environment (GPUWARDEN_*) < flags.
 Every option is a field of `Settings`; its flag (`--section.option-name`) and environment variable
 (`GPUWARDEN_SECTION_OPTION_NAME`) are derived from the field, so the CLI, the environment and the
-README's configuration reference cannot drift apart.
+configuration reference (docs/configuration.md) cannot drift apart.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class MetricsSettings:
     exclude: tuple[str, ...] = setting((), description="Metric-name globs to drop, applied after include.")
     enable_groups: tuple[str, ...] = setting(
         (),
-        description="Collector groups of detail to export beside the default set (README, Series budget): "
+        description="Collector groups of detail to export beside the default set (docs/metrics.md, Series budget): "
         "nvlink_links, topology, health_checks, clocks_detail, point_samples, memory_detail, gpm_detail, "
         "static_detail, video, container_detail, unsupported_fields; 'all' for every one.",
         check=_known_groups,

@@ -1,6 +1,6 @@
 """The metric contract: every family gpuwarden exports, its type, labels and help.
 
-Alerts, dashboards and deployment depend on these names; the README's metric reference is generated from
+Alerts, dashboards and deployment depend on these names; the metric reference (docs/metrics.md) is generated from
 this table (tests/test_docs.py fails when it drifts). Per-GPU families get `gpu` and `uuid` first.
 """
 
@@ -31,7 +31,7 @@ class Family:
 
 
 # Every family of the contract, in definition order: a family is registered where it is defined, so none can be
-# defined and forgotten (the README's metric reference and the tests read this).
+# defined and forgotten (docs/metrics.md's metric reference and the tests read this).
 FAMILIES: dict[str, Family] = {}
 
 

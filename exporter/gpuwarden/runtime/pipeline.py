@@ -1,14 +1,12 @@
 """The composition root of the collection pipeline: the one place that turns settings into stage objects.
 
 It builds, from one Settings: the readers (only those whose families are exported), the poll plan, the GPM
-sampler's mode, and the enrichment stages after the readings, in order:
-
-    collect (readings, topology) → health → pods → processes → host evidence
-
-and hands them to collect/'s Poller, which knows none of them. It owns reload: every stage whose shape depends on a
-setting is rebuilt from the new settings (the health evaluator from the new thresholds, its history resized for the
-new windows; pod attribution when its settings change; host lookups when the host paths change), between two
-publications, so no reload leaves a stage sized for the old settings.
+sampler's mode, and the enrichment stages after the readings, in the order `Pipeline._steps` gives (drawn in
+docs/architecture.md; tests/test_architecture_doc.py keeps the two in step), and hands them to collect/'s Poller,
+which knows none of them. It owns reload: every stage whose shape depends on a setting is rebuilt from the new
+settings (the health evaluator from the new thresholds, its history resized for the new windows; pod attribution
+when its settings change; host lookups when the host paths change), between two publications, so no reload leaves a
+stage sized for the old settings.
 """
 
 from __future__ import annotations
