@@ -1,6 +1,4 @@
-"""Settings of `gpuwarden fleet`: flags (`--prometheus-url`) over environment (`GPUWARDEN_FLEET_PROMETHEUS_URL`)
-over defaults, built and checked by exporter/gpuwarden/config/typed.py as the exporter's own settings are; every
-problem is one line naming the flag or variable that set it."""
+"""Settings of `gpuwarden fleet`: flags over GPUWARDEN_FLEET_* over defaults, checked by config/typed.py."""
 
 from __future__ import annotations
 
@@ -227,7 +225,9 @@ def _parser() -> OneLineParser:
 
 
 def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> FleetSettings:
-    """Flags over GPUWARDEN_FLEET_* over defaults; ConfigError with one line on any problem."""
+    """Flags (`--prometheus-url`) over environment (`GPUWARDEN_FLEET_PROMETHEUS_URL`) over defaults, built and
+    checked by exporter/gpuwarden/config/typed.py as the exporter's own settings are; ConfigError with one line
+    naming the flag or variable that set a bad value."""
     environ = os.environ if environ is None else environ
     flags = {name: raw for name, raw in vars(_parser().parse_args(argv)).items() if raw is not None}
     known = environment_names()

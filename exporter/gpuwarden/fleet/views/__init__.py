@@ -1,8 +1,4 @@
-"""Every fleet view composed in `Fleet`: one object per view (a module each here), all holding one FleetQueries.
-
-Every query is bounded: aggregated by node (a series per node, not per GPU), or filtered to the GPUs that are
-unhealthy, idle or starved. Nothing pulls raw per-GPU series or ranges.
-"""
+"""Every fleet view composed in `Fleet`: one object per view (a module each here), all holding one FleetQueries."""
 
 from __future__ import annotations
 
@@ -20,7 +16,10 @@ from gpuwarden.fleet.views.utilization import UtilizationView
 
 class Fleet:
     """Every fleet view, for one selector and node label (what the HTTP app calls): each view's answer is a method
-    of the view object held here, over the one FleetQueries they share."""
+    of the view object held here, over the one FleetQueries they share.
+
+    Every query is bounded: aggregated by node (a series per node, not per GPU), or filtered to the GPUs that are
+    unhealthy, idle or starved. Nothing pulls raw per-GPU series or ranges."""
 
     def __init__(self, client: PrometheusClient, settings: FleetSettings, nodes: NodeLabel | None = None) -> None:
         self.queries = FleetQueries(client, settings, nodes or NodeLabel(""))

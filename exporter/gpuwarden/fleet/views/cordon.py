@@ -1,8 +1,4 @@
-"""The cordon-candidates view: nodes whose critical alert rules name an action, the evidence and the commands.
-
-The hardware findings are the alert rules' own expressions (exporter/gpuwarden/health/rules.py), so the fleet view
-and the pages agree.
-"""
+"""The cordon-candidates view: the critical alert rules' own findings (health/rules.py) by node, and the commands."""
 
 from __future__ import annotations
 
@@ -17,6 +13,8 @@ from gpuwarden.fleet.prometheus import Series, promql_string
 from gpuwarden.fleet.views.queries import FleetQueries, Recorded, source
 from gpuwarden.health.rules import RUNBOOK_BASE, Rule, anchor, build
 
+# The hardware findings are the alert rules' own expressions (exporter/gpuwarden/health/rules.py), so the fleet view
+# and the pages agree.
 CORDON_ACTIONS = recording.CORDON_ACTIONS
 # Rules whose expression scans a long range of many series (NVLink: every GPU's active links over 1 d, to tell a
 # GPU that lost all its links from one that never had any). The rule's own first condition, an instant
