@@ -45,7 +45,11 @@ def test_the_layer_contracts_hold():
         [
             ("web/front.py", "import pynvml", "gpuwarden.web is not allowed to import pynvml"),
             ("exposition/render.py", "from gpuwarden.collect import poller", "gpuwarden.exposition is not allowed"),
-            ("fleet/views.py", "from gpuwarden.nvml import calls", "gpuwarden.fleet is not allowed to import pynvml"),
+            (
+                "fleet/views/queries.py",
+                "from gpuwarden.nvml import calls",
+                "gpuwarden.fleet is not allowed to import pynvml",
+            ),
             ("model/snapshot.py", "import grpc", "gpuwarden.model is not allowed to import grpc"),
             ("remediation/npd.py", "import httpx", "gpuwarden.remediation is not allowed to import httpx"),
             (
@@ -55,7 +59,7 @@ def test_the_layer_contracts_hold():
             ),
             # the layers contract: one back-edge across each boundary, and one between siblings of a layer
             (
-                "fleet/views.py",
+                "fleet/views/queries.py",
                 "from gpuwarden.cli import main",
                 "gpuwarden.fleet is not allowed to import gpuwarden.cli",
             ),
@@ -105,7 +109,7 @@ def test_the_layer_contracts_hold():
                 "gpuwarden.health is not allowed to import gpuwarden.attribution",
             ),
             (
-                "fleet/views.py",
+                "fleet/views/queries.py",
                 "from gpuwarden.runtime import pipeline",
                 "gpuwarden.fleet is not allowed to import gpuwarden.runtime",
             ),

@@ -492,19 +492,20 @@ def test_overview_page_in_headless_chromium(world: dict[str, Any], tmp_path: Pat
 
 def test_docs_list_every_fleet_setting_with_its_flag_env_and_default() -> None:
     import re
+    from dataclasses import MISSING, fields
 
-    from gpuwarden.fleet.settings import ENV_PREFIX, _flag
+    from gpuwarden.fleet.settings import env_name, flag
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(--[\w.-]+)` \|.*$", text, re.M)}
-    fields = FleetSettings.model_fields
-    assert set(rows) == {_flag(name) for name in fields}, "docs/fleet.md's settings table drifted"
-    for name, field in fields.items():
-        row = rows[_flag(name)]
-        assert f"`{ENV_PREFIX}{name.upper()}`" in row, row
-        if field.default is not None and not field.is_required():
+    settings = fields(FleetSettings)
+    assert set(rows) == {flag(field.name) for field in settings}, "docs/fleet.md's settings table drifted"
+    for field in settings:
+        row = rows[flag(field.name)]
+        assert f"`{env_name(field.name)}`" in row, row
+        if field.default is not None and field.default is not MISSING:
             shown = f"{field.default:g}" if isinstance(field.default, float) else str(field.default)
-            assert shown in row, (name, shown, row)
+            assert shown in row, (field.name, shown, row)
 
 
 # -- recording rules (alert_rules/gpuwarden.recording.yaml) -------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from gpuwarden.fleet.app import TEMPLATES, create_app
 from gpuwarden.fleet.prometheus import PrometheusClient, Series
 from gpuwarden.fleet.settings import parse
-from gpuwarden.fleet.views import PAGE_ROWS, health_by_node
+from gpuwarden.fleet.views.health import PAGE_ROWS, health_by_node
 from tests.helpers.common import ServedApp, sweep
 
 NODES = 10_000

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from gpuwarden.fleet.settings import parse_duration
-from gpuwarden.fleet.views import _node_name
+from gpuwarden.fleet.views.cordon import node_name
 from tests.helpers.common import rss_mib
 from tests.helpers.daemon import running_cli
 from tests.helpers.fake_prometheus import Answer, FakePrometheus, reply, vector
@@ -146,8 +146,8 @@ def test_label_values_from_prometheus_cannot_change_a_query_or_a_command(prometh
         assert query[start + end] in ",}"  # and the selector goes on right after it
     commands = body["candidates"][0]["commands"]
     assert [shlex.split(command)[:3] for command in commands] == [
-        ["kubectl", "cordon", _node_name(evil)],
-        ["kubectl", "drain", _node_name(evil)],
+        ["kubectl", "cordon", node_name(evil)],
+        ["kubectl", "drain", node_name(evil)],
     ]
 
 

@@ -56,12 +56,20 @@ def _referenced(expr: str) -> set[str]:
 
 
 def test_every_alert_and_fleet_query_reads_default_series() -> None:
+    import importlib
+    import pkgutil
+
     from gpuwarden.fleet import views
+    from gpuwarden.fleet.views import cordon
 
     opt_in = {m.family.name: g.name for g in GROUPS.values() for m in g.members if m.label is None and not m.zero_rows}
     exprs = [r.expr for g in rules.build() for r in g.rules]
-    exprs += [text for text in vars(views).values() if isinstance(text, str)]
-    exprs += list(views.NARROWING.values())
+    for module in (
+        views,
+        *(importlib.import_module(m.name) for m in pkgutil.iter_modules(views.__path__, "gpuwarden.fleet.views.")),
+    ):
+        exprs += [text for text in vars(module).values() if isinstance(text, str)]
+    exprs += list(cordon.NARROWING.values())
     used = set().union(*(_referenced(e) for e in exprs))
     assert "gpuwarden_nvlink_active_links" in used
     assert not {name: opt_in[name] for name in used if name in opt_in}

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from gpuwarden.config.typed import build
 from gpuwarden.fleet.app import create_app
 from gpuwarden.fleet.settings import FleetSettings
 from tests.helpers.common import ServedApp, free_port, plain_client
@@ -33,6 +34,6 @@ class FleetServer:
 
 
 def fleet_settings(prometheus: str, **extra: Any) -> FleetSettings:
-    return FleetSettings(
-        **{"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}", "cache_ttl": 0, **extra}
-    )
+    """Settings checked as `gpuwarden fleet` checks its flags (config/typed.py), on a free loopback port."""
+    values = {"prometheus_url": prometheus, "listen_address": f"127.0.0.1:{free_port()}", "cache_ttl": 0, **extra}
+    return build(FleetSettings, values)

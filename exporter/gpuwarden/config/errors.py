@@ -1,6 +1,6 @@
 """pydantic's validation errors as one line naming the key, for the models that stay on pydantic (simulator
-scenarios, the web-config file, the fleet service's settings). The serving process's own settings use
-exporter/gpuwarden/config/typed.py and never import this."""
+scenarios). The exporter's and the fleet service's settings use exporter/gpuwarden/config/typed.py and never import
+this."""
 
 from __future__ import annotations
 

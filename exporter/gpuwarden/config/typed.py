@@ -5,9 +5,9 @@ start, and pydantic with these models cost 9.6 MiB of resident memory and ~200 m
 Footprint) for ~90 scalar fields with bounds. This module knows exactly the types those fields use — bool, int,
 float, str, Path, Literal choices, one type or None (`X | None`), tuples, mappings and nested sections — and says
 what is wrong in the words the rest of the configuration uses ("Input should be ..."). The exporter's settings, the
-health thresholds and the web-config file are built here; models with richer shapes (simulator scenarios, the
-fleet service's settings, the JSON API) stay on pydantic, loaded only where used. A union of several types is
-refused when a field declares it: which member a string from the environment means would be a guess.
+health thresholds, the web-config file and the fleet service's settings (fleet/settings.py) are built here; models
+with richer shapes (simulator scenarios, the JSON API) stay on pydantic, loaded only where used. A union of several
+types is refused when a field declares it: which member a string from the environment means would be a guess.
 """
 
 from __future__ import annotations
@@ -37,8 +37,12 @@ class SettingError(ValueError):
             return f"{source}: unknown key '{key}'; allowed here: {', '.join(self.unknown_allowed)}"
         if not self.loc:
             return f"{source}: {self.message}"
+        return f"{source}: {key}: {self.reason()}"
+
+    def reason(self) -> str:
+        """What is wrong and the input, without where: for a caller that names the field its own way (a flag)."""
         shown = "" if self.value is None or isinstance(self.value, Mapping) else f" (got {self.value!r})"
-        return f"{source}: {key}: {self.message}{shown}"
+        return f"{self.message}{shown}"
 
 
 def setting(
@@ -121,7 +125,8 @@ def _field_value(field: dataclasses.Field[Any], annotation: Any, raw: Any, loc: 
     value = convert(annotation, raw, loc)
     for name, bound in field.metadata.get("bounds", {}).items():
         if not _within(name, value, bound):
-            raise SettingError(loc, f"Input should be {_BOUND_WORDS[name]} {bound:g}", raw)
+            shown = f"{bound:g}" if isinstance(bound, float) else str(bound)  # 1073741824, not 1.07374e+09
+            raise SettingError(loc, f"Input should be {_BOUND_WORDS[name]} {shown}", raw)
     check = field.metadata.get("check")
     if check is not None:
         try:

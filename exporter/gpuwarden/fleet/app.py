@@ -29,7 +29,8 @@ from gpuwarden.fleet.nodes import NodeLabel
 from gpuwarden.fleet.prometheus import PrometheusClient, PrometheusError
 from gpuwarden.fleet.refresh import AnswerCache, Compute, render
 from gpuwarden.fleet.settings import FleetSettings, parse_duration
-from gpuwarden.fleet.views import PAGE_ROWS, Fleet, health_by_node
+from gpuwarden.fleet.views import Fleet
+from gpuwarden.fleet.views.health import PAGE_ROWS, health_by_node
 from gpuwarden.web.apidocs import add_offline_docs
 from gpuwarden.web.asgi import jsonable_errors, problem
 from gpuwarden.web.basic_auth import BasicAuth
