@@ -3,7 +3,7 @@ the evaluator's memory handed to the state file's keeper (health/state_file.py),
 
 from __future__ import annotations
 
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.state_file import StateKeeper
 from gpuwarden.model.draft import Draft
 

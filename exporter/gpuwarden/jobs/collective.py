@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuwarden.health.bottleneck import WindowActivity
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import causes, judging, progress, waits
 from gpuwarden.jobs.onset import UsualWaits
