@@ -65,33 +65,12 @@ class Thresholds:
     xid_critical_hold_s: int = setting(86400, ge=600)
     # where no expected GPU count is configured, a node remembers its GPU count this long (by node, across restarts)
     gpu_count_memory_s: int = setting(86400, ge=3600)
+    # fmt: off
     xid_critical: tuple[int, ...] = (
-        46,
-        48,
-        54,
-        62,
-        64,
-        74,
-        79,
-        95,
-        109,
-        110,
-        119,
-        120,
-        136,
-        140,
-        143,
-        144,
-        145,
-        146,
-        147,
-        148,
-        149,
-        150,
-        155,
-        156,
-        158,
+        46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146, 147, 148,
+        149, 150, 155, 156, 158,
     )
+    # fmt: on
     xid_warning: tuple[int, ...] = (61, 94)
     xid_info: tuple[int, ...] = (63, 92)
     # NVLink and PCIe
