@@ -65,12 +65,33 @@ class Thresholds:
     xid_critical_hold_s: int = setting(86400, ge=600)
     # where no expected GPU count is configured, a node remembers its GPU count this long (by node, across restarts)
     gpu_count_memory_s: int = setting(86400, ge=3600)
-    # fmt: off
     xid_critical: tuple[int, ...] = (
-        46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, 144, 145, 146, 147, 148,
-        149, 150, 155, 156, 158,
+        46,
+        48,
+        54,
+        62,
+        64,
+        74,
+        79,
+        95,
+        109,
+        110,
+        119,
+        120,
+        136,
+        140,
+        143,
+        144,
+        145,
+        146,
+        147,
+        148,
+        149,
+        150,
+        155,
+        156,
+        158,
     )
-    # fmt: on
     xid_warning: tuple[int, ...] = (61, 94)
     xid_info: tuple[int, ...] = (63, 92)
     # NVLink and PCIe
@@ -149,6 +170,10 @@ class Thresholds:
     # CPU-bound rank 0 (0.3 s a step) showed in a 20 s window's classes 25 s after the onset: window 20 s and 10 s
     # of disagreement name it within the 60 s asked
     collective_straggler_for_s: int = setting(10, ge=0)
+    # ... or this long where the host corroborates: the named rank's own main process is measured on the CPU, in its
+    # input workers or in I/O (two independent sources agree). The recorded 2x H200 stragglers of these causes were
+    # named 26-30 s after the onset; 10 s of disagreement named two of them 2 and 6 s later than that
+    collective_straggler_corroborated_for_s: int = setting(4, ge=0)
     collective_hang_for_s: int = setting(60, ge=0)
     # the exporter itself
     exporter_down_for_s: int = setting(300, ge=0)
