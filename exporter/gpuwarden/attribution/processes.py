@@ -1,4 +1,6 @@
-"""Who holds each GPU: the fast tier's processes attributed to containers, per-container usage accumulated, and
+"""Who holds each GPU: its processes attributed to containers, their usage, and exits from near-full GPUs.
+
+Who holds each GPU: the fast tier's processes attributed to containers, per-container usage accumulated, and
 exits from near-full GPUs remembered (the out-of-memory pattern). A pipeline step: it reads the draft, never NVML.
 
 Attribution, best first: the process's cgroup names its pod (host /proc and the pod log directory, see

@@ -1,4 +1,6 @@
-"""pydantic's validation errors as one line naming the key, for the models that stay on pydantic (simulator
+"""pydantic's validation errors as one line naming the key, for the models that stay on pydantic.
+
+pydantic's validation errors as one line naming the key, for the models that stay on pydantic (simulator
 scenarios, the web-config file, the fleet service's settings). The serving process's own settings use
 exporter/gpuwarden/config/typed.py and never import this."""
 

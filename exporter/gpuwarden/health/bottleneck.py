@@ -1,4 +1,6 @@
-"""Bottleneck classes from one GPU's window (what its time went to): the measured signatures they rest on, and the
+"""Bottleneck classes from one GPU's window (what its time went to), and the collective spin the job view reads.
+
+Bottleneck classes from one GPU's window (what its time went to): the measured signatures they rest on, and the
 collective spin the job view reads. Pure functions of a WindowActivity and the thresholds; health/history.py reads
 the window from each GPU's history, jobs/ compares the windows of a job's GPUs. The numbers: docs/diagnosis.md.
 """

@@ -1,5 +1,7 @@
-"""Health checks of operating conditions, most judged over a window: temperature, thermal and power throttling,
-P-states, memory pressure, utilization, persistence mode, PCIe replays and the bottleneck class."""
+"""Health checks of operating conditions: heat, throttling, power, P-state, memory, utilization, PCIe, bottleneck.
+
+Most are judged over a window of the exporter's own samples (health/history.py) and must hold as long as the alert
+rules' `for:`; one that holds but not yet that long is pending (CheckContext.pending), not ok."""
 
 from __future__ import annotations
 

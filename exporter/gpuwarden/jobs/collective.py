@@ -1,4 +1,6 @@
-"""The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot. Nothing is hooked into
+"""The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot.
+
+The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot. Nothing is hooked into
 the job.
 
 Per job with GPUs on this node (jobs/grouping.py), over `collective_window_s`:
