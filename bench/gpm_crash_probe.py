@@ -46,10 +46,23 @@ for (gpu, name, code, vtype), n in sorted(seen.items()):
     print(f"gpu {gpu} {name:24s} return {code} valueType {vtype} x{n}")
 """
 
-RACE = """
+# One GPM window between two samples, as the programs below take it: pynvml's own structures, nothing of gpuwarden's
+# but the metric list.
+GPM_WINDOW = """
+import pynvml
+from gpuwarden.collect.readers.gpm import METRICS
+def gpm_window(first, second):
+    m = pynvml.c_nvmlGpmMetricsGet_t(); m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    m.numMetrics = len(METRICS); m.sample1, m.sample2 = first, second
+    for p, metric in enumerate(METRICS): m.metrics[p].metricId = metric
+    pynvml.nvmlGpmMetricsGet(m)
+"""
+
+RACE = (
+    GPM_WINDOW
+    + """
 import threading, time, pynvml
 from gpuwarden.collect.readers.clocks import THROTTLE_FIELDS
-from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 stop = time.time() + SECONDS
 counts = {}
@@ -60,10 +73,7 @@ def gpm(i):
     while time.time() < stop:
         time.sleep(PERIOD)
         pynvml.nvmlGpmSampleGet(h, s[1 - k % 2])
-        m = pynvml.c_nvmlGpmMetricsGet_t(); m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        m.numMetrics = len(METRICS); m.sample1, m.sample2 = s[k % 2], s[1 - k % 2]
-        for p, metric in enumerate(METRICS): m.metrics[p].metricId = metric
-        pynvml.nvmlGpmMetricsGet(m); k += 1
+        gpm_window(s[k % 2], s[1 - k % 2]); k += 1
     counts[f"gpm{i}"] = k
 def fields(i):
     h = pynvml.nvmlDeviceGetHandleByIndex(i); k = 0
@@ -74,10 +84,12 @@ threads = [threading.Thread(target=f, args=(i,)) for i in range(pynvml.nvmlDevic
 [t.start() for t in threads]; [t.join() for t in threads]
 print("survived", counts)
 """
+)
 
-GPM_ONLY = """
+GPM_ONLY = (
+    GPM_WINDOW
+    + """
 import threading, time, pynvml
-from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 def gpm(i):
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -86,18 +98,17 @@ def gpm(i):
     while True:
         time.sleep(PERIOD)
         pynvml.nvmlGpmSampleGet(h, s[1 - k % 2])
-        m = pynvml.c_nvmlGpmMetricsGet_t(); m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        m.numMetrics = len(METRICS); m.sample1, m.sample2 = s[k % 2], s[1 - k % 2]
-        for p, metric in enumerate(METRICS): m.metrics[p].metricId = metric
-        pynvml.nvmlGpmMetricsGet(m); k += 1
+        gpm_window(s[k % 2], s[1 - k % 2]); k += 1
 threads = [threading.Thread(target=gpm, args=(i,), daemon=True) for i in range(pynvml.nvmlDeviceGetCount())]
 [t.start() for t in threads]
 time.sleep(SECONDS)
 """
+)
 
-REINIT = """
+REINIT = (
+    GPM_WINDOW
+    + """
 import threading, time, pynvml
-from gpuwarden.collect.readers.gpm import METRICS
 pynvml.nvmlInit()
 stop = time.time() + SECONDS
 def gpm(i):
@@ -108,10 +119,7 @@ def gpm(i):
         try:
             pynvml.nvmlGpmSampleGet(h, s[k % 2])
             if k:
-                m = pynvml.c_nvmlGpmMetricsGet_t(); m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-                m.numMetrics = len(METRICS); m.sample1, m.sample2 = s[1 - k % 2], s[k % 2]
-                for p, metric in enumerate(METRICS): m.metrics[p].metricId = metric
-                pynvml.nvmlGpmMetricsGet(m)
+                gpm_window(s[1 - k % 2], s[k % 2])
             k += 1
         except pynvml.NVMLError as e:
             errors += 1
@@ -125,6 +133,7 @@ threads.append(threading.Thread(target=reinit))
 [t.start() for t in threads]; [t.join() for t in threads]
 print("survived")
 """
+)
 
 
 def env() -> dict[str, str]:

@@ -91,20 +91,28 @@ async def _tls_client(port: int, end: float, start_in: float) -> int:
     return done
 
 
-async def _handshake_staller(port: int, end: float) -> int:
-    hello = bytes.fromhex("16030100c8010000c40303") + os.urandom(32)
+async def _hold_open(port: int, end: float, first: bytes = b"", trickle: bytes = b"", tls: bool = False) -> int:
+    """Connections opened one after another until `end`: each sends `first`, then `trickle` every second the server
+    keeps it open, and is closed once the server has closed it; the count opened."""
     opened = 0
     while time.monotonic() < end:
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client_context() if tls else None)
             opened += 1
-            writer.write(hello[:16])
+            if first:
+                writer.write(first)
             while time.monotonic() < end and await _still_open(reader):
-                pass
+                if trickle:
+                    writer.write(trickle)
             writer.close()
-        except OSError:
+        except OSError:  # ssl.SSLError is one
             await asyncio.sleep(0.2)
     return opened
+
+
+async def _handshake_staller(port: int, end: float) -> int:
+    hello = bytes.fromhex("16030100c8010000c40303") + os.urandom(32)
+    return await _hold_open(port, end, first=hello[:16])
 
 
 async def _still_open(reader: asyncio.StreamReader) -> bool:
@@ -146,32 +154,11 @@ async def _never_reader(port: int, end: float, start_in: float) -> int:
 
 
 async def _slowloris(port: int, end: float) -> int:
-    opened = 0
-    while time.monotonic() < end:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client_context())
-            opened += 1
-            writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
-            while time.monotonic() < end and await _still_open(reader):
-                writer.write(b"X")
-            writer.close()
-        except (OSError, ssl.SSLError):
-            await asyncio.sleep(0.2)
-    return opened
+    return await _hold_open(port, end, first=b"GET /metrics HTTP/1.1\r\nHost: x\r\n", trickle=b"X", tls=True)
 
 
 async def _idle(port: int, end: float) -> int:
-    opened = 0
-    while time.monotonic() < end:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            opened += 1
-            while time.monotonic() < end and await _still_open(reader):
-                pass
-            writer.close()
-        except OSError:
-            await asyncio.sleep(0.2)
-    return opened
+    return await _hold_open(port, end)
 
 
 async def attack(shape: str, port: int, probe_port: int, seconds: float) -> int:
@@ -194,15 +181,9 @@ async def attack(shape: str, port: int, probe_port: int, seconds: float) -> int:
 
 class Exporter:
     def __init__(self, tmp: Path, root: Path = ROOT) -> None:
-        import trustme
+        from tests.helpers.common import tls_web_config
 
-        ca = trustme.CA()
-        cert = ca.issue_cert("127.0.0.1")
-        cert.cert_chain_pems[0].write_to_path(str(tmp / "cert.pem"))
-        cert.private_key_pem.write_to_path(str(tmp / "key.pem"))
-        (tmp / "web.yml").write_text(
-            f"tls_server_config:\n  cert_file: {tmp / 'cert.pem'}\n  key_file: {tmp / 'key.pem'}\n"
-        )
+        tls_web_config(tmp)  # tmp/web.yml, with its certificate beside it
         self.port, self.probe_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUWARDEN_")}
         env["PYTHONPATH"] = str(root / "exporter")

@@ -158,15 +158,9 @@ def main() -> None:
     ]
     client = None
     if args.tls:
-        import trustme
+        from tests.helpers.common import tls_web_config
 
-        ca = trustme.CA()
-        cert = ca.issue_cert("127.0.0.1")
-        cert.cert_chain_pems[0].write_to_path(str(tmp / "cert.pem"))
-        cert.private_key_pem.write_to_path(str(tmp / "key.pem"))
-        (tmp / "web.yml").write_text(
-            f"tls_server_config:\n  cert_file: {tmp / 'cert.pem'}\n  key_file: {tmp / 'key.pem'}\n"
-        )
+        _, ca = tls_web_config(tmp)  # tmp/web.yml, with its certificate beside it
         flags += ["--web.config.file", str(tmp / "web.yml")]
         client = ssl.create_default_context()
         ca.configure_trust(client)

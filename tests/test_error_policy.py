@@ -14,6 +14,14 @@ def scraped(pipeline):
     return series_of(pipeline.snapshot)
 
 
+def scraped_after_one_poll(sim, make_pipeline, gpus: int, *faults: dict):
+    """The series after one poll of a node of `gpus` GPUs with these faults in force from the start."""
+    sim({"node": {"count": gpus}, "faults": list(faults)})
+    pipeline = make_pipeline()
+    pipeline.poll_once()
+    return scraped(pipeline)
+
+
 def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_pipeline):
     fake = sim(
         {
@@ -42,15 +50,8 @@ def test_not_supported_is_omitted_counted_once_and_not_retried(sim, make_pipelin
 
 
 def test_no_permission_omits_the_series(sim, make_pipeline):
-    sim(
-        {
-            "node": {"count": 1},
-            "faults": [{"kind": "error", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "code": "no_permission"}],
-        }
-    )
-    pipeline = make_pipeline()
-    pipeline.poll_once()
-    series = scraped(pipeline)
+    fault = {"kind": "error", "call": "nvmlDeviceGetComputeRunningProcesses_v3", "code": "no_permission"}
+    series = scraped_after_one_poll(sim, make_pipeline, 1, fault)
     assert values(series, "gpuwarden_processes") == []
     assert values(series, "gpuwarden_collect_errors_total", error="no_permission") == [1]
 
@@ -82,31 +83,20 @@ def test_gpu_lost_drops_its_series_keeps_the_others_and_returns(sim, make_pipeli
 
 @pytest.mark.parametrize("code", ["reset_required", "gpu_not_found"])
 def test_reset_required_and_not_found_mark_the_gpu_down(sim, make_pipeline, code):
-    sim(
-        {"node": {"count": 2}, "faults": [{"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": code}]}
-    )
-    pipeline = make_pipeline()
-    pipeline.poll_once()
-    series = scraped(pipeline)
+    fault = {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": code}
+    series = scraped_after_one_poll(sim, make_pipeline, 2, fault)
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]
 
 
 def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_pipeline):
-    sim(
-        {
-            "node": {"count": 2},
-            "faults": [
-                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"},
-                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetEnforcedPowerLimit", "code": "unknown"},
-                {"kind": "error", "gpu": 0, "call": "nvmlDeviceGetPerformanceState", "code": "unknown"},
-                {"kind": "error", "gpu": 1, "call": "nvmlDeviceGetPowerUsage", "code": "unknown"},
-            ],
-        }
-    )
-    pipeline = make_pipeline()
-    pipeline.poll_once()
-    series = scraped(pipeline)
+    calls = [
+        (0, "nvmlDeviceGetPowerUsage"),
+        (0, "nvmlDeviceGetEnforcedPowerLimit"),
+        (0, "nvmlDeviceGetPerformanceState"),
+    ]
+    faults = [{"kind": "error", "gpu": gpu, "call": call, "code": "unknown"} for gpu, call in calls]
+    series = scraped_after_one_poll(sim, make_pipeline, 2, *faults, {**faults[0], "gpu": 1})
     assert values(series, "gpuwarden_gpu_up", gpu="0") == [0]  # three in a row
     assert values(series, "gpuwarden_gpu_up", gpu="1") == [1]  # one, then successes
     assert values(series, "gpuwarden_power_usage_watts", gpu="1") == []
@@ -114,15 +104,8 @@ def test_repeated_unknown_errors_mark_the_gpu_down_single_ones_do_not(sim, make_
 
 
 def test_hardware_error_marks_the_gpu(sim, make_pipeline):
-    sim(
-        {
-            "node": {"count": 1},
-            "faults": [{"kind": "error", "call": "nvmlDeviceGetTotalEccErrors", "code": "corrupted_inforom"}],
-        }
-    )
-    pipeline = make_pipeline()
-    pipeline.poll_once()
-    series = scraped(pipeline)
+    fault = {"kind": "error", "call": "nvmlDeviceGetTotalEccErrors", "code": "corrupted_inforom"}
+    series = scraped_after_one_poll(sim, make_pipeline, 1, fault)
     assert values(series, "gpuwarden_gpu_hardware_error_info", error="corrupted_inforom") == [1]
     assert values(series, "gpuwarden_gpu_up") == [1]
 

@@ -394,6 +394,6 @@ def test_the_gpm_child_over_the_driver_imports_only_what_it_runs():
     assert {"pynvml", "gpuwarden.nvml.gpm", "gpuwarden.nvml.calls"} <= modules
     unwanted = {
         "dataclasses", "typing", "logging", "inspect", "pathlib", "ipaddress",
-        "gpuwarden.nvml.gpm_sampler", "gpuwarden.nvml.driver_gpus", "gpuwarden.model",
+        "gpuwarden.nvml.gpm_sampler", "gpuwarden.nvml.gpm_supervisor", "gpuwarden.nvml.driver_gpus", "gpuwarden.model",
     }  # fmt: skip
     assert not modules & unwanted, sorted(modules & unwanted)

@@ -161,7 +161,7 @@ def test_bad_thresholds_file_is_one_line(tmp_path):
 def test_history_stays_bounded_at_fast_polling():
     """0.1 s polls keep one point per spacing, not one per poll (found by the soak run over an hour at the defaults;
     here the windows are capped at 2 minutes and the run is 1,500 polls, more than the bound, instead of 36,000)."""
-    from gpuwarden.health.checks import HealthEvaluator
+    from gpuwarden.health.evaluator import HealthEvaluator
     from gpuwarden.health.thresholds import DEFAULT
     from gpuwarden.model.snapshot import GpuInfo, GpuSnapshot, Sample
 
@@ -234,8 +234,9 @@ def test_health_since_marks_when_the_verdict_began_and_holds(sim, tmp_path):
 
 
 def test_health_since_restarts_when_the_level_changes():
-    from gpuwarden.health.checks import HealthEvaluator, Verdict
+    from gpuwarden.health.evaluator import HealthEvaluator
     from gpuwarden.health.thresholds import DEFAULT
+    from gpuwarden.model.snapshot import Verdict
 
     evaluator = HealthEvaluator(DEFAULT)
     warn, crit, ok = (Verdict("temperature", level, "", "", "") for level in (1, 2, 0))

@@ -24,6 +24,7 @@ from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, tls_web_config, values, write_yaml
 from tests.helpers.daemon import running_cli
+from tests.helpers.hostile import never_reading_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
@@ -265,24 +266,6 @@ def _server_ends(port: int) -> dict[int, int]:
 EXPORTER_MEMORY_LIMIT_MIB = 256  # the Helm chart's limit for the exporter
 
 
-def _never_reading_client(port: int, request: bytes, tls: ssl.SSLContext | None = None) -> socket.socket | None:
-    """A client as on a real network (MSS 1,400) with a small receive buffer, so the kernel cannot hide an unread
-    response: it sends one request and never reads."""
-    sock = socket.socket()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 1400)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    try:
-        sock.settimeout(5)
-        sock.connect(("127.0.0.1", port))
-        if tls is not None:
-            sock = tls.wrap_socket(sock, server_hostname="localhost")
-        sock.sendall(request)
-    except OSError:
-        sock.close()
-        return None
-    return sock
-
-
 def _probe_while(url: str, stop: threading.Event, verify: object = True) -> list:
     """/healthz and /readyz every 0.2 s until `stop`: the ones refused or unanswered (how fast they are answered is
     bench/probes_under_load.py's: a loaded test machine says nothing about it)."""
@@ -341,7 +324,7 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
             prober = threading.Thread(target=lambda: probes.extend(_probe_while(url, stop, verify=False)), daemon=True)
             prober.start()
             baseline = len([f for f in Path(f"/proc/{proc.pid}/fd").iterdir() if "socket" in str(f.readlink())])
-            clients = [c for c in (_never_reading_client(port, request_line, client_tls) for _ in range(1100)) if c]
+            clients = [c for c in (never_reading_request(port, request_line, client_tls) for _ in range(1100)) if c]
             held = len(clients)
 
             def sockets_held() -> int:
@@ -377,7 +360,7 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
     with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "60") as (url, proc):
         port = int(url.rsplit(":", 1)[1])
         httpx.get(url + "/api/v1/gpus", timeout=30)
-        closers = [_never_reading_client(port, CLOSE_REQUEST) for _ in range(limit)]
+        closers = [never_reading_request(port, CLOSE_REQUEST) for _ in range(limit)]
         assert all(closers)
 
         def answered(sock: socket.socket) -> bool:  # the server has written (and so closed) its response
@@ -539,7 +522,7 @@ def _sockets_held(pid: int) -> int:
 
 def _slow_reader(port: int, tls: ssl.SSLContext | None, stop_after: int, requests: int) -> socket.socket | None:
     """Pipelines `requests` GET /api/v1/gpus, reads `stop_after` bytes of the answers, then never reads again."""
-    sock = _never_reading_client(port, b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\n\r\n" * requests, tls)
+    sock = never_reading_request(port, b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\n\r\n" * requests, tls)
     if sock is None:
         return None
     read = 0
@@ -603,7 +586,7 @@ def _pace_never_read(port: int, clients: int, stop: threading.Event) -> int:
                     if opened >= 80:
                         continue
                     opened += 1
-                    sock = socks[number] = _never_reading_client(port, request)
+                    sock = socks[number] = never_reading_request(port, request)
                     sent += sock is not None
                     continue
                 sock.setblocking(False)

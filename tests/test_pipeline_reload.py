@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.exposition.render import Renderer
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.runtime.pipeline import Pipeline
 from tests.helpers.common import ManualClock, settings, wait_for, write_yaml

@@ -7,12 +7,14 @@ the liveness probe. Real HTTP throughout: the exporter's CLI over the simulator,
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -173,26 +175,16 @@ def test_idle_connections_wait_in_the_kernel_while_every_probe_is_answered():
     if hard != resource.RLIM_INFINITY and hard < IDLE_CONNECTIONS + 200:
         pytest.skip(f"the open-file limit ({hard}) is below {IDLE_CONNECTIONS + 200}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    port = free_port()
-    listener = bind_listener("127.0.0.1", port)
-    assert listener is not None
-    probes = ProbeListener(ProbeApp(lambda: None, lambda _s, _now: None, time.monotonic), 1.0, defer_s=600)
-    idle: list[socket.socket] = []
     try:
-        probes.start(listener)
-        assert probes.server.started.wait(30)
-        for _ in range(IDLE_CONNECTIONS):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        answers = [probe(port, "/healthz" if n % 2 else "/readyz")[0] for n in range(30)]
-        connections = probes.server.server.server_state.connections
-        wait_for(lambda: not connections)  # the probes' own connections, closed after their answers
-        still_open = sum(_open_and_silent(sock) for sock in idle)
-        refused = probes.guard.counts()  # before the idle ones are closed: a FIN is data, and is accepted
+        with _serving_probes(1.0) as (probes, port, idle):
+            for _ in range(IDLE_CONNECTIONS):
+                idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            answers = [probe(port, "/healthz" if n % 2 else "/readyz")[0] for n in range(30)]
+            connections = probes.server.server.server_state.connections
+            wait_for(lambda: not connections)  # the probes' own connections, closed after their answers
+            still_open = sum(_open_and_silent(sock) for sock in idle)
+            refused = probes.guard.counts()  # before the idle ones are closed: a FIN is data, and is accepted
     finally:
-        for sock in idle:
-            sock.close()
-        probes.stop()
-        listener.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert answers == [200] * 30
     assert refused == dict.fromkeys(refused, 0)  # nothing evicted or timed out
@@ -202,20 +194,33 @@ def test_idle_connections_wait_in_the_kernel_while_every_probe_is_answered():
 IDLE_CONNECTIONS = 1000
 
 
+@contextlib.contextmanager
+def _serving_probes(header_timeout_s: float) -> Iterator[tuple[ProbeListener, int, list[socket.socket]]]:
+    """A probe listener on a free loopback port, the kernel holding a connection until its first bytes (600 s): the
+    listener, its port, and a list for the test's own connections, which are closed before the listener stops."""
+    port = free_port()
+    listener = bind_listener("127.0.0.1", port)
+    assert listener is not None
+    probes = ProbeListener(ProbeApp(lambda: None, lambda _s, _now: None, time.monotonic), header_timeout_s, defer_s=600)
+    opened: list[socket.socket] = []
+    try:
+        probes.start(listener)
+        assert probes.server.started.wait(30)
+        yield probes, port, opened
+    finally:
+        for sock in opened:
+            sock.close()
+        probes.stop()
+        listener.close()
+
+
 def test_another_address_cannot_hold_more_than_its_share_of_the_probe_listener():
     """200 connections from 127.0.0.2 (another pod) that send a byte and stop, past the kernel's wait for data: the
     first MAX_PER_PEER are kept, the rest closed at accept; every probe from the kubelet's address (127.0.0.1) is
     answered meanwhile, and so is one from 127.0.0.2 itself, for which the oldest of that address's connections
     makes room."""
-    port = free_port()
-    listener = bind_listener("127.0.0.1", port)
-    assert listener is not None
     # a header deadline longer than the test: the kept connections stay kept
-    probes = ProbeListener(ProbeApp(lambda: None, lambda _s, _now: None, time.monotonic), 600.0, defer_s=600)
-    flood: list[socket.socket] = []
-    try:
-        probes.start(listener)
-        assert probes.server.started.wait(30)
+    with _serving_probes(600.0) as (probes, port, flood):
         for _ in range(200):
             sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
             sock.sendall(b"G")
@@ -228,11 +233,6 @@ def test_another_address_cannot_hold_more_than_its_share_of_the_probe_listener()
             from_the_flooding_address = own.recv(64)
         wait_for(lambda: sum(_open_and_silent(sock) for sock in flood) == MAX_PER_PEER - 1, timeout=60)
         evicted = probes.guard.counts()["evicted"]
-    finally:
-        for sock in flood:
-            sock.close()
-        probes.stop()
-        listener.close()
     assert answers == [200] * 20
     assert from_the_flooding_address.startswith(b"HTTP/1.1 200")
     assert evicted == 200 - MAX_PER_PEER + 1  # refused at accept, and the one that made room

@@ -1,5 +1,5 @@
 """Page and verdict agree at every threshold: one table (alert_rules/agreement.py) judged by promtool on the shipped
-rules and by the exporter's own evaluator (health/checks.py) on the same readings, one step past the threshold, at
+rules and by the exporter's own evaluator (health/evaluator.py) on the same readings, one step past the threshold, at
 it and one step short of it. An alert that mirrors a verdict cannot be added without a row."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import yaml
 
 from alert_rules import agreement, generate
 from alert_rules.promtool_series import samples
-from gpuwarden.health.checks import CHECKS, HealthEvaluator
+from gpuwarden.health.checks import CHECKS
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.rules import build
 from gpuwarden.health.thresholds import DEFAULT
 from gpuwarden.model.families import FAMILIES

@@ -1,4 +1,6 @@
-"""What every command line shares (the exporter's, `gpuwarden fleet`'s and the remediation commands'): exit codes,
+"""What every command line shares: exit codes, the configuration error, one-line argument errors, own variables.
+
+What every command line shares (the exporter's, `gpuwarden fleet`'s and the remediation commands'): exit codes,
 the configuration error, a parser whose errors are one line, reading one command's own environment variables.
 The lowest layer: the standard library only, so that each command, config/ included, can build on it."""
 

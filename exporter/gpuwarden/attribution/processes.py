@@ -1,4 +1,6 @@
-"""Who holds each GPU: the fast tier's processes attributed to containers, per-container usage accumulated, and
+"""Who holds each GPU: its processes attributed to containers, their usage, and exits from near-full GPUs.
+
+Who holds each GPU: the fast tier's processes attributed to containers, per-container usage accumulated, and
 exits from near-full GPUs remembered (the out-of-memory pattern). A pipeline step: it reads the draft, never NVML.
 
 Attribution, best first: the process's cgroup names its pod (host /proc and the pod log directory, see
@@ -69,26 +71,9 @@ class ProcessesStep:
         now = draft.taken_at
         live_pids: set[int] = set()
         for gpu in draft.gpus:
-            if not gpu.up or gpu.info.processes is None:
-                continue
-            state = self._gpus.setdefault(gpu.uuid, _GpuState())
-            used, total = _memory(gpu)
-            views = self._attribute(gpu, total, draft.pods.get(gpu.uuid, ()))
-            live_pids |= {view.pid for view in views}
-            draft.processes[gpu.uuid] = tuple(sorted(views, key=lambda v: -(v.used_memory_bytes or 0)))
-            fast_at = gpu.updated_at.get("fast", 0.0)
-            if fast_at != state.fast_at:
-                self._account(gpu, state, views, fast_at, now)
-                state.memory_ratio = (used / total) if used is not None and total else 0.0
-            draft.containers[gpu.uuid] = self._usage(state, views, draft.pods.get(gpu.uuid, ()))
-            jobs = self._job_usage(state, views)
-            if jobs:
-                draft.slurm_jobs[gpu.uuid] = jobs
-        lost = {gpu.uuid for gpu in draft.gpus if not gpu.up}
-        self._last_seen = {
-            u: v for u, v in {**self._last_seen, **draft.processes}.items() if u in lost | set(draft.processes)
-        }
-        draft.lost_holders = {u: self._last_seen[u] for u in lost if self._last_seen.get(u)}
+            if gpu.up and gpu.info.processes is not None:
+                live_pids |= self._read_gpu(draft, gpu, now)
+        self._remember_holders(draft)
         for uuid in [u for u in self._gpus if u not in draft.processes]:
             del self._gpus[uuid]  # a GPU gone (lost, removed): its per-container counters go with its series
         self._host.retain(live_pids)
@@ -96,6 +81,30 @@ class ProcessesStep:
             self._exits.popleft()
         draft.process_exits = tuple(self._exits)
         draft.pid_series = self._pid_series()
+
+    def _read_gpu(self, draft: Draft, gpu: GpuSnapshot, now: float) -> set[int]:
+        """One GPU's processes, containers and Slurm jobs into the draft; the PIDs holding it."""
+        state = self._gpus.setdefault(gpu.uuid, _GpuState())
+        used, total = _memory(gpu)
+        views = self._attribute(gpu, total, draft.pods.get(gpu.uuid, ()))
+        draft.processes[gpu.uuid] = tuple(sorted(views, key=lambda v: -(v.used_memory_bytes or 0)))
+        fast_at = gpu.updated_at.get("fast", 0.0)
+        if fast_at != state.fast_at:
+            self._account(gpu, state, views, fast_at, now)
+            state.memory_ratio = (used / total) if used is not None and total else 0.0
+        draft.containers[gpu.uuid] = self._usage(state, views, draft.pods.get(gpu.uuid, ()))
+        jobs = self._job_usage(state, views)
+        if jobs:
+            draft.slurm_jobs[gpu.uuid] = jobs
+        return {view.pid for view in views}
+
+    def _remember_holders(self, draft: Draft) -> None:
+        """The processes last seen on each GPU, kept while it is lost: draft.lost_holders names them."""
+        lost = {gpu.uuid for gpu in draft.gpus if not gpu.up}
+        self._last_seen = {
+            u: v for u, v in {**self._last_seen, **draft.processes}.items() if u in lost | set(draft.processes)
+        }
+        draft.lost_holders = {u: self._last_seen[u] for u in lost if self._last_seen.get(u)}
 
     def _attribute(
         self, gpu: GpuSnapshot, total: float | None, allocations: tuple[Allocation, ...]

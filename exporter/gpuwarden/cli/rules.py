@@ -1,4 +1,6 @@
-"""`gpuwarden rules`: the alert rules for a site's own thresholds file, the one the exporter reads
+"""`gpuwarden rules`: the alert rules rendered for a site's own thresholds file.
+
+`gpuwarden rules`: the alert rules for a site's own thresholds file, the one the exporter reads
 (`health.thresholds_file`). The shipped rules are the defaults'; a site that changes a threshold renders its rules
 with this, so its pages and the exporter's verdicts (npd-plugin, slurm-healthcheck, the dashboards) judge alike."""
 

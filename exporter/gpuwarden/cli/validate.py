@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -92,6 +91,45 @@ def _show(value: float | None) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
+@dataclass
+class _Reading:
+    """One GPU as both sides read it, gpuwarden's snapshot and nvidia-smi's <gpu> element, and the rows it adds."""
+
+    cmp: Comparison
+    gpu: GpuSnapshot
+    smi: ET.Element
+
+    def text(self, path: str) -> str | None:
+        return (self.smi.findtext(path) or "").strip() or None
+
+    def num(self, path: str) -> float | None:
+        return _number(self.text(path))
+
+    def ours(self, name: str, scale: float = 1.0, **labels: str) -> float | None:
+        """gpuwarden's value of a family (divided by `scale`: bytes to MiB, Hz to MHz); None where it has none."""
+        value = _value(self.gpu, name, **labels)
+        return None if value is None else value / scale if scale != 1.0 else value
+
+    def equal(self, metric: str, ours: object, theirs: object, note: str = "") -> None:
+        self.cmp.equal(str(self.gpu.index), metric, ours, theirs, note)
+
+    def near(self, metric: str, ours: float | None, theirs: float | None, tolerance: float, note: str = "") -> None:
+        self.cmp.near(str(self.gpu.index), metric, ours, theirs, tolerance, note)
+
+
+ENABLED = {1.0: "Enabled", 0.0: "Disabled"}
+YES_NO = {1.0: "Yes", 0.0: "No"}
+RECOVERY = {None: "absent", 0.0: "None", 1.0: "Reset", 2.0: "Reboot", 3.0: "Drain P2P", 4.0: "Drain and Reset"}
+CLOCK_EVENT_REASONS = (
+    "gpu_idle",
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "sw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+
+
 def compare_gpu(
     cmp: Comparison,
     gpu: GpuSnapshot,
@@ -100,195 +138,114 @@ def compare_gpu(
     root: ET.Element,
     nvlinks_active: int | None,
 ) -> None:
-    g = str(gpu.index)
-    text: Callable[[str], str | None] = lambda path: (smi.findtext(path) or "").strip() or None  # noqa: E731
-    num: Callable[[str], float | None] = lambda path: _number(text(path))  # noqa: E731
+    """One GPU's rows, in the table's order: identity, memory, temperatures, power, clocks, ECC and row remapping,
+    modes, PCIe, fan, processes, recovery, NVLink."""
+    r = _Reading(cmp, gpu, smi)
     info = gpu.info
-    cmp.equal(g, "uuid", gpu.uuid, text("uuid"))
-    cmp.equal(g, "name", info.name, text("product_name"))
-    cmp.equal(g, "serial", info.serial, text("serial"))
-    cmp.equal(g, "pci_bus_id", info.pci_bus_id, text("pci/pci_bus_id"))
-    cmp.equal(g, "vbios_version", info.vbios_version, text("vbios_version"))
-    cmp.equal(g, "driver_version", driver.get("driver_version"), root.findtext("driver_version"))
-    cmp.equal(g, "cuda_driver_version", driver.get("cuda_driver_version"), root.findtext("cuda_version"))
-    for field, path in (("total", "fb_memory_usage/total"), ("reserved", "fb_memory_usage/reserved")):
-        ours = _value(gpu, f"gpuwarden_memory_{field}_bytes")
-        cmp.near(
-            g, f"memory_{field}_mib", None if ours is None else ours / MIB, num(path), 1, "nvidia-smi rounds to MiB"
-        )
-    for field, path in (("used", "fb_memory_usage/used"), ("free", "fb_memory_usage/free")):
-        ours = _value(gpu, f"gpuwarden_memory_{field}_bytes")
-        cmp.near(
-            g,
-            f"memory_{field}_mib",
-            None if ours is None else ours / MIB,
-            num(path),
-            64,
-            "moves with allocations between the reads",
-        )
-    cmp.near(g, "temperature_celsius", _value(gpu, "gpuwarden_temperature_celsius"), num("temperature/gpu_temp"), 3)
-    cmp.near(
-        g,
-        "memory_temperature_celsius",
-        _value(gpu, "gpuwarden_memory_temperature_celsius"),
-        num("temperature/memory_temp"),
-        3,
-    )
-    gpu_max = _value(gpu, "gpuwarden_temperature_threshold_celsius", threshold="gpu_max")
-    for ours_name, path in (
-        ("shutdown", "temperature/gpu_temp_max_tlimit_threshold"),
-        ("slowdown", "temperature/gpu_temp_slow_tlimit_threshold"),
+    r.equal("uuid", gpu.uuid, r.text("uuid"))
+    r.equal("name", info.name, r.text("product_name"))
+    r.equal("serial", info.serial, r.text("serial"))
+    r.equal("pci_bus_id", info.pci_bus_id, r.text("pci/pci_bus_id"))
+    r.equal("vbios_version", info.vbios_version, r.text("vbios_version"))
+    r.equal("driver_version", driver.get("driver_version"), root.findtext("driver_version"))
+    r.equal("cuda_driver_version", driver.get("cuda_driver_version"), root.findtext("cuda_version"))
+    _compare_memory_and_heat(r)
+    _compare_power_and_clocks(r)
+    _compare_errors(r)
+    _compare_modes_and_links(r, nvlinks_active)
+
+
+def _compare_memory_and_heat(r: _Reading) -> None:
+    for field, tolerance, note in (
+        ("total", 1, "nvidia-smi rounds to MiB"),
+        ("reserved", 1, "nvidia-smi rounds to MiB"),
+        ("used", 64, "moves with allocations between the reads"),
+        ("free", 64, "moves with allocations between the reads"),
     ):
-        ours = _value(gpu, "gpuwarden_temperature_threshold_celsius", threshold=ours_name)
+        ours = r.ours(f"gpuwarden_memory_{field}_bytes", MIB)
+        r.near(f"memory_{field}_mib", ours, r.num(f"fb_memory_usage/{field}"), tolerance, note)
+    r.near("temperature_celsius", r.ours("gpuwarden_temperature_celsius"), r.num("temperature/gpu_temp"), 3)
+    ours = r.ours("gpuwarden_memory_temperature_celsius")
+    r.near("memory_temperature_celsius", ours, r.num("temperature/memory_temp"), 3)
+    gpu_max = r.ours("gpuwarden_temperature_threshold_celsius", threshold="gpu_max")
+    for threshold, tag in (("shutdown", "max"), ("slowdown", "slow")):
+        ours = r.ours("gpuwarden_temperature_threshold_celsius", threshold=threshold)
         # nvidia-smi prints thresholds on the T.Limit scale (gpu_max − absolute); gpuwarden exports absolute °C.
         converted = None if ours is None or gpu_max is None else gpu_max - ours
-        cmp.near(g, f"temperature_threshold_{ours_name} (T.Limit scale)", converted, num(path), 0)
-    power = _value(gpu, "gpuwarden_power_usage_watts")
-    smi_power = num("gpu_power_readings/average_power_draw") or num("power_readings/power_draw")
-    cmp.near(g, "power_usage_watts", power, smi_power, max(15.0, 0.1 * (smi_power or 0)), "1 s average, moves")
-    cmp.near(
-        g,
-        "power_limit_watts",
-        _value(gpu, "gpuwarden_power_limit_watts"),
-        num("gpu_power_readings/current_power_limit") or num("power_readings/power_limit"),
-        0.5,
-    )
-    cmp.near(
-        g,
-        "power_default_limit_watts",
-        _value(gpu, "gpuwarden_power_default_limit_watts"),
-        num("gpu_power_readings/default_power_limit") or num("power_readings/default_power_limit"),
-        0.5,
-    )
-    pstate = _value(gpu, "gpuwarden_performance_state")
-    cmp.equal(g, "performance_state", f"P{pstate:.0f}" if pstate is not None else "absent", text("performance_state"))
-    for clock, path in (
-        ("sm", "clocks/sm_clock"),
-        ("memory", "clocks/mem_clock"),
-        ("graphics", "clocks/graphics_clock"),
+        theirs = r.num(f"temperature/gpu_temp_{tag}_tlimit_threshold")
+        r.near(f"temperature_threshold_{threshold} (T.Limit scale)", converted, theirs, 0)
+
+
+def _compare_power_and_clocks(r: _Reading) -> None:
+    smi_power = r.num("gpu_power_readings/average_power_draw") or r.num("power_readings/power_draw")
+    tolerance = max(15.0, 0.1 * (smi_power or 0))
+    r.near("power_usage_watts", r.ours("gpuwarden_power_usage_watts"), smi_power, tolerance, "1 s average, moves")
+    for family, path, older_path in (  # the older drivers' element names last
+        ("power_limit", "gpu_power_readings/current_power_limit", "power_readings/power_limit"),
+        ("power_default_limit", "gpu_power_readings/default_power_limit", "power_readings/default_power_limit"),
     ):
-        ours = _value(gpu, "gpuwarden_clock_hertz", clock=clock)
-        cmp.near(
-            g,
-            f"clock_{clock}_mhz",
-            None if ours is None else ours / 1e6,
-            num(path),
-            30 if clock != "memory" else 0,
-            "moves under load",
-        )
-        ours_max = _value(gpu, "gpuwarden_clock_max_hertz", clock=clock)
-        cmp.near(
-            g,
-            f"clock_max_{clock}_mhz",
-            None if ours_max is None else ours_max / 1e6,
-            num(f"max_clocks/{path.split('/')[1]}"),
-            0,
-        )
-    for reason, tag in (
-        ("gpu_idle", "gpu_idle"),
-        ("sw_power_cap", "sw_power_cap"),
-        ("hw_slowdown", "hw_slowdown"),
-        ("hw_thermal_slowdown", "hw_thermal_slowdown"),
-        ("sw_thermal_slowdown", "sw_thermal_slowdown"),
-        ("hw_power_brake_slowdown", "hw_power_brake_slowdown"),
-    ):
-        ours = _value(gpu, "gpuwarden_clock_event_active", reason=reason)
-        theirs = text(f"clocks_event_reasons/clocks_event_reason_{tag}")
-        cmp.equal(
-            g,
-            f"clock_event_{reason}",
-            {1.0: "Active", 0.0: "Not Active"}.get(ours, "absent"),
-            theirs,
-            "point sample on both sides",
-        )
-    ecc = {1.0: "Enabled", 0.0: "Disabled"}
-    cmp.equal(g, "ecc_enabled", ecc.get(_value(gpu, "gpuwarden_ecc_enabled"), "absent"), text("ecc_mode/current_ecc"))
+        r.near(f"{family}_watts", r.ours(f"gpuwarden_{family}_watts"), r.num(path) or r.num(older_path), 0.5)
+    pstate = r.ours("gpuwarden_performance_state")
+    r.equal("performance_state", f"P{pstate:.0f}" if pstate is not None else "absent", r.text("performance_state"))
+    for clock, tag in (("sm", "sm_clock"), ("memory", "mem_clock"), ("graphics", "graphics_clock")):
+        ours = r.ours("gpuwarden_clock_hertz", 1e6, clock=clock)
+        r.near(f"clock_{clock}_mhz", ours, r.num(f"clocks/{tag}"), 30 if clock != "memory" else 0, "moves under load")
+        ours_max = r.ours("gpuwarden_clock_max_hertz", 1e6, clock=clock)
+        r.near(f"clock_max_{clock}_mhz", ours_max, r.num(f"max_clocks/{tag}"), 0)
+    for reason in CLOCK_EVENT_REASONS:
+        ours = {1.0: "Active", 0.0: "Not Active"}.get(r.ours("gpuwarden_clock_event_active", reason=reason), "absent")
+        theirs = r.text(f"clocks_event_reasons/clocks_event_reason_{reason}")
+        r.equal(f"clock_event_{reason}", ours, theirs, "point sample on both sides")
+
+
+def _compare_errors(r: _Reading) -> None:
+    r.equal("ecc_enabled", ENABLED.get(r.ours("gpuwarden_ecc_enabled"), "absent"), r.text("ecc_mode/current_ecc"))
     for kind, family in (
         ("volatile", "gpuwarden_ecc_errors_total"),
         ("aggregate", "gpuwarden_ecc_lifetime_errors_total"),
     ):
-        corrected = sum(num(f"ecc_errors/{kind}/{t}") or 0 for t in ("sram_correctable", "dram_correctable"))
+        corrected = sum(r.num(f"ecc_errors/{kind}/{t}") or 0 for t in ("sram_correctable", "dram_correctable"))
         uncorrected = sum(
-            num(f"ecc_errors/{kind}/{t}") or 0
+            r.num(f"ecc_errors/{kind}/{t}") or 0
             for t in ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
         )
-        cmp.near(g, f"ecc_{kind}_corrected", _value(gpu, family, type="corrected"), corrected, 0)
-        cmp.near(g, f"ecc_{kind}_uncorrected", _value(gpu, family, type="uncorrected"), uncorrected, 0)
-    if text("remapped_rows/remapped_row_corr") not in (None, "N/A"):
-        cmp.near(
-            g,
-            "remapped_rows_correctable",
-            _value(gpu, "gpuwarden_remapped_rows", cause="correctable"),
-            num("remapped_rows/remapped_row_corr"),
-            0,
-        )
-        cmp.near(
-            g,
-            "remapped_rows_uncorrectable",
-            _value(gpu, "gpuwarden_remapped_rows", cause="uncorrectable"),
-            num("remapped_rows/remapped_row_unc"),
-            0,
-        )
-        yes_no = {1.0: "Yes", 0.0: "No"}
-        cmp.equal(
-            g,
-            "remapped_rows_pending",
-            yes_no.get(_value(gpu, "gpuwarden_remapped_rows_pending"), "absent"),
-            text("remapped_rows/remapped_row_pending"),
-        )
-        cmp.equal(
-            g,
-            "remapped_rows_failed",
-            yes_no.get(_value(gpu, "gpuwarden_remapped_rows_failed"), "absent"),
-            text("remapped_rows/remapped_row_failure"),
-        )
-    enabled = {1.0: "Enabled", 0.0: "Disabled"}
-    cmp.equal(
-        g,
-        "persistence_mode",
-        enabled.get(_value(gpu, "gpuwarden_persistence_mode_enabled"), "absent"),
-        text("persistence_mode"),
-    )
-    cmp.equal(
-        g,
+        r.near(f"ecc_{kind}_corrected", r.ours(family, type="corrected"), corrected, 0)
+        r.near(f"ecc_{kind}_uncorrected", r.ours(family, type="uncorrected"), uncorrected, 0)
+    if r.text("remapped_rows/remapped_row_corr") in (None, "N/A"):
+        return
+    for cause, tag in (("correctable", "corr"), ("uncorrectable", "unc")):
+        ours = r.ours("gpuwarden_remapped_rows", cause=cause)
+        r.near(f"remapped_rows_{cause}", ours, r.num(f"remapped_rows/remapped_row_{tag}"), 0)
+    for state, tag in (("pending", "pending"), ("failed", "failure")):
+        ours = YES_NO.get(r.ours(f"gpuwarden_remapped_rows_{state}"), "absent")
+        r.equal(f"remapped_rows_{state}", ours, r.text(f"remapped_rows/remapped_row_{tag}"))
+
+
+def _compare_modes_and_links(r: _Reading, nvlinks_active: int | None) -> None:
+    ours = ENABLED.get(r.ours("gpuwarden_persistence_mode_enabled"), "absent")
+    r.equal("persistence_mode", ours, r.text("persistence_mode"))
+    r.equal(
         "mig_mode",
-        enabled.get(_value(gpu, "gpuwarden_mig_mode_enabled"), "absent"),
-        text("mig_mode/current_mig") or "absent",
+        ENABLED.get(r.ours("gpuwarden_mig_mode_enabled"), "absent"),
+        r.text("mig_mode/current_mig") or "absent",
     )
-    for kind, gen_path, width_path in (
-        ("max", "max_link_gen", "max_link_width"),
-        ("current", "current_link_gen", "current_link_width"),
-    ):
-        cmp.near(
-            g,
-            f"pcie_link_generation_{kind}",
-            _value(gpu, "gpuwarden_pcie_link_generation", kind=kind),
-            num(f"pci/pci_gpu_link_info/pcie_gen/{gen_path}"),
-            0,
-        )
-        cmp.near(
-            g,
-            f"pcie_link_width_{kind}",
-            _value(gpu, "gpuwarden_pcie_link_width", kind=kind),
-            num(f"pci/pci_gpu_link_info/link_widths/{width_path}"),
-            0,
-        )
-    cmp.near(g, "pcie_replay_errors", _value(gpu, "gpuwarden_pcie_replay_errors_total"), num("pci/replay_counter"), 0)
-    fan = _value(gpu, "gpuwarden_fan_speed_ratio")
-    cmp.near(g, "fan_speed_percent", None if fan is None else fan * 100, num("fan_speed"), 2)
-    smi_processes = smi.find("processes")
+    for kind in ("max", "current"):
+        link = "pci/pci_gpu_link_info"
+        ours = r.ours("gpuwarden_pcie_link_generation", kind=kind)
+        r.near(f"pcie_link_generation_{kind}", ours, r.num(f"{link}/pcie_gen/{kind}_link_gen"), 0)
+        ours = r.ours("gpuwarden_pcie_link_width", kind=kind)
+        r.near(f"pcie_link_width_{kind}", ours, r.num(f"{link}/link_widths/{kind}_link_width"), 0)
+    r.near("pcie_replay_errors", r.ours("gpuwarden_pcie_replay_errors_total"), r.num("pci/replay_counter"), 0)
+    fan = r.ours("gpuwarden_fan_speed_ratio")
+    r.near("fan_speed_percent", None if fan is None else fan * 100, r.num("fan_speed"), 2)
+    smi_processes = r.smi.find("processes")
     count = 0 if smi_processes is None else len(smi_processes.findall("process_info"))
-    cmp.near(g, "processes", _value(gpu, "gpuwarden_processes"), count, 0)
-    recovery = {None: "absent", 0.0: "None", 1.0: "Reset", 2.0: "Reboot", 3.0: "Drain P2P", 4.0: "Drain and Reset"}
-    cmp.equal(
-        g,
-        "recovery_action",
-        recovery.get(_value(gpu, "gpuwarden_recovery_action"), "other"),
-        text("gpu_recovery_action") or "absent",
-    )
+    r.near("processes", r.ours("gpuwarden_processes"), count, 0)
+    ours_action = RECOVERY.get(r.ours("gpuwarden_recovery_action"), "other")
+    r.equal("recovery_action", ours_action, r.text("gpu_recovery_action") or "absent")
     if nvlinks_active is not None:
-        ours_links = sum(s.value for s in gpu.samples if s.name == "gpuwarden_nvlink_up")
-        cmp.near(g, "nvlink_active_links", ours_links, nvlinks_active, 0, "nvidia-smi nvlink -s")
+        ours_links = sum(s.value for s in r.gpu.samples if s.name == "gpuwarden_nvlink_up")
+        r.near("nvlink_active_links", ours_links, nvlinks_active, 0, "nvidia-smi nvlink -s")
 
 
 def parse_topology(text: str) -> dict[tuple[int, int], str]:

@@ -1,4 +1,6 @@
-"""Snapshot assembly: the GPUs' readings merged into a draft (model/draft.py), the topology matrix added, then the
+"""Snapshot assembly: the GPUs' readings merged into a draft, enriched by the steps handed in, then frozen.
+
+Snapshot assembly: the GPUs' readings merged into a draft (model/draft.py), the topology matrix added, then the
 enrichment steps the composition root hands in (health verdicts, pod allocations, processes, host evidence: see
 gpuwarden/runtime/pipeline.py), in order, and the draft frozen into a Snapshot. collect/ knows none of those steps;
 no step calls NVML.

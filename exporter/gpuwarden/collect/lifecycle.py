@@ -1,4 +1,6 @@
-"""NVML's lifecycle and each GPU's state: init with backoff, discovery and re-discovery under deadlines, and what
+"""NVML's lifecycle and each GPU's state: init, discovery, and what each tier's outcome means for a GPU.
+
+NVML's lifecycle and each GPU's state: init with backoff, discovery and re-discovery under deadlines, and what
 every tier outcome means for a GPU (reading kept, stale, lost) or for the library (re-init, exit).
 
 Every NVML call made here runs on a worker under the call deadline, discovery included: a GPU whose discovery

@@ -1,4 +1,6 @@
-"""The poller keeps the loops: a fast and a slow loop on the exporter's own timers, each running its tier for
+"""The poller: the fast and slow loops, each running its tier for every GPU and publishing a snapshot.
+
+The poller keeps the loops: a fast and a slow loop on the exporter's own timers, each running its tier for
 every GPU and publishing a snapshot on the tier's own cadence.
 
 The parts it drives call one way and do not call back:

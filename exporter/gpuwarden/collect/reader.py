@@ -1,4 +1,6 @@
-"""What a reader is: its name, tier, the families it writes and the function that reads a GPU (the readers in
+"""What a reader is: its name, tier, the families it writes and the function that reads a GPU.
+
+What a reader is: its name, tier, the families it writes and the function that reads a GPU (the readers in
 collect/readers/ each declare theirs; the poller and the tiers run them). A module of its own so that the readers and
 the list of them in collect/readers/__init__.py do not import each other."""
 

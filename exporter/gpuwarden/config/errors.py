@@ -1,6 +1,7 @@
-"""pydantic's validation errors as one line naming the key, for the models that stay on pydantic (simulator
-scenarios). The exporter's and the fleet service's settings use exporter/gpuwarden/config/typed.py and never import
-this."""
+"""pydantic's validation errors as one line naming the key, for the models that stay on pydantic.
+
+They are the simulator's scenarios. The exporter's and the fleet service's settings use
+exporter/gpuwarden/config/typed.py and never import this."""
 
 from __future__ import annotations
 

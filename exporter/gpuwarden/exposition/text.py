@@ -1,4 +1,6 @@
-"""Metric families in the Prometheus text format (0.0.4) and OpenMetrics 1.0, byte for byte as prometheus_client
+"""Metric families in the Prometheus text format and OpenMetrics, byte for byte as prometheus_client writes them.
+
+Metric families in the Prometheus text format (0.0.4) and OpenMetrics 1.0, byte for byte as prometheus_client
 writes them, and the exporter's own process_* families.
 
 Why not prometheus_client in the serving process: importing any part of it imports its HTTP servers, urllib,

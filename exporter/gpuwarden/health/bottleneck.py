@@ -1,5 +1,7 @@
-"""Bottleneck classes from one GPU's window (what its time went to): the measured signatures they rest on, and the
-collective spin the job view reads. Pure functions of a WindowActivity and the thresholds; health/checks.py reads
+"""Bottleneck classes from one GPU's window (what its time went to), and the collective spin the job view reads.
+
+Bottleneck classes from one GPU's window (what its time went to): the measured signatures they rest on, and the
+collective spin the job view reads. Pure functions of a WindowActivity and the thresholds; health/history.py reads
 the window from each GPU's history, jobs/ compares the windows of a job's GPUs. The numbers: docs/diagnosis.md.
 """
 

@@ -1,4 +1,6 @@
-"""The health evaluator's memory across restarts: a small JSON file, so that a restart forgets nothing that pages or
+"""The health evaluator's memory across restarts, in a small JSON file.
+
+The health evaluator's memory across restarts: a small JSON file, so that a restart forgets nothing that pages or
 drains.
 
 What it keeps, per GPU UUID: when each held condition began (a temperature over its threshold, an NVLink down, the

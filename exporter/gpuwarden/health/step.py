@@ -1,9 +1,11 @@
-"""The health stage of the pipeline: each assembled draft judged by the evaluator the composition root built, and
+"""The health stage of the pipeline: each draft judged by the evaluator, its memory handed to the state file.
+
+The health stage of the pipeline: each assembled draft judged by the evaluator the composition root built, and
 the evaluator's memory handed to the state file's keeper (health/state_file.py), where one is kept."""
 
 from __future__ import annotations
 
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.state_file import StateKeeper
 from gpuwarden.model.draft import Draft
 

@@ -1,4 +1,6 @@
-"""A launcher's agent from its command line, which any user may read (/proc/PID/cmdline): torchrun (or
+"""A launcher's agent (torchrun, DeepSpeed) from its command line, and each of its workers' ranks.
+
+A launcher's agent from its command line, which any user may read (/proc/PID/cmdline): torchrun (or
 `python -m torch.distributed.run` / `.launch`) and DeepSpeed's per-node launcher (`deepspeed.launcher.launch`). Their
 workers are the agent's children, started in local-rank order, so a worker's rank is the first rank of the agent's
 node (its node rank times its workers per node) plus the worker's place among the agent's children. The agent's

@@ -1,4 +1,6 @@
-"""Why a straggler holds its job back, and the evidence that it does. A rank that computes while the others wait is
+"""Why a straggler holds its job back, and the evidence that it does.
+
+Why a straggler holds its job back, and the evidence that it does. A rank that computes while the others wait is
 a slower GPU; it is *measurably* slower where the window shows why: another process computing on it, its clocks held
 down for heat or power (the throttle reasons' share of the window), a power limit below its default, SM clocks
 below its peers', or a slowdown verdict. A rank idle on its GPU is held back by what its main process does on the

@@ -1,4 +1,6 @@
-"""The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot. Nothing is hooked into
+"""The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot.
+
+The job step, after host evidence: a multi-GPU job judged as one, snapshot after snapshot. Nothing is hooked into
 the job.
 
 Per job with GPUs on this node (jobs/grouping.py), over `collective_window_s`:
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuwarden.health.bottleneck import WindowActivity
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.thresholds import Thresholds
 from gpuwarden.jobs import causes, judging, progress, waits
 from gpuwarden.jobs.onset import UsualWaits

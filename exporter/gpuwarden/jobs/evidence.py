@@ -1,4 +1,6 @@
-"""The host-evidence stage, after health: for a GPU whose bottleneck class is `waiting` or that belongs to a job
+"""The host-evidence stage: what the main process of a waiting GPU, or of a job's GPU, does on the host.
+
+The host-evidence stage, after health: for a GPU whose bottleneck class is `waiting` or that belongs to a job
 with peers, what the threads of its largest holder do on the host (jobs/activity.py). It reads the verdicts
 the health step wrote and the processes and jobs the steps before it wrote, all typed fields of the draft, so none
 of those stages knows this one.

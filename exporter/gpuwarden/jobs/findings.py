@@ -1,4 +1,6 @@
-"""The job view's findings for humans: a job's straggler or hang named with its cause and its waiters, and the
+"""The job view's findings for humans: a job's straggler or hang, and the cause of a waiting GPU.
+
+The job view's findings for humans: a job's straggler or hang named with its cause and its waiters, and the
 cause of a `waiting` GPU read from what its main process does on the host. Added to the GPUs' findings
 (health/diagnosis.py) by `diagnose`, which /api/v1/diagnosis and the node page serve.
 """

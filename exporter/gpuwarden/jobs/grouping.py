@@ -1,4 +1,6 @@
-"""Grouping, after processes: which GPUs of this node belong to one job, and each GPU's rank, from the host alone
+"""Grouping, after processes: which GPUs of this node belong to one job, and each GPU's rank.
+
+Grouping, after processes: which GPUs of this node belong to one job, and each GPU's rank, from the host alone
 (no hook in the job). A pipeline step: it reads the processes the processes step wrote and the host's /proc
 (jobs/identity.py).
 

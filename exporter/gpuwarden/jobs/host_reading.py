@@ -1,4 +1,6 @@
-"""What the host evidence of a GPU's main process says (the shares that jobs/activity.py sums up): the activity that
+"""What the host evidence of a GPU's main process says: the activity that dominated, and its numbers.
+
+What the host evidence of a GPU's main process says (the shares that jobs/activity.py sums up): the activity that
 dominated, and the numbers behind it. Read both by a waiting GPU's advice (jobs/findings.py) and by a straggler's
 cause (jobs/collective.py), so the two never disagree. Thresholds and the evidence behind them: docs/diagnosis.md.
 """

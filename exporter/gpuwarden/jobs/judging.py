@@ -1,4 +1,6 @@
-"""The collective rules: from one job's GPUs on this node over the window to its findings. The decisive evidence is
+"""The collective rules: from one job's GPUs on this node over the window to its findings.
+
+The collective rules: from one job's GPUs on this node over the window to its findings. The decisive evidence is
 relational: ranks that wait (spinning in a collective, or computing less than the slowest rank: jobs/waits.py) wait
 for a peer that is doing something else, and that peer is the straggler. The step that keeps the state between
 snapshots and confirms findings over time is jobs/collective.py.

@@ -1,4 +1,6 @@
-"""Who launched a GPU process, from the host's /proc alone: the job key and rank that launchers leave in the
+"""Who launched a GPU process, from the host's /proc alone: the job key and rank launchers leave behind.
+
+Who launched a GPU process, from the host's /proc alone: the job key and rank that launchers leave in the
 environment at exec time, and the process tree. No hook in the job.
 
 `/proc/PID/environ` is the environment the process was started with (changes made inside the program are not

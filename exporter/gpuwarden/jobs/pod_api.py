@@ -1,4 +1,6 @@
-"""A GPU process's pod as the Kubernetes API server knows it: its labels (the training operator's job: Kubeflow,
+"""A GPU process's pod as the Kubernetes API server knows it: its labels and its containers' environment.
+
+A GPU process's pod as the Kubernetes API server knows it: its labels (the training operator's job: Kubeflow,
 JobSet, Volcano, LeaderWorkerSet, an Indexed Job) and its containers' literal environment, which is what the
 operator wrote for the launcher (MASTER_ADDR/PORT, RANK, PET_*): the same variables an exporter running as root
 reads from /proc/PID/environ, for an exporter that may not read another user's.

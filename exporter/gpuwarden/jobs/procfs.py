@@ -1,4 +1,6 @@
-"""Bounded reads of the host's /proc for the job view, telling a file this process may not read (another user's
+"""Bounded reads of the host's /proc for the job view, telling a file it may not read from one that is gone.
+
+Bounded reads of the host's /proc for the job view, telling a file this process may not read (another user's
 `environ`, which needs the same UID or CAP_SYS_PTRACE) from one that is not there (the process ended, or the host
 hides it: hidepid, systemd's ProtectProc=invisible). Which sources are readable is what the job view reports
 (jobs/sources.py)."""

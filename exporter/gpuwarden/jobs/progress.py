@@ -1,4 +1,6 @@
-"""Positive evidence that a job makes no progress: every path its data may take carried (nearly) nothing over the
+"""Positive evidence that a job makes no progress: every path its data may take carried nearly nothing.
+
+Positive evidence that a job makes no progress: every path its data may take carried (nearly) nothing over the
 window. Silence on one path is no evidence where the data may take another: a job without NVLink moves its
 all-reduce over PCIe, and ranks on other nodes reach it over the host's RDMA ports.
 

@@ -1,4 +1,6 @@
-"""Shared GPUs: processes outside a GPU's job that compute on it. Their kernels take turns with the job's (time
+"""Shared GPUs: processes outside a GPU's job that compute on it.
+
+Shared GPUs: processes outside a GPU's job that compute on it. Their kernels take turns with the job's (time
 slicing), so the job runs slower on that GPU: a multi-GPU job's straggler cause (jobs/causes.py), and a single-GPU
 job's finding (jobs/findings.py).
 

@@ -1,4 +1,6 @@
-"""Which sources of job identity work on this node, as the job view last found them: the process's cgroup and its
+"""Which sources of job identity work on this node, as the job view last found them.
+
+Which sources of job identity work on this node, as the job view last found them: the process's cgroup and its
 launcher's command line (any user may read them, where the host's /proc is mounted and shows other users'
 processes), its environment (the same UID or CAP_SYS_PTRACE), and the pod API (jobs/pod_api.py, where configured).
 Probed once at start on PID 1 (root's, so what an unprivileged exporter can read of it is what it can read of any

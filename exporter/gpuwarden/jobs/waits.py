@@ -1,6 +1,6 @@
 """How much each rank of a job waits for its peers over the window, read from its GPU and compared with theirs.
 
-- a rank *spins* when its whole window is a collective's spin (health/checks.py `collective_wait`): it waited all of
+- a rank *spins* when its whole window is a collective's spin (health/bottleneck.py `collective_wait`): it waited all of
   it;
 - a rank *waits partially* when it is busy (at least half `collective_busy_ratio`: the driver's busy ratio swings by
   30-50 points between the balanced ranks of one job on H200) while its math pipes carry at least

@@ -1,4 +1,6 @@
-"""One spelling of a PCI bus ID, whoever wrote it: NVML (00000000:18:00.0), the kernel driver's /proc (0000:18:00.0)
+"""One spelling of a PCI bus ID, whoever wrote it (NVML, the kernel driver's /proc, the kernel log).
+
+One spelling of a PCI bus ID, whoever wrote it: NVML (00000000:18:00.0), the kernel driver's /proc (0000:18:00.0)
 and the kernel log (0000:18:00, no function) name the same GPU differently."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The snapshot contract: what the poller publishes and everything downstream (render, JSON, readiness, health,
+"""The snapshot contract: what the poller publishes and everything downstream reads, frozen.
+
+The snapshot contract: what the poller publishes and everything downstream (render, JSON, readiness, health,
 fleet) reads. Every type here is frozen: a snapshot is never modified after publication, so HTTP handlers read
 it without locks. This module imports nothing of NVML, the pod-resources client or HTTP.
 """

@@ -1,4 +1,6 @@
-"""`gpuwarden slurm-healthcheck`: a Slurm HealthCheckProgram that drains a node on a critical GPU verdict and resumes
+"""`gpuwarden slurm-healthcheck`: a Slurm HealthCheckProgram that drains on a critical GPU verdict, resumes its own.
+
+`gpuwarden slurm-healthcheck`: a Slurm HealthCheckProgram that drains a node on a critical GPU verdict and resumes
 only the drains it made.
 
 slurmd runs it as root every HealthCheckInterval and kills it after 60 s; any action is the program's own

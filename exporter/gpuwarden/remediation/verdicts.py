@@ -1,4 +1,6 @@
-"""The node's health as the systems that act need it: the exporter's /api/v1/health fetched over loopback (TLS and
+"""The node's health as the systems that act need it: one verdict per condition family, over loopback HTTP.
+
+The node's health as the systems that act need it: the exporter's /api/v1/health fetched over loopback (TLS and
 basic auth as its web-config demands), reduced to one verdict per condition family.
 
 Three outcomes, never more: `ok`, `problem` (with a message naming the GPU and the fault) and `unknown` (the

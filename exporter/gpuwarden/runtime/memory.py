@@ -1,4 +1,6 @@
-"""Memory handed back after a burst of connections: what the cyclic GC has not collected yet, and what glibc's malloc
+"""Memory handed back after a burst of connections: the cyclic GC's leftovers, and glibc's free lists.
+
+Memory handed back after a burst of connections: what the cyclic GC has not collected yet, and what glibc's malloc
 keeps once it is freed.
 
 A flood of 4,000 stalled TLS handshakes (bench/memory_after_attacks.py) left the exporter 45 MiB above its baseline a

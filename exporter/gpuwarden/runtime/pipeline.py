@@ -27,7 +27,7 @@ from gpuwarden.collect.reader import Reader
 from gpuwarden.collect.readers import all_readers
 from gpuwarden.config.settings import Settings
 from gpuwarden.health import state_file
-from gpuwarden.health.checks import HealthEvaluator
+from gpuwarden.health.evaluator import HealthEvaluator
 from gpuwarden.health.step import HealthStep
 from gpuwarden.health.thresholds import load_thresholds
 from gpuwarden.jobs.collective import CollectiveStep

@@ -1,4 +1,6 @@
-"""The exporter process around the pipeline: listeners bound first, the pipeline started, the renderer, the HTTP
+"""The exporter process around the pipeline: listeners, renderer, HTTP server, probes and one supervisor.
+
+The exporter process around the pipeline: listeners bound first, the pipeline started, the renderer, the HTTP
 server and its probe listener, and one supervisor thread (memory settled after start-up and after bursts of
 connections, SIGHUP reloads in order, the exit once NVML is unusable for good). Built here, not in cli/: the command
 line only parses and hands over."""

@@ -1,4 +1,6 @@
-"""GPM in the fake library: support by compute capability (Hopper, 9.0, and newer), opaque sample buffers, and
+"""GPM in the fake library: support by compute capability, sample buffers, metrics from the scenario.
+
+GPM in the fake library: support by compute capability (Hopper, 9.0, and newer), opaque sample buffers, and
 the metrics struct filled with the scenario's values averaged over the window between two samples.
 
 A scenario sets `sm_active`, `tensor_active`, `dram_active`, … directly; where it does not they follow its

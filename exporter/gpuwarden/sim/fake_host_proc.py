@@ -1,4 +1,6 @@
-"""The simulated host's /proc: a scenario's `host_processes` written as the entries the job view reads (stat, status,
+"""The simulated host's /proc: a scenario's host processes written as the entries the job view reads.
+
+The simulated host's /proc: a scenario's `host_processes` written as the entries the job view reads (stat, status,
 comm, cmdline, environ, cgroup, io, the main thread's state and the children of each process), in a folder the
 exporter reads as the host's /proc where `processes.proc_root` is unset (runtime/pipeline.py). The scenario's GPU
 processes are the simulated ranks; their launchers, supervisors and co-tenants are entries here too. Written on first

@@ -1,4 +1,6 @@
-"""The simulated host's kernel log: a scenario's `kernel_log` records written as /dev/kmsg records, the way the
+"""The simulated host's kernel log: a scenario's records written as /dev/kmsg records, as the driver writes them.
+
+The simulated host's kernel log: a scenario's `kernel_log` records written as /dev/kmsg records, the way the
 driver writes them (the formats tests/data/kmsg and collect/kernel_log.py parse: the kernel's facility, the driver's
 wording at the start of the message), into a file the exporter reads as it would read /dev/kmsg; a `trap` is the
 kernel's report of a process crashing inside a driver library, which the exporter ignores (any process can crash

@@ -31,8 +31,9 @@ from gpuwarden.sim.fakecommon import (
     _set_pointer,
     _val,
 )
+from gpuwarden.sim.faults import ERROR_CODES, Fault
 from gpuwarden.sim.models import MODELS, GpuModel
-from gpuwarden.sim.scenario import ERROR_CODES, Fault, Scenario
+from gpuwarden.sim.scenario import Scenario
 
 
 class _SymbolTable:

@@ -1,4 +1,6 @@
-"""The GPM child over the simulator: `python -m gpuwarden.sim.gpm_child SPEC FD`, started by the GPM sampler where
+"""The GPM child over the simulator: the fake library installed, then gpuwarden.nvml.gpm_child's protocol.
+
+The GPM child over the simulator: `python -m gpuwarden.sim.gpm_child SPEC FD`, started by the GPM sampler where
 the parent runs the simulator (its child spec names this module). It installs the fake library with the parent's
 scenario and start time, then serves gpuwarden.nvml.gpm_child's protocol, so that nvml/ never imports sim/."""
 

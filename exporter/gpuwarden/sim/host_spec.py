@@ -1,4 +1,6 @@
-"""A scenario's host process: what the simulated host's /proc shows of one process (sim/fake_host_proc.py writes
+"""A scenario's host process: what the simulated host's /proc shows of one process, for the job view.
+
+A scenario's host process: what the simulated host's /proc shows of one process (sim/fake_host_proc.py writes
 it), for the job view: the ranks' launcher variables, their launcher agent, their cgroup, their main thread's state.
 """
 

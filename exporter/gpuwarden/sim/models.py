@@ -31,6 +31,21 @@ class GpuModel:
     serial_base: int = 1651326139729
 
 
+# What every model reads at idle: nothing running, no engine busy, persistence on, no recovery asked; each model adds
+# its own temperatures, clocks, power, P-state, PCIe link and fan.
+IDLE_AT_REST: dict[str, float] = {
+    "utilization": 0,
+    "memory_utilization": 0,
+    "encoder_utilization": 0,  # H100: nvmlDeviceGetEncoderUtilization (0, 100000 µs) at idle
+    "decoder_utilization": 0,
+    "memory_used_ratio": 0.0,
+    "clock_event_reasons": 0x1,
+    "processes": 0,
+    "persistence_mode": 1,
+    "recovery_action": 0,
+}
+
+
 H100_SXM_80GB = GpuModel(
     name="NVIDIA H100 80GB HBM3",
     memory_total=85_520_809_984,
@@ -43,27 +58,19 @@ H100_SXM_80GB = GpuModel(
     pcie_max=(5, 16),
     nvlinks=18,
     idle={
-        "utilization": 0,
-        "memory_utilization": 0,
-        "encoder_utilization": 0,  # H100: nvmlDeviceGetEncoderUtilization (0, 100000 µs) at idle
-        "decoder_utilization": 0,
-        "memory_used_ratio": 0.0,
+        **IDLE_AT_REST,
         "temperature": 38,
         "memory_temperature": 41,
         "power_watts": 73.2,
         "sm_clock_mhz": 345,
         "memory_clock_mhz": 2619,
         "pstate": 0,
-        "clock_event_reasons": 0x1,
-        "processes": 0,
-        "persistence_mode": 1,
         "power_limit_watts": 700,
         "pcie_gen": 5,
         "pcie_width": 16,
         "pcie_tx_bytes_per_second": 2.0e5,
         "pcie_rx_bytes_per_second": 1.5e5,
         "fan_percent": 0,
-        "recovery_action": 0,
     },
     unsupported=frozenset(
         {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPagesPendingStatus"}
@@ -85,27 +92,19 @@ QUADRO_RTX_6000 = GpuModel(
     pcie_max=(3, 16),
     nvlinks=0,
     idle={
-        "utilization": 0,
-        "memory_utilization": 0,
-        "encoder_utilization": 0,  # H100: nvmlDeviceGetEncoderUtilization (0, 100000 µs) at idle
-        "decoder_utilization": 0,
-        "memory_used_ratio": 0.0,
+        **IDLE_AT_REST,
         "temperature": 34,
         "memory_temperature": 0,
         "power_watts": 21.5,
         "sm_clock_mhz": 300,
         "memory_clock_mhz": 405,
         "pstate": 8,
-        "clock_event_reasons": 0x1,
-        "processes": 0,
-        "persistence_mode": 1,
         "power_limit_watts": 260,
         "pcie_gen": 1,
         "pcie_width": 16,
         "pcie_tx_bytes_per_second": 5.0e4,
         "pcie_rx_bytes_per_second": 5.0e4,
         "fan_percent": 33,
-        "recovery_action": 0,
     },
     unsupported=frozenset({"nvmlDeviceGetRemappedRows"}),
     unsupported_fields=frozenset({82, 197, 198, 230, 269, 270, 271, 147}),

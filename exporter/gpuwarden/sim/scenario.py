@@ -7,18 +7,18 @@ Time `t` is seconds since the simulator started. See docs/simulator.md for the f
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gpuwarden.config.errors import describe_error
 from gpuwarden.config.settings import ConfigError, read_yaml
+from gpuwarden.sim.faults import Fault
 from gpuwarden.sim.host_spec import HostProcessSpec
 from gpuwarden.sim.models import MODELS
+from gpuwarden.sim.trajectory import StrictModel, Trajectory
 
 VALUE_KEYS = (
     "utilization",
@@ -55,156 +55,8 @@ VALUE_KEYS = (
     "nvlink_tx_bytes_per_second",
 )
 
-ERROR_CODES = {
-    "uninitialized": 1,
-    "invalid_argument": 2,
-    "not_supported": 3,
-    "no_permission": 4,
-    "not_found": 6,
-    "insufficient_power": 8,
-    "driver_not_loaded": 9,
-    "timeout": 10,
-    "irq_issue": 11,
-    "library_not_found": 12,
-    "function_not_found": 13,
-    "corrupted_inforom": 14,
-    "gpu_is_lost": 15,
-    "reset_required": 16,
-    "lib_rm_version_mismatch": 18,
-    "gpu_not_found": 28,
-    "unknown": 999,
-}
 
-FaultKind = Literal[
-    # windows: active from `at` until `until` (or for `duration` every `every` seconds)
-    "gpu_lost",
-    "hang",
-    "crash",  # the process dies inside `call` as on a segfault in the driver's library (SIGSEGV)
-    "error",
-    "not_supported",
-    "driver_unloaded",
-    "library_missing",
-    "version_mismatch",
-    "nvlink_down",
-    "remap_pending",
-    "remap_failed",
-    "retired_pages_pending",
-    # NVSwitch fabric (nvlink: nvswitch nodes): Fabric Manager not started, set-up still in progress, set up with
-    # degraded bandwidth (a trunk link lost), or with an unhealthy route
-    "fabric_not_started",
-    "fabric_in_progress",
-    "fabric_degraded",
-    "fabric_unhealthy",
-    # events: fire at `at` (and every `every` seconds), adding `count` each time
-    "xid",
-    "ecc",
-    "nvlink_errors",
-    "pcie_replay",
-    "remapped_rows",
-    "retired_pages",
-]
-_WINDOW_KINDS = {
-    "gpu_lost",
-    "hang",
-    "crash",
-    "error",
-    "not_supported",
-    "driver_unloaded",
-    "library_missing",
-    "version_mismatch",
-    "nvlink_down",
-    "remap_pending",
-    "remap_failed",
-    "retired_pages_pending",
-    "fabric_not_started",
-    "fabric_in_progress",
-    "fabric_degraded",
-    "fabric_unhealthy",
-}
-_GLOBAL_KINDS = {"driver_unloaded", "library_missing", "version_mismatch"}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Square(_Strict):
-    low: float
-    high: float
-    period: float = Field(gt=0, description="seconds")
-    duty: float = Field(ge=0, le=1, description="share of each period at `high`")
-    phase: float = 0.0
-
-
-class Ramp(_Strict):
-    start: float
-    end: float
-    duration: float = Field(gt=0)
-    begin: float = 0.0
-
-
-class Trajectory(_Strict):
-    """A value over time: constant, ramp, square wave or steps, plus optional bounded noise."""
-
-    constant: float | None = None
-    ramp: Ramp | None = None
-    square: Square | None = None
-    steps: tuple[tuple[float, float], ...] | None = Field(
-        None, description="[[t, value], ...]: each value from its time on (the first from the start), times rising"
-    )
-    noise: float = Field(0.0, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_number(cls, data: Any) -> Any:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return {"constant": data}
-        return data
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Trajectory:
-        if sum(x is not None for x in (self.constant, self.ramp, self.square, self.steps)) != 1:
-            raise ValueError("give exactly one of constant, ramp, square, steps (or a bare number)")
-        if self.steps is not None and (
-            not self.steps or any(b[0] <= a[0] for a, b in zip(self.steps, self.steps[1:], strict=False))
-        ):
-            raise ValueError("steps: give [[t, value], ...] with rising times, e.g. [[0, 40], [120, 95]]")
-        return self
-
-    def steady_between(self, start: float, end: float) -> bool:
-        """The same value at every instant of [start, end]: a constant, or a ramp before it begins or after it
-        ends (so a window's mean is one reading: a job's scenario ramps once and is flat for minutes)."""
-        if self.noise:
-            return False
-        if self.constant is not None:
-            return True
-        if self.steps is not None:  # no step inside (start, end]
-            return not any(start < t <= end for t, _ in self.steps[1:])
-        r = self.ramp
-        return r is not None and (end <= r.begin or start >= r.begin + r.duration)
-
-    def at(self, t: float, seed: str) -> float:
-        if self.constant is not None:
-            value = self.constant
-        elif self.steps is not None:
-            value = next((v for at, v in reversed(self.steps) if t >= at), self.steps[0][1])
-        elif self.ramp is not None:
-            r = self.ramp
-            progress = min(max((t - r.begin) / r.duration, 0.0), 1.0)
-            value = r.start + (r.end - r.start) * progress
-        else:
-            s = self.square
-            assert s is not None
-            position = ((t + s.phase) % s.period) / s.period
-            value = s.high if position < s.duty else s.low
-        if self.noise:
-            # Deterministic noise: the same scenario, GPU and time give the same reading.
-            digest = hashlib.blake2b(f"{seed}:{math.floor(t * 5)}".encode(), digest_size=4).digest()
-            value += (int.from_bytes(digest, "big") / 0xFFFFFFFF * 2 - 1) * self.noise
-        return value
-
-
-class Node(_Strict):
+class Node(StrictModel):
     model: str = "h100-sxm-80gb"
     identity: str | None = Field(
         None,
@@ -254,7 +106,7 @@ class Node(_Strict):
         return value
 
 
-class Driver(_Strict):
+class Driver(StrictModel):
     version: str = "580.159.04"
     nvml_version: str = "13.580.159.04"
     cuda_version: int = 13000
@@ -264,81 +116,10 @@ class Driver(_Strict):
     )
 
 
-class Fault(_Strict):
-    kind: FaultKind
-    gpu: int | None = Field(None, ge=0, description="GPU index; omitted = every GPU")
-    at: float = Field(0.0, ge=0)
-    until: float | None = None
-    every: float | None = Field(None, gt=0)
-    duration: float | None = Field(None, gt=0)
-    call: str | None = None
-    field: int | None = None
-    code: str | None = None
-    xid: int | None = Field(None, ge=0)
-    count: int = Field(1, ge=1, le=1_000_000)
-    type: str | None = None
-    link: int | None = Field(None, ge=0)
-    cause: Literal["correctable", "uncorrectable", "single_bit", "double_bit"] | None = None
-
-    @model_validator(mode="after")
-    def _kind_fields(self) -> Fault:
-        need: dict[str, tuple[str, ...]] = {
-            "hang": ("call",),
-            "crash": ("call",),
-            "error": ("call", "code"),
-            "xid": ("xid",),
-            "ecc": ("type",),
-            "nvlink_down": ("link",),
-            "nvlink_errors": ("link", "type"),
-            "remapped_rows": ("cause",),
-            "retired_pages": ("cause",),
-        }
-        for name in need.get(self.kind, ()):
-            if getattr(self, name) is None:
-                raise ValueError(f"a '{self.kind}' fault needs '{name}'")
-        if self.kind == "not_supported" and self.call is None and self.field is None:
-            raise ValueError("a 'not_supported' fault needs 'call' (a C symbol) or 'field' (a field id)")
-        if self.code is not None and self.code not in ERROR_CODES:
-            raise ValueError(f"unknown code; choose one of {', '.join(ERROR_CODES)}")
-        if self.kind == "ecc" and self.type not in ("corrected", "uncorrected"):
-            raise ValueError("an 'ecc' fault's type is corrected or uncorrected")
-        if self.kind == "nvlink_errors" and self.type not in ("crc_flit", "crc_data", "replay", "recovery", "ecc"):
-            raise ValueError("an 'nvlink_errors' fault's type is crc_flit, crc_data, replay, recovery or ecc")
-        if self.until is not None and self.until <= self.at:
-            raise ValueError("'until' must be later than 'at'")
-        if (self.every is None) != (self.duration is None) and self.kind in _WINDOW_KINDS:
-            raise ValueError("a repeating window needs both 'every' and 'duration'")
-        return self
-
-    @property
-    def is_global(self) -> bool:
-        return self.kind in _GLOBAL_KINDS
-
-    def applies_to(self, gpu: int) -> bool:
-        return self.gpu is None or self.gpu == gpu
-
-    def active(self, t: float) -> bool:
-        """For window faults: is the fault in force at time t?"""
-        if t < self.at or (self.until is not None and t >= self.until):
-            return False
-        if self.every is not None and self.duration is not None:
-            return (t - self.at) % self.every < self.duration
-        return True
-
-    def occurrences(self, t: float) -> int:
-        """For event faults: how many times it has fired by time t."""
-        if t < self.at:
-            return 0
-        end = t if self.until is None else min(t, self.until - 1e-9)
-        if self.every is None:
-            return 1
-        return int((end - self.at) // self.every) + 1
-
-
 SIM_UPTIME_S = 86_400.0  # the simulated host booted a day before its scenario began (records may go back that far)
 
 
-class KernelRecord(_Strict):
+class KernelRecord(StrictModel):
     """One GPU fault the simulated host's kernel logged before the simulator (and so the exporter) started: what
     NVML's event API never reported, read back from the kernel log (collect/kernel_log.py). Written as the driver
     writes it, a `trap` as the kernel reports a process's crash (which the exporter ignores: docs/simulator.md,
@@ -361,7 +142,7 @@ class KernelRecord(_Strict):
         return self
 
 
-class ProcessSpec(_Strict):
+class ProcessSpec(StrictModel):
     """A process holding a GPU: its memory and SM/memory-bandwidth utilization over time, while it lives."""
 
     gpu: int = Field(ge=0)
@@ -394,7 +175,7 @@ class ProcessSpec(_Strict):
         return self.pid + k
 
 
-class Scenario(_Strict):
+class Scenario(StrictModel):
     name: str
     description: str = ""
     node: Node = Node()
@@ -412,34 +193,49 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _check_keys(self) -> Scenario:
+        """What one section cannot check alone: GPU indices within the node, known value keys, each pid once."""
+        self._check_processes()
+        self._check_values()
+        pids = [process.pid for process in self.host_processes]
+        if len(set(pids)) < len(pids) or 1 in pids:
+            raise ValueError("host_processes: each pid once, and not 1 (the simulated host's init)")
+        self._check_kernel_log()
+        self._check_faults()
+        return self
+
+    def _gpus_of_node(self) -> str:
+        return f"the node has GPUs 0-{self.node.count - 1}"
+
+    def _check_processes(self) -> None:
         for number, process in enumerate(self.processes):
             if process.gpu >= self.node.count:
-                raise ValueError(f"processes.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
+                raise ValueError(f"processes.{number}.gpu: {self._gpus_of_node()}")
             if process.until is not None and process.until <= process.at:
                 raise ValueError(f"processes.{number}.until: must be later than `at` ({process.at})")
+
+    def _check_values(self) -> None:
         for where, values in [("values", self.values), *((f"gpus.{i}", v) for i, v in self.gpus.items())]:
             unknown = sorted(set(values) - set(VALUE_KEYS))
             if unknown:
                 raise ValueError(f"{where}: unknown value '{unknown[0]}'; known: {', '.join(VALUE_KEYS)}")
         for index in self.gpus:
             if not 0 <= index < self.node.count:
-                raise ValueError(f"gpus.{index}: the node has GPUs 0-{self.node.count - 1}")
-        pids = [process.pid for process in self.host_processes]
-        if len(set(pids)) < len(pids) or 1 in pids:
-            raise ValueError("host_processes: each pid once, and not 1 (the simulated host's init)")
+                raise ValueError(f"gpus.{index}: {self._gpus_of_node()}")
+
+    def _check_kernel_log(self) -> None:
         for number, record in enumerate(self.kernel_log):
             if record.gpu is not None and record.gpu >= self.node.count:
-                raise ValueError(f"kernel_log.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
+                raise ValueError(f"kernel_log.{number}.gpu: {self._gpus_of_node()}")
             if record.kind == "sxid" and self.node.nvlink != "nvswitch":
                 raise ValueError(f"kernel_log.{number}: an SXid needs an NVSwitch node (node.nvlink: nvswitch)")
+
+    def _check_faults(self) -> None:
+        links = MODELS[self.node.model].nvlinks
         for number, fault in enumerate(self.faults):
             if fault.gpu is not None and fault.gpu >= self.node.count:
-                raise ValueError(f"faults.{number}.gpu: the node has GPUs 0-{self.node.count - 1}")
-            if fault.link is not None and fault.link >= MODELS[self.node.model].nvlinks:
-                raise ValueError(
-                    f"faults.{number}.link: {self.node.model} has {MODELS[self.node.model].nvlinks} NVLinks"
-                )
-        return self
+                raise ValueError(f"faults.{number}.gpu: {self._gpus_of_node()}")
+            if fault.link is not None and fault.link >= links:
+                raise ValueError(f"faults.{number}.link: {self.node.model} has {links} NVLinks")
 
     def _resolved(self, gpu: int, key: str) -> tuple[Trajectory | None, str]:
         """The trajectory that sets `key` on `gpu` (its own, else every GPU's, else None) and its noise seed; looked

@@ -1,4 +1,6 @@
-"""NVSwitch fabric state of each GPU (slow tier): on HGX and NVL systems Fabric Manager sets up the fabric, and until
+"""NVSwitch fabric state of each GPU (slow tier): whether Fabric Manager has set the fabric up, and its health.
+
+NVSwitch fabric state of each GPU (slow tier): on HGX and NVL systems Fabric Manager sets up the fabric, and until
 it has, CUDA cannot start on the GPU while every other reading looks healthy (one operator's Fabric Manager stayed
 down for 20 days unnoticed: docs/runbooks.md, GpuwardenFabricNotReady). A GPU without NVSwitch answers state 0,
 not supported: no series, and never an alert.

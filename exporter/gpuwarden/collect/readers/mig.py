@@ -1,4 +1,6 @@
-"""MIG instances of each MIG-enabled GPU (slow tier): their UUIDs, so that pod attribution can map a container
+"""MIG instances of each MIG-enabled GPU (slow tier): their UUIDs, GPU instance IDs, profiles and placement.
+
+MIG instances of each MIG-enabled GPU (slow tier): their UUIDs, so that pod attribution can map a container
 holding a MIG slice (device plugin ID `MIG-…`) to its parent GPU. Instances are created and destroyed at run time,
 hence the slow tier rather than discovery. Their GPU instance IDs let the GPM reader sample each slice; their
 profile and placement let DRA allocations (which name slices, never UUIDs) find them, and name the slice's profile

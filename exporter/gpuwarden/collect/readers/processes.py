@@ -1,4 +1,6 @@
-"""Processes holding the GPU (fast tier): PID, used memory, compute or graphics context, MIG GPU instance, and SM
+"""Processes holding the GPU (fast tier): PID, memory, context kind, MIG instance and utilization.
+
+Processes holding the GPU (fast tier): PID, used memory, compute or graphics context, MIG GPU instance, and SM
 and memory-bandwidth utilization over the window since the last read.
 
 Measured on H200 (driver 580.159.04, docs/nvml.md, Per-process calls): the running-process lists answer in well under
