@@ -35,22 +35,15 @@ import httpx
 from tests.helpers.cgroup import memory_cgroup
 from tests.helpers.common import free_port
 from tests.helpers.fake_prometheus import FakePrometheus, capped_answer, everyday_answer, reply
+from tests.helpers.hostile import FLEET_CLIENTS as CLIENTS
+from tests.helpers.hostile import FLEET_ENDPOINTS as ENDPOINTS
+from tests.helpers.hostile import FLEET_LIMIT_MIB as LIMIT_MIB
 from tests.helpers.hostile import never_reading_client
 
 ROOT = Path(__file__).resolve().parent.parent
 
-LIMIT_MIB = 384  # deploy/helm/gpuwarden/values.yaml: fleet.resources.limits.memory
-CLIENTS = 1100
 MAX_ANSWER_SERIES = 50_000  # the fleet's defaults (exporter/gpuwarden/fleet/settings.py)
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
-ENDPOINTS = (
-    "/api/v1/fleet",
-    "/api/v1/fleet/health",
-    "/api/v1/fleet/cordon-candidates",
-    "/api/v1/fleet/utilization",
-    "/api/v1/fleet/jobs",
-    "/",
-)
 
 
 class Prober(threading.Thread):

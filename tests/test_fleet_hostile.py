@@ -22,21 +22,13 @@ import pytest
 from tests.helpers.cgroup import memory_cgroup
 from tests.helpers.common import free_port, rss_mib, wait_for
 from tests.helpers.fake_prometheus import FakePrometheus, capped_answer, everyday_answer, reply
+from tests.helpers.hostile import FLEET_CLIENTS as CLIENTS
+from tests.helpers.hostile import FLEET_ENDPOINTS as ENDPOINTS
+from tests.helpers.hostile import FLEET_LIMIT_MIB as LIMIT_MIB
 from tests.helpers.hostile import never_reading_client
 from tests.helpers.stack import wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # 1,100 connections against a memory limit: one at a time
-
-LIMIT_MIB = 384  # deploy/helm/gpuwarden/values.yaml: fleet.resources.limits.memory
-CLIENTS = 1100
-ENDPOINTS = (
-    "/api/v1/fleet",
-    "/api/v1/fleet/health",
-    "/api/v1/fleet/cordon-candidates",
-    "/api/v1/fleet/utilization",
-    "/api/v1/fleet/jobs",
-    "/",
-)
 
 
 def _backend(body: bytes) -> FakePrometheus:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -90,14 +91,27 @@ def test_held_estimates_cover_what_parsed_answers_hold() -> None:
         assert held <= held_estimate(5000, len(raw)), (name, held, held_estimate(5000, len(raw)))
 
 
+def _answering_4000_series(labels: dict[str, str]) -> tuple[FakePrometheus, bytes]:
+    """A fake Prometheus answering every query with 4,000 series (a node each, with `labels`), and that answer."""
+    fake = FakePrometheus()
+    items = [{"metric": {"node": f"gpu-node-{i:05d}", **labels}, "value": [1.0, "1"]} for i in range(4000)]
+    body = json.dumps(vector(items)).encode()
+    fake.answer = lambda query, handler: reply(handler, body)
+    return fake, body
+
+
+def _run_against(fake: FakePrometheus, scenario: Callable[[], Awaitable[None]]) -> None:
+    try:
+        asyncio.run(scenario())
+    finally:
+        fake.close()
+
+
 def test_answers_past_the_budget_are_refused_and_given_back_when_done() -> None:
     """A real client against a fake Prometheus: each answer ~2 MB held, ~3.6 MB more while parsed; a budget of 7 MiB
     holds two at once. The third is refused (503, naming the setting) while two are held, and admitted once they
     are let go."""
-    fake = FakePrometheus()
-    items = [{"metric": {"node": f"gpu-node-{i:05d}", "check": "ecc"}, "value": [1.0, "1"]} for i in range(4000)]
-    body = json.dumps(vector(items)).encode()
-    fake.answer = lambda query, handler: reply(handler, body)
+    fake, body = _answering_4000_series({"check": "ecc"})
 
     async def scenario() -> None:
         client = PrometheusClient(fake.url, cache_ttl=0, max_answers_bytes=7 * 2**20)
@@ -114,17 +128,11 @@ def test_answers_past_the_budget_are_refused_and_given_back_when_done() -> None:
         finally:
             await client.close()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        fake.close()
+    _run_against(fake, scenario)
 
 
 def test_cached_answers_make_room_for_a_new_one() -> None:
-    fake = FakePrometheus()
-    items = [{"metric": {"node": f"gpu-node-{i:05d}"}, "value": [1.0, "1"]} for i in range(4000)]
-    body = json.dumps(vector(items)).encode()
-    fake.answer = lambda query, handler: reply(handler, body)
+    fake, body = _answering_4000_series({})
 
     async def scenario() -> None:
         client = PrometheusClient(fake.url, cache_ttl=600, max_answers_bytes=7 * 2**20)
@@ -136,10 +144,7 @@ def test_cached_answers_make_room_for_a_new_one() -> None:
         finally:
             await client.close()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        fake.close()
+    _run_against(fake, scenario)
 
 
 class Exchange:

@@ -6,6 +6,18 @@ from __future__ import annotations
 import socket
 import ssl
 
+# the fleet service under never-reading clients (tests/test_fleet_hostile.py, bench/fleet_hostile.py)
+FLEET_LIMIT_MIB = 384  # deploy/helm/gpuwarden/values.yaml: fleet.resources.limits.memory
+FLEET_CLIENTS = 1100
+FLEET_ENDPOINTS = (
+    "/api/v1/fleet",
+    "/api/v1/fleet/health",
+    "/api/v1/fleet/cordon-candidates",
+    "/api/v1/fleet/utilization",
+    "/api/v1/fleet/jobs",
+    "/",
+)
+
 
 def never_reading_client(port: int, path: str) -> socket.socket | None:
     """One `Connection: close` GET of `path`, never read (never_reading_request)."""
