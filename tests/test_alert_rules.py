@@ -30,7 +30,9 @@ def loaded() -> list[dict]:
 def test_committed_rules_match_the_thresholds():
     assert RULES.read_text() == generate.alert_rules_yaml(rules.build()), "run `python alert_rules/generate.py`"
     # the map the chart's `thresholds` value reads (deploy/helm: prometheusrule.yaml)
-    assert generate.THRESHOLD_MAP_FILE.read_text() == generate.threshold_map_json(), "run `python alert_rules/generate.py`"
+    assert generate.THRESHOLD_MAP_FILE.read_text() == generate.threshold_map_json(), (
+        "run `python alert_rules/generate.py`"
+    )
     shipped_map = json.loads(generate.THRESHOLD_MAP_FILE.read_text())["temperature_critical_celsius"]
     critical = {"threshold": ["GpuwardenTemperatureCritical"], "for": [], "keep_firing": [], "other": []}
     assert shipped_map == critical

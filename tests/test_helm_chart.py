@@ -566,7 +566,12 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    copied = ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml", "dcgm-compat.recording.yaml", "thresholds-of-alerts.json")
+    copied = (
+        "gpuwarden.rules.yaml",
+        "gpuwarden.recording.yaml",
+        "dcgm-compat.recording.yaml",
+        "thresholds-of-alerts.json",
+    )
     for name in copied:
         assert (CHART / "files" / name).read_bytes() == (ROOT / "alert_rules" / name).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
