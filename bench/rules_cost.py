@@ -1,28 +1,31 @@
-"""What gpuwarden's rules cost the cluster's Prometheus (and VictoriaMetrics behind vmalert), per rule and per group,
-at 100 and 1,000 nodes of 8 GPUs, extrapolated to 10,000.
+"""What gpuwarden's rules cost the cluster's Prometheus: its live rule manager over a day laid out as Prometheus
+holds one (compacted blocks and the head), at 1,000 nodes of 8 GPUs, extrapolated × 10 to 10,000.
 
-Usage: python3 bench/rules_cost.py [--nodes 100,1000] [--backends prometheus,victoriametrics] [--repeat 5]
+Usage: python -m bench.rules_cost [--nodes 1000] [--windows 3] [--window-minutes 10] [--compare REV|DIR]
        [--json OUT.json] [--work DIR]
 
 The fleet: one real scrape of the simulator's default node (`gpuwarden --sim`, 8x H100, the exporter's defaults),
 cut to the families the shipped rules read, plus one `gpuwarden_gpu_allocation` and one `gpuwarden_bottleneck_info`
-per GPU (pod attribution on, GPM's window past), copied to N nodes with their own instance, node and UUIDs, and laid
-out every 15 s (the chart's scrape interval): 24 h for the families the day-long windows read, 40 min for the rest
-(the longest other window is 30 m), to the instant evaluated and 30 min past it (the loaders' checks and the live
-evaluation below read at "now"). Counters grow as on a busy GPU (sampled 1 s/s, busy 0.9 s/s); gauges hold. The
-alert rules' own records (group gpuwarden-history) are laid out as that group writes them, every 10 m over the day.
+per GPU, copied to N nodes with their own instance, node and UUIDs, every 15 s (the chart's scrape interval), with
+noise: counters grow by each scrape's own interval (15 s ± 0.3, full-precision floats), busy time by a utilization
+that wanders, power-cap and thermal throttling on some GPUs, rare error increments, 1 % of the nodes restarted
+once in the head's span (their counters reset); temperatures and memory in use walk; the collection timestamps
+jitter.
 
-Each rule of alert_rules/gpuwarden.rules.yaml and alert_rules/gpuwarden.recording.yaml is evaluated alone, as the
-rule evaluator would, as an instant query at the end of the data, `--repeat` times: the backend's CPU (utime + stime
-of its process, from /proc) and the wall time per evaluation, the median of the repeats; on Prometheus also the
-samples the query touched and the most it held at once (`stats=all`). A group's time is the sum of its rules' (a
-group evaluates its rules one after another); CPU per minute is each rule's CPU times its evaluations a minute (a
-group's `interval`, else the 60 s global default: kube-prometheus-stack's 30 s doubles it).
-VictoriaMetrics runs with `-search.disableCache` (every evaluation computed, as vmalert's would be the first time).
-`--compare REV` measures that revision's rule files too, on the same loaded data. Then the real evaluator runs both
-files for `--live-minutes`: Prometheus' own rule manager (its appends fail as out of bounds, the backfilled blocks
-reaching past now: the queries are what is measured), or vmalert against VictoriaMetrics; its CPU beyond an idle
-minute, and each group's evaluation time as the evaluator reports it.
+The layout, as Prometheus holds a day: the head starts at the 2 h boundary that leaves it 1-3 h (Prometheus persists
+the head's oldest 2 h once it spans 3 h) and is filled by remote write, in time order, up to now; then the feed goes
+on live, every 15 s, for the whole run. Before the head: 26 h of 2 h blocks (`promtool tsdb create-blocks-from`),
+which Prometheus compacts upward itself (2 h → 6 h → 18 h) before anything is measured. The blocks hold what the
+rules read further back than the head: the alert rules' own records (group gpuwarden-history, every 10 m; the head
+has them too up to the rules' start, then the rule manager writes them). Every other family the rules read over
+30 m at most, which the head holds (≥ 1 h): the blocks before it do not hold them here (no rule reads them there).
+
+Three Prometheus processes on the same blocks get the same feed: one evaluating the working tree's rule files
+(alert_rules/*.rules.yaml and *.recording.yaml), one none, and with `--compare` one evaluating another revision's
+(or directory's) rule files. The rule manager's cost is the CPU (utime + stime from /proc) of a process with rules
+minus that of the one without, over the same windows (`--windows` of `--window-minutes`, a whole number of the
+longest group interval); reported beside each: Prometheus' own evaluation time (prometheus_rule_group_duration
+_seconds_sum) and the load average.
 """
 
 from __future__ import annotations
@@ -31,69 +34,62 @@ import argparse
 import json
 import os
 import re
-import statistics
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+
+from bench.rules_layout import BLOCKS_SPAN_S, STEP, RulesFleet, head_start
+from gpuwarden.fleet.settings import parse_duration
+from tests.helpers.common import free_port
+from tests.helpers.stack import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gpuwarden.fleet.settings import parse_duration  # noqa: E402
-from gpuwarden.health.rules import HISTORY_INTERVAL_S, NODE_GPUS_MAX, NVLINK_ACTIVE_MAX  # noqa: E402
-from tests.helpers.common import free_port  # noqa: E402
-from tests.helpers.stack import wait_ready  # noqa: E402
-from tests.helpers.tsdb_backends import Prometheus, VictoriaMetrics  # noqa: E402
-
-RULE_FILES = (ROOT / "alert_rules" / "gpuwarden.rules.yaml", ROOT / "alert_rules" / "gpuwarden.recording.yaml")
-STEP = 15
-DAY_FAMILIES = {"gpuwarden_nvlink_active_links", "gpuwarden_gpus"}  # read over [1d] / [24h]
-DAY_S, RECENT_S = 86400, 40 * 60
-AHEAD_S = 30 * 60  # past the instant evaluated, so that a loader's own checks at "now" see the data
-DEFAULT_INTERVAL_S = 60
-MAX_SAMPLES = 50_000_000  # Prometheus' default --query.max-samples
-RATES = {"gpuwarden_utilization_sampled_seconds_total": 1.0, "gpuwarden_busy_seconds_total": 0.9}
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def rule_texts(revision: str | None) -> dict[str, str]:
-    """Both rule files' text: the working tree's, or a git revision's (`--compare`), measured on the same data."""
-    if revision is None:
-        return {path.name: path.read_text() for path in RULE_FILES}
+def rule_files(source: str | None) -> dict[str, str]:
+    """The rule files' text: the working tree's, a directory's, or a git revision's."""
+    if source is None or Path(source).is_dir():
+        folder = Path(source) if source else ROOT / "alert_rules"
+        paths = sorted([*folder.glob("*.rules.yaml"), *folder.glob("gpuwarden.recording.yaml")])
+        return {path.name: path.read_text() for path in paths}
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", source, "alert_rules/"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    names = [Path(p).name for p in listed if p.endswith(".rules.yaml") or p.endswith("gpuwarden.recording.yaml")]
     return {
-        path.name: subprocess.run(
-            ["git", "show", f"{revision}:alert_rules/{path.name}"], cwd=ROOT, capture_output=True, text=True, check=True
+        name: subprocess.run(
+            ["git", "show", f"{source}:alert_rules/{name}"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
-        for path in RULE_FILES
+        for name in names
     }
 
 
-def rules(texts: dict[str, str]) -> list[dict[str, Any]]:
-    """Every rule of both files with its group, file and interval."""
-    found = []
-    for file, text in texts.items():
-        for group in yaml.safe_load(text)["groups"]:
-            interval = group.get("interval")
-            seconds = DEFAULT_INTERVAL_S if interval is None else parse_duration(interval)
-            for rule in group["rules"]:
-                found.append({
-                    "file": file, "group": group["name"], "interval_s": seconds,
-                    "name": rule.get("alert") or rule["record"], "expr": rule["expr"],
-                })  # fmt: skip
-    return found
-
-
 def read_families() -> set[str]:
-    text = " ".join(rule["expr"] for rule in rules(rule_texts(None)))
+    text = " ".join(
+        rule["expr"]
+        for body in rule_files(None).values()
+        for group in yaml.safe_load(body)["groups"]
+        for rule in group["rules"]
+    )
     return set(re.findall(r"\b(gpuwarden_[a-z_]+)", text))
+
+
+def longest_interval_s(texts: dict[str, str]) -> int:
+    return max(
+        parse_duration(group.get("interval", "60s"))
+        for body in texts.values()
+        for group in yaml.safe_load(body)["groups"]
+    )
 
 
 def simulator_scrape() -> str:
@@ -113,280 +109,260 @@ def simulator_scrape() -> str:
         proc.wait(30)
 
 
-class RulesFleet:
-    """N copies of the scraped node, as exposition lines for the backends' loaders (tests/helpers/tsdb_backends)."""
+# --- Prometheus processes --------------------------------------------------------------------------------------
 
-    def __init__(self, nodes: int, scrape: str, at: int) -> None:
-        self.nodes, self.at = nodes, at
-        wanted = read_families()
-        self.series: list[tuple[str, dict[str, str], float, str]] = []
-        for family in text_string_to_metric_families(scrape):
-            for sample in family.samples:
-                if sample.name in wanted:
-                    self.series.append((sample.name, dict(sample.labels), sample.value, family.type))
-        gpus = sorted({(s[1]["gpu"], s[1]["uuid"]) for s in self.series if "uuid" in s[1]})
-        for gpu, uuid in gpus:  # pod attribution's and GPM's, which the scrape has only with a kubelet or after 5 m
-            self.series.append(("gpuwarden_gpu_allocation", {"gpu": gpu, "uuid": uuid, "namespace": "team-a",
-                                "pod": "trainer-0", "container": "main"}, 1.0, "gauge"))  # fmt: skip
-            self.series.append(("gpuwarden_bottleneck_info", {"gpu": gpu, "uuid": uuid, "class": "tensor_bound"},
-                                1.0, "gauge"))  # fmt: skip
-        self.per_node = len(self.series)
-        # the alert rules' own records (the gpuwarden-history group), as it writes them: every 10 m over the day;
-        # per GPU (its index) or per node (None)
-        self.history: dict[str, list[tuple[str | None, float]]] = {
-            NVLINK_ACTIVE_MAX: [
-                (labels["gpu"], value)
-                for name, labels, value, _ in self.series
-                if name == "gpuwarden_nvlink_active_links"
-            ],
-            NODE_GPUS_MAX: [(None, value) for name, _, value, _ in self.series if name == "gpuwarden_gpus"],
+
+class Prometheus:
+    """Debian's Prometheus on loopback over a copy of the blocks, taking remote writes; rules set by a reload."""
+
+    def __init__(self, work: Path, blocks: Path, name: str) -> None:
+        self.name, self.work, self.port = name, work / name, free_port()
+        shutil.copytree(blocks, self.work / "tsdb")
+        self.config = self.work / "prometheus.yml"
+        self.write_config({})
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={self.work / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-remote-write-receiver",
+             "--query.max-samples=500000000"],
+            stdout=subprocess.DEVNULL, stderr=(self.work / "prometheus.log").open("w"),
+        )  # fmt: skip
+        wait_ready(f"{self.url}/-/ready", timeout=600)
+        self.client = httpx.Client(timeout=600)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_config(self, rules: dict[str, str]) -> None:
+        files = []
+        for name, text in rules.items():
+            files.append(self.work / name)
+            files[-1].write_text(text)
+        listed = "".join(f"\n  - {path}" for path in files)
+        self.config.write_text(
+            "global: {scrape_interval: 15s, evaluation_interval: 60s}\n" + (f"rule_files:{listed}\n" if files else "")
+        )
+
+    def set_rules(self, rules: dict[str, str]) -> None:
+        """The rule files in, by a reload (SIGHUP), once the head is filled: the rule manager's appends at now
+        would otherwise push the head past the backfill's timestamps."""
+        self.write_config(rules)
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            groups = self.client.get(f"{self.url}/api/v1/rules").json()["data"]["groups"]
+            if len(groups) == sum(len(yaml.safe_load(t)["groups"]) for t in rules.values()):
+                return
+            time.sleep(1)
+        raise RuntimeError(f"{self.name}: the rules did not load (see {self.work / 'prometheus.log'})")
+
+    def write(self, body: bytes) -> None:
+        response = self.client.post(
+            f"{self.url}/api/v1/write", content=body,
+            headers={"Content-Encoding": "snappy", "Content-Type": "application/x-protobuf",
+                     "X-Prometheus-Remote-Write-Version": "0.1.0"},
+        )  # fmt: skip
+        if response.status_code >= 300:
+            raise RuntimeError(f"{self.name} refused a remote write: {response.status_code} {response.text[:300]}")
+
+    def metrics(self) -> dict[str, float]:
+        text = self.client.get(f"{self.url}/metrics").text
+        return {
+            name: float(value)
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+            for name, value in [line.rsplit(" ", 1)]
         }
 
-    @staticmethod
-    def node(n: int) -> str:
-        return f"gpu-node-{n:05d}"
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
 
-    @staticmethod
-    def uuid(n: int, gpu: str) -> str:
-        return f"GPU-{n:05d}-{gpu}"
+    def blocks(self) -> list[float]:
+        """Each loaded block's span in hours, oldest first."""
+        spans = []
+        for meta in sorted((self.work / "tsdb").glob("*/meta.json")):
+            body = json.loads(meta.read_text())
+            spans.append((body["minTime"], round((body["maxTime"] - body["minTime"]) / 3.6e6, 1)))
+        return [span for _, span in sorted(spans)]
 
-    def history_lines(self, ts: Callable[[int], str]) -> Iterator[str]:
-        times = [ts(t) for t in range(self.at - DAY_S, self.at + AHEAD_S + 1, HISTORY_INTERVAL_S)]
-        for name, rows in self.history.items():
-            yield f"# TYPE {name} gauge\n"
-            for n in range(self.nodes):
-                for gpu, value in rows:
-                    head = f'{name}{{uuid="{self.uuid(n, gpu)}"}}' if gpu else f'{name}{{node="{self.node(n)}"}}'
-                    yield "".join(f"{head} {int(value)} {stamp}\n" for stamp in times)
-
-    def lines(self, ts: Callable[[int], str], recorded: bool = True) -> Iterator[str]:
-        """`recorded` is the loaders' parameter for the fleet's records, which this fleet does not lay out."""
-        day = [(t, ts(t)) for t in range(self.at - DAY_S, self.at + AHEAD_S + 1, STEP)]
-        recent = [(t, ts(t)) for t in range(self.at - RECENT_S, self.at + AHEAD_S + 1, STEP)]
-        by_name: dict[str, list[tuple[dict[str, str], float, str]]] = {}
-        for name, labels, value, type_ in self.series:
-            by_name.setdefault(name, []).append((labels, value, type_))
-        for name, rows in by_name.items():
-            times = day if name in DAY_FAMILIES else recent
-            kind = rows[0][2]
-            yield f"# TYPE {name.removesuffix('_total') if kind == 'counter' else name} {kind}\n"
-            rate = RATES.get(name)
-            for n in range(self.nodes):
-                node = self.node(n)
-                for labels, value, _ in rows:
-                    own = {**labels, "job": "gpuwarden", "instance": f"{node}:10045", "node": node}
-                    if "uuid" in own:
-                        own["uuid"] = self.uuid(n, own["gpu"])
-                    head = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(own.items())) + "}"
-                    if rate is None:
-                        text = repr(value) if value != int(value) else str(int(value))
-                        yield "".join(f"{head} {text} {stamp}\n" for _, stamp in times)
-                    else:
-                        start = times[0][0]
-                        yield "".join(f"{head} {round((t - start) * rate, 1)} {stamp}\n" for t, stamp in times)
-        yield from self.history_lines(ts)
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(120)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+def wait_compacted(servers: list[Prometheus], timeout: float = 1200) -> None:
+    """Until every server's compactions have stopped for two minutes (the compactor runs once a minute)."""
+    deadline, last, quiet_since = time.monotonic() + timeout, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = [s.metrics().get("prometheus_tsdb_compactions_total", 0) for s in servers]
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since > 130:
+            return
+        time.sleep(5)
+    raise RuntimeError("Prometheus kept compacting")
 
 
-def evaluate(backend: Any, expr: str, at: int, repeat: int) -> dict[str, Any]:
-    """The rule's expression as the evaluator sends it, `repeat` times: median wall and backend CPU per evaluation."""
-    walls, cpus, stats = [], [], None
-    params = {"query": expr, "time": str(at)}
-    if backend.name == "prometheus":
-        params["stats"] = "all"
-    with httpx.Client(timeout=600) as client:
-        client.post(f"{backend.url}/api/v1/query", data=params)  # warm the index and page cache
-        for _ in range(repeat):
-            cpu0, wall0 = cpu_seconds(backend.proc.pid), time.perf_counter()
-            body = client.post(f"{backend.url}/api/v1/query", data=params).json()
-            walls.append(time.perf_counter() - wall0)
-            cpus.append(cpu_seconds(backend.proc.pid) - cpu0)
-            if body.get("status") != "success":
-                raise RuntimeError(f"{backend.name} refused {expr[:80]}: {body}")
-            stats = body["data"].get("stats")
-    result = {"wall_s": round(statistics.median(walls), 4), "cpu_s": round(statistics.median(cpus), 4)}
-    if stats:
-        result["samples"] = stats["samples"]["totalQueryableSamples"]
-        result["peak_samples"] = stats["samples"]["peakSamples"]
-    return result
+class Feed(threading.Thread):
+    """The live feed: every series' next sample every 15 s, to every server, until stopped."""
+
+    def __init__(self, fleet: RulesFleet, servers: list[Prometheus], start: int) -> None:
+        super().__init__(daemon=True)
+        self.fleet, self.servers, self.next_t = fleet, servers, start
+        self.halt, self.failure = threading.Event(), None
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                if self.next_t > time.time():
+                    self.halt.wait(self.next_t - time.time())
+                    continue
+                for body in self.fleet.requests(self.next_t, self.next_t + STEP, 0):
+                    for server in self.servers:
+                        server.write(body)
+                self.next_t += STEP
+        except Exception as error:  # noqa: BLE001 - reported by the main thread, which stops the run
+            self.failure = f"{type(error).__name__}: {error}"
 
 
-def live(backend: Any, minutes: float, work: Path) -> dict[str, Any]:
-    """Both rule files evaluated by the real evaluator for `minutes`: Prometheus' rule manager, or vmalert against
-    VictoriaMetrics (writing back by remote write). The evaluator's CPU beyond an idle minute of the same processes,
-    and each group's evaluation time as the evaluator reports it, sampled every 15 s."""
-    files = []
-    for name, text in rule_texts(None).items():
-        if backend.name != "prometheus":  # Debian's vmalert 1.79 predates keep_firing_for (it changes no query)
-            document = yaml.safe_load(text)
-            for group in document["groups"]:
-                for rule in group["rules"]:
-                    rule.pop("keep_firing_for", None)
-            text = yaml.safe_dump(document, sort_keys=False)
-        files.append(work / name)
-        files[-1].write_text(text)
-    idle0 = cpu_seconds(backend.proc.pid)
-    time.sleep(60)
-    idle_per_s = (cpu_seconds(backend.proc.pid) - idle0) / 60
-    vmalert = None
-    if backend.name == "prometheus":
-        backend.stop(keep=True)
-        backend.rule_files = tuple(files)
-        backend.start()
-        pids = [backend.proc.pid]
-    else:
-        port = free_port()
-        vmalert = subprocess.Popen(
-            ["vmalert", *(f"-rule={f}" for f in files), f"-datasource.url={backend.url}",
-             f"-remoteWrite.url={backend.url}", f"-evaluationInterval={DEFAULT_INTERVAL_S}s",
-             f"-notifier.url=http://127.0.0.1:{free_port()}",  # nothing listens: 1.79 has no -notifier.blackhole
-             f"-httpListenAddr=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=(work / "vmalert.log").open("w"),
-        )  # fmt: skip
-        wait_ready(f"http://127.0.0.1:{port}/health", timeout=60)
-        pids = [backend.proc.pid, vmalert.pid]
-    cpu0, began = sum(cpu_seconds(pid) for pid in pids), time.monotonic()
-    durations: dict[str, list[float]] = {}
-    while time.monotonic() - began < minutes * 60:
-        time.sleep(15)
-        if backend.name == "prometheus":
-            body = httpx.get(f"{backend.url}/api/v1/rules", timeout=60).json()
-            for group in body["data"]["groups"]:
-                durations.setdefault(f"{Path(group['file']).name}:{group['name']}", []).append(group["evaluationTime"])
-    spent = sum(cpu_seconds(pid) for pid in pids) - cpu0
-    elapsed = time.monotonic() - began
-    if vmalert is not None:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
-        mine = [s for s in samples if s.name.startswith("vmalert_iteration_duration_seconds") and "group" in s.labels]
-        sums = {s.labels["group"]: s.value for s in mine if s.name.endswith("_sum")}
-        counts = {s.labels["group"]: s.value for s in mine if s.name.endswith("_count")}
-        durations = {group: [sums[group] / counts[group]] for group in sums if counts.get(group)}  # the mean
-        vmalert.terminate()
-        vmalert.wait(30)
-    cpu_per_minute = (spent - idle_per_s * elapsed) / elapsed * 60
-    return {
-        "minutes": round(elapsed / 60, 2),
-        "cpu_s_per_minute": round(cpu_per_minute, 2),
-        "idle_cpu_s_per_minute": round(idle_per_s * 60, 3),
-        "group_seconds": {g: round(max(v), 4) for g, v in durations.items()},
-    }
-
-
-def run(
-    nodes: int, backend_kind: type, scrape: str, work: Path, repeat: int, compare: str | None, live_minutes: float
-) -> dict[str, Any]:
-    at = int(time.time()) // 60 * 60
-    fleet = RulesFleet(nodes, scrape, at)
-    flags = ("-search.disableCache",) if backend_kind is VictoriaMetrics else ("--query.max-samples=500000000",)
-    backend = backend_kind(work / f"{nodes}", *flags)
-    loaded = backend.load(fleet, recorded=False)
-    backend.start()
-    sets = {"now": rule_texts(None), **({compare: rule_texts(compare)} if compare else {})}
+def run(nodes: int, scrape: str, work: Path, windows: int, window_s: int, compare: str | None) -> dict[str, Any]:
+    began = int(time.time())
+    fleet = RulesFleet(nodes, scrape, read_families())
+    head = head_start(began)
+    blocks, om = work / "blocks", work / "history.om"
+    with om.open("w") as out:
+        out.writelines(fleet.history_openmetrics(head - BLOCKS_SPAN_S, head))
+    shutil.rmtree(blocks, ignore_errors=True)
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=2h", str(om), str(blocks)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    om.unlink()
+    sets = {"rules": rule_files(None)}
+    if compare:
+        sets[f"rules of {Path(compare).name if Path(compare).is_dir() else compare}"] = rule_files(compare)
+    servers = [Prometheus(work, blocks, "none"), *(Prometheus(work, blocks, name) for name in sets)]
+    feed = None
     try:
-        measured: dict[str, list[dict[str, Any]]] = {}
-        for label, texts in sets.items():
-            measured[label] = []
-            for rule in rules(texts):
-                cost = evaluate(backend, rule["expr"], at, repeat)
-                measured[label].append({**{k: rule[k] for k in ("file", "group", "name", "interval_s")}, **cost})
-                print(f"  {backend.name} {nodes} {label} {rule['name'][:40]:40} {cost}", flush=True)
-        evaluated = live(backend, live_minutes, work / f"{nodes}") if live_minutes else None
+        fleet.restart_some(head, began + (windows * window_s) + 1200)
+        now = int(time.time()) // STEP * STEP
+        clock = time.monotonic()
+        for body in fleet.requests(head, now, history_until=now):
+            for server in servers:
+                server.write(body)
+        backfill_s = round(time.monotonic() - clock)
+        feed = Feed(fleet, servers, now)
+        feed.start()
+        for server in servers[1:]:
+            server.set_rules(sets[server.name])
+        wait_compacted(servers)
+        time.sleep(120)  # the rules' first evaluations (each group's first read is colder)
+        measured = measure(servers, windows, window_s, feed, nodes)
     finally:
-        backend.stop()
-    return {"nodes": nodes, "series_per_node": fleet.per_node, "load": loaded, "rules": measured, "live": evaluated}
-
-
-def summarize(measured: list[dict[str, Any]]) -> dict[str, Any]:
-    groups: dict[str, dict[str, float]] = {}
-    for rule in measured:
-        group = groups.setdefault(f"{rule['file']}:{rule['group']}", {"wall_s": 0.0, "cpu_s": 0.0,
-                                                                       "interval_s": rule["interval_s"]})  # fmt: skip
-        group["wall_s"] += rule["wall_s"]
-        group["cpu_s"] += rule["cpu_s"]
-    cpu_per_minute = sum(r["cpu_s"] * 60 / r["interval_s"] for r in measured)
-    worst_share = max(g["wall_s"] / g["interval_s"] for g in groups.values())
-    peak = max((r.get("peak_samples", 0) for r in measured), default=0)
+        if feed is not None:
+            feed.halt.set()
+            feed.join(60)
+        layout = {s.name: s.blocks() for s in servers}
+        for server in servers:
+            server.stop()
     return {
-        "cpu_s_per_minute": round(cpu_per_minute, 2),
-        "cores": round(cpu_per_minute / 60, 3),
-        "worst_group_share_of_interval": round(worst_share, 4),
-        "most_samples_held_share_of_max": round(peak / MAX_SAMPLES, 4),
-        "groups": {k: {kk: round(vv, 4) for kk, vv in v.items()} for k, v in groups.items()},
+        "nodes": nodes,
+        "series_per_node": fleet.per_node,
+        "head_start_utc": time.strftime("%H:%M", time.gmtime(head)),
+        "head_hours_at_start": round((began - head) / 3600, 2),
+        "backfill_seconds": backfill_s,
+        "blocks_hours": layout,
+        "longest_group_interval_s": longest_interval_s(sets["rules"]),
+        "windows": measured,
     }
+
+
+def measure(servers: list[Prometheus], windows: int, window_s: int, feed: Feed, nodes: int) -> list[dict[str, Any]]:
+    """Each window: every server's CPU seconds, its rule groups' evaluation seconds, the load average; the rule
+    manager's cores (with rules minus without), at `nodes` and × 10,000 / nodes."""
+    results = []
+    for _ in range(windows):
+        cpu0 = {s.name: s.cpu_seconds() for s in servers}
+        eval0 = {s.name: s.metrics().get("prometheus_rule_group_duration_seconds_sum", 0.0) for s in servers}
+        load0, clock = os.getloadavg()[0], time.monotonic()
+        time.sleep(window_s)
+        if feed.failure:
+            raise RuntimeError(f"the feed failed: {feed.failure}")
+        elapsed = time.monotonic() - clock
+        cpu = {s.name: round(s.cpu_seconds() - cpu0[s.name], 2) for s in servers}
+        evaluation = {
+            s.name: round(s.metrics().get("prometheus_rule_group_duration_seconds_sum", 0.0) - eval0[s.name], 2)
+            for s in servers
+        }
+        window = {
+            "seconds": round(elapsed),
+            "cpu_seconds": cpu,
+            "evaluation_seconds": evaluation,
+            "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "rule_manager_cores": {},
+            "rule_manager_cores_at_10000": {},
+        }
+        for s in servers[1:]:
+            cores = (cpu[s.name] - cpu["none"]) / elapsed
+            window["rule_manager_cores"][s.name] = round(cores, 4)
+            window["rule_manager_cores_at_10000"][s.name] = round(cores * 10_000 / nodes, 3)
+        print(json.dumps(window), flush=True)
+        results.append(window)
+    return results
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The tables docs/benchmarks.md shows (Rules): per backend and size, each rule set's CPU a minute, its worst
-    group's share of its interval and the most samples a rule held, measured and extrapolated linearly to 10,000
-    nodes from the largest size; then the costliest rules of the working tree's set at that size."""
+    """The table docs/benchmarks.md shows: per window, each server's CPU and the rule manager's cores."""
+    result = report["run"]
+    names = list(result["windows"][0]["rule_manager_cores"])
     lines = [
-        "| backend | nodes | rules | CPU s/min | at 10,000 nodes: cores | worst group, share of its interval "
-        "(at 10,000) | most samples held, share of --query.max-samples (at 10,000) | live: CPU s/min |",
-        "|---|---|---|---|---|---|---|---|",
+        "| window | load average (1 m) | CPU s, no rules | "
+        + " | ".join(f"CPU s, {n} | evaluation s, {n} | rule manager at 10,000 nodes: cores, {n}" for n in names)
+        + " |",
+        "|---" * (3 + 3 * len(names)) + "|",
     ]
-    for run in report["runs"]:
-        scale = 10_000 / run["nodes"]
-        for label, summary in run["summary"].items():
-            live_cpu = run["live"]["cpu_s_per_minute"] if label == "now" and run["live"] else ""
-            lines.append(
-                f"| {run['backend']} | {run['nodes']:,} | {label} | {summary['cpu_s_per_minute']} | "
-                f"{summary['cores'] * scale:.2f} | {summary['worst_group_share_of_interval'] * 100:.1f} % "
-                f"({summary['worst_group_share_of_interval'] * scale * 100:.0f} %) | "
-                f"{summary['most_samples_held_share_of_max'] * 100:.2f} % "
-                f"({summary['most_samples_held_share_of_max'] * scale * 100:.1f} %) | {live_cpu} |"
-            )
-    largest = max(report["runs"], key=lambda r: (r["nodes"], r["backend"] == "prometheus"))
-    lines += [
-        "",
-        f"Costliest rules, {largest['backend']} at {largest['nodes']:,} nodes (working tree):",
-        "",
-        "| rule | group | samples | CPU s per evaluation | evaluations/min |",
-        "|---|---|---|---|---|",
-    ]
-    for rule in sorted(largest["rules"]["now"], key=lambda r: -r["cpu_s"])[:10]:
-        lines.append(
-            f"| {rule['name']} | {rule['group']} | {format(rule['samples'], ',') if 'samples' in rule else '—'} | "
-            f"{rule['cpu_s']} | "
-            f"{60 / rule['interval_s']:g} |"
-        )
+    for i, window in enumerate(result["windows"], 1):
+        cells = [f"{i} ({window['seconds']} s)", "-".join(map(str, window["load_average_1m"])),
+                 str(window["cpu_seconds"]["none"])]  # fmt: skip
+        for n in names:
+            cells += [str(window["cpu_seconds"][n]), str(window["evaluation_seconds"][n]),
+                      f"**{window['rule_manager_cores_at_10000'][n]:.2f}**"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", default="100,1000")
-    parser.add_argument("--backends", default="prometheus,victoriametrics")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--window-minutes", type=float, default=10.0, help="a whole number of the longest interval")
+    parser.add_argument("--compare", metavar="REV|DIR", help="also evaluate this revision's or folder's rule files")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--work", type=Path)
-    parser.add_argument("--compare", metavar="REV", help="also measure the rule files of this git revision")
-    parser.add_argument("--live-minutes", type=float, default=5.0, help="the real evaluator's run (0: none)")
-    parser.add_argument("--markdown", type=Path, metavar="JSON", help="only print the tables of an earlier --json")
+    parser.add_argument("--markdown", type=Path, metavar="JSON", help="only print the table of an earlier --json")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0
-    kinds = {"prometheus": Prometheus, "victoriametrics": VictoriaMetrics}
+    for tool in ("prometheus", "promtool"):
+        if shutil.which(tool) is None:
+            print(f"rules_cost: {tool} is not on PATH; install Debian's prometheus package", file=sys.stderr)
+            return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="rules-cost-"))
-    scrape = simulator_scrape()
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,
-                              "cores": os.cpu_count(), "runs": []}  # fmt: skip
-    for name in args.backends.split(","):
-        for nodes in (int(n) for n in args.nodes.split(",")):
-            result = run(nodes, kinds[name], scrape, work, args.repeat, args.compare, args.live_minutes)
-            result["backend"] = name
-            result["summary"] = {label: summarize(measured) for label, measured in result["rules"].items()}
-            brief = {label: {k: v for k, v in s.items() if k != "groups"} for label, s in result["summary"].items()}
-            print(json.dumps({"backend": name, "nodes": nodes, **brief, "live": result["live"]}, indent=1), flush=True)
-            report["runs"].append(result)
+    work.mkdir(parents=True, exist_ok=True)
+    version = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
+                              "prometheus": version}  # fmt: skip
+    report["run"] = run(
+        args.nodes, simulator_scrape(), work, args.windows, round(args.window_minutes * 60), args.compare
+    )
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in report["run"].items() if k != "windows"}))
     print(markdown(report))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -29,10 +30,12 @@ def loaded() -> list[dict]:
 def test_committed_rules_match_the_thresholds():
     assert RULES.read_text() == generate.alert_rules_yaml(rules.build()), "run `python alert_rules/generate.py`"
     # the map the chart's `thresholds` value reads (deploy/helm: prometheusrule.yaml)
-    shipped_map = yaml.safe_load(generate.THRESHOLD_MAP_FILE.read_text())
-    assert shipped_map == generate.threshold_map(), "run `python alert_rules/generate.py`"
+    assert generate.THRESHOLD_MAP_FILE.read_text() == generate.threshold_map_json(), (
+        "run `python alert_rules/generate.py`"
+    )
+    shipped_map = json.loads(generate.THRESHOLD_MAP_FILE.read_text())["temperature_critical_celsius"]
     critical = {"threshold": ["GpuwardenTemperatureCritical"], "for": [], "keep_firing": [], "other": []}
-    assert shipped_map["temperature_critical_celsius"] == critical
+    assert shipped_map == critical
 
 
 def moved(value: object) -> object:
@@ -81,6 +84,19 @@ def test_every_rule_declares_exactly_the_thresholds_it_reads():
                 reach["keep_firing" if keep_s == new else "other"].append(alert)
         observed[field.name] = reach
     assert observed == generate.threshold_map()
+
+
+@needs_promtool
+def test_every_yaml_in_alert_rules_is_a_rule_file_promtool_accepts():
+    """`promtool check rules alert_rules/*.yaml`, the glob a `rule_files:` entry over the folder takes: only rule
+    files carry .yaml there (the chart's threshold map is JSON)."""
+    result = subprocess.run(
+        f"{PROMTOOL} check rules alert_rules/*.yaml", shell=True, cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    checked = sorted(p.name for p in (ROOT / "alert_rules").glob("*.yaml"))
+    assert len(checked) >= 3
+    assert all(f"Checking alert_rules/{name}" in result.stdout for name in checked), result.stdout
 
 
 @needs_promtool

@@ -566,7 +566,12 @@ def test_job_label_matches_the_rules_selector_whatever_the_release(release: str)
 def test_chart_files_are_copies_of_the_sources() -> None:
     """Runs without Helm: the chart's files/ must be byte-for-byte alert_rules/ and grafana_dashboards/."""
     fix = "run: .venv-helm/bin/python deploy/helm/render.py sync"
-    copied = ("gpuwarden.rules.yaml", "gpuwarden.recording.yaml", "dcgm-compat.recording.yaml", "threshold-alerts.yaml")
+    copied = (
+        "gpuwarden.rules.yaml",
+        "gpuwarden.recording.yaml",
+        "dcgm-compat.recording.yaml",
+        "thresholds-of-alerts.json",
+    )
     for name in copied:
         assert (CHART / "files" / name).read_bytes() == (ROOT / "alert_rules" / name).read_bytes(), fix
     sources = {p.name: p.read_bytes() for p in (ROOT / "grafana_dashboards").glob("*.json")}
@@ -772,7 +777,8 @@ def test_thresholds_set_once_give_the_exporters_file_and_rules_that_agree_with_g
     from gpuwarden.health.rules_file import alert_rules_yaml
     from gpuwarden.health.thresholds import DEFAULT, load_thresholds
 
-    mapping = yaml.safe_load((ROOT / "alert_rules" / "threshold-alerts.yaml").read_text())
+    shipped = json.loads((ROOT / "alert_rules" / "thresholds-of-alerts.json").read_text())
+    mapping = {field: reach for field, reach in shipped.items() if field != "_generated"}
     settable = [
         f
         for f, reach in mapping.items()

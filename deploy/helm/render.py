@@ -212,7 +212,7 @@ def sync() -> None:
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.rules.yaml", CHART / "files" / "gpuwarden.rules.yaml")
     shutil.copyfile(ROOT / "alert_rules" / "gpuwarden.recording.yaml", CHART / "files" / "gpuwarden.recording.yaml")
     shutil.copyfile(ROOT / "alert_rules" / "dcgm-compat.recording.yaml", CHART / "files" / "dcgm-compat.recording.yaml")
-    shutil.copyfile(ROOT / "alert_rules" / "threshold-alerts.yaml", CHART / "files" / "threshold-alerts.yaml")
+    shutil.copyfile(ROOT / "alert_rules" / "thresholds-of-alerts.json", CHART / "files" / "thresholds-of-alerts.json")
     dashboards = CHART / "files" / "dashboards"
     for old in dashboards.glob("*.json"):
         old.unlink()

@@ -10,56 +10,12 @@ Severity: critical pages, warning opens a ticket, info is for dashboards (docs/a
 
 from __future__ import annotations
 
-from gpuwarden.health import rules_hardware, rules_service
-from gpuwarden.health.rules_model import (
-    GPU,
-    HISTORY_GROUP,
-    HISTORY_INTERVAL_S,
-    HISTORY_WINDOW,
-    HOLD_MARGIN_S,
-    NODE,
-    NODE_GPUS_MAX,
-    NVLINK_ACTIVE_MAX,
-    RUNBOOK_BASE,
-    SELECTOR,
-    SUSTAINED_GROUP,
-    SUSTAINED_INTERVAL_S,
-    Group,
-    Record,
-    Rule,
-    anchor,
-    duration,
-    held,
-    nodeish,
-    nodeish_over,
-    sustained_interval,
-)
+from gpuwarden.health import rules_hardware, rules_model, rules_service
+from gpuwarden.health.rules_model import *  # noqa: F403 - the model's names, re-exported for the rules' readers
+from gpuwarden.health.rules_model import SELECTOR, Group
 from gpuwarden.health.thresholds import DEFAULT, Thresholds
 
-__all__ = [
-    "GPU",
-    "HISTORY_GROUP",
-    "HISTORY_INTERVAL_S",
-    "HISTORY_WINDOW",
-    "HOLD_MARGIN_S",
-    "NODE",
-    "NODE_GPUS_MAX",
-    "NVLINK_ACTIVE_MAX",
-    "RUNBOOK_BASE",
-    "SELECTOR",
-    "SUSTAINED_GROUP",
-    "SUSTAINED_INTERVAL_S",
-    "Group",
-    "Record",
-    "Rule",
-    "anchor",
-    "build",
-    "duration",
-    "held",
-    "nodeish",
-    "nodeish_over",
-    "sustained_interval",
-]
+__all__ = [*rules_model.__all__, "build"]  # noqa: PLE0604 - the model's list, read at import
 
 
 def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:

@@ -11,6 +11,7 @@ from gpuwarden.health.rules_model import (
     GPU,
     HISTORY_INTERVAL_S,
     NODE,
+    NVLINK_ACTIVE_DAY_MAX,
     NVLINK_ACTIVE_MAX,
     Group,
     alert,
@@ -270,10 +271,15 @@ def interconnect(t: Thresholds, s: str) -> Group:
             f"gpuwarden_nvlink_active_links{{{s}}} < gpuwarden_nvlink_links{{{s}}} and on (uuid) ({some_active})"
         )
 
-    # the last day from the recorded maxima (144 points a GPU, not 5,760), and the raw series over one history
-    # interval for what no record holds yet: on a fresh Prometheus the first record is written up to
-    # HISTORY_INTERVAL_S after the start (a link that went down then paged 8 minutes late, issue 48)
+    # the last day from the recorded day's maximum (one or two points a GPU, not a day of records across every
+    # block), the last two records for what the day's maximum may not hold yet (written in the same evaluation), and
+    # the raw series over one history interval for what no record holds yet: on a fresh Prometheus the first record
+    # is written up to HISTORY_INTERVAL_S after the start (a link that went down then paged 8 minutes late, issue 48)
     recent = f"max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[{duration(HISTORY_INTERVAL_S)}]))"
+    day = (
+        f"max_over_time({NVLINK_ACTIVE_DAY_MAX}[{duration(HISTORY_INTERVAL_S)}]) > 0"
+        f" or max_over_time({NVLINK_ACTIVE_MAX}[{duration(2 * HISTORY_INTERVAL_S)}]) > 0"
+    )
     return Group(
         "gpuwarden-interconnect",
         [
@@ -285,7 +291,7 @@ def interconnect(t: Thresholds, s: str) -> Group:
                 # links and none active), under any exporter instance: joined on the GPU's UUID, so a GPU whose
                 # every link went down still pages after the exporter restarted (the new instance has seen none
                 # active; joined on the instance too, the page resolved)
-                nvlink_down(f"max_over_time({NVLINK_ACTIVE_MAX}[1d]) > 0 or {recent} > 0"),
+                nvlink_down(f"{day} or {recent} > 0"),
                 "critical",
                 "An NVLink link is down.",
                 f"{GPU} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a link is "

@@ -10,6 +10,34 @@ from dataclasses import dataclass, field
 
 from gpuwarden.health.thresholds import Thresholds
 
+# what health/rules.py re-exports to the rules' readers (the generator, the fleet, the tests)
+__all__ = [
+    "GPU",
+    "HISTORY_GROUP",
+    "HISTORY_INTERVAL_S",
+    "HISTORY_WINDOW",
+    "HOLD_MARGIN_S",
+    "NODE",
+    "NODE_GPUS_MAX",
+    "NVLINK_ACTIVE_DAY_MAX",
+    "NVLINK_ACTIVE_MAX",
+    "RUNBOOK_BASE",
+    "SELECTOR",
+    "SUSTAINED_GROUP",
+    "SUSTAINED_INTERVAL_S",
+    "Group",
+    "Record",
+    "Rule",
+    "alert",
+    "anchor",
+    "duration",
+    "held",
+    "nodeish",
+    "nodeish_over",
+    "sustained_interval",
+    "xid_regex",
+]
+
 RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
 SELECTOR = 'job="gpuwarden"'
 HOLD_MARGIN_S = 60  # past a finding's own warm-up after a restart: the new target found and scraped, a rule evaluated
@@ -25,6 +53,12 @@ HISTORY_INTERVAL_S = 600
 HISTORY_WINDOW = "15m"
 NVLINK_ACTIVE_MAX = "gpuwarden:gpu_nvlink_active_links:max15m"
 NODE_GPUS_MAX = "gpuwarden:node_gpus:max15m"
+# The most active NVLinks over the last day, from the records above, written by the same group: NvlinkDown, which
+# runs every minute, reads one or two of these instead of a day of records across every block Prometheus keeps
+# (a day is several compacted blocks and the head: at 10,000 nodes the day's records were the costliest read of
+# the rule manager, docs/benchmarks.md, Rules). It holds a day less one interval, and NvlinkDown reads the last
+# interval of it (exactly one record, whatever the groups' offsets): the day ends where the records' [1d] did.
+NVLINK_ACTIVE_DAY_MAX = "gpuwarden:gpu_nvlink_active_links:max1d"
 # Tickets and information over windows of 15-30 minutes need no evaluation every minute: a fault they report lasts
 # the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
 SUSTAINED_GROUP = "gpuwarden-sustained"

@@ -11,6 +11,7 @@ from gpuwarden.health.rules_model import (
     HOLD_MARGIN_S,
     NODE,
     NODE_GPUS_MAX,
+    NVLINK_ACTIVE_DAY_MAX,
     NVLINK_ACTIVE_MAX,
     SUSTAINED_GROUP,
     Group,
@@ -262,6 +263,13 @@ def history(s: str) -> Group:
             Record(
                 NVLINK_ACTIVE_MAX,
                 f"max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[{HISTORY_WINDOW}]))",
+            ),
+            # after the record it reads: Prometheus evaluates a group's rules in order, each seeing the ones
+            # before; where an evaluator does not (vmalert), NvlinkDown's read of the last records covers the gap.
+            # A day less one interval: NvlinkDown reads the last interval of these, so its day ends where it did
+            Record(
+                NVLINK_ACTIVE_DAY_MAX,
+                f"max by (uuid) (max_over_time({NVLINK_ACTIVE_MAX}[{duration(86400 - HISTORY_INTERVAL_S)}]))",
             ),
             Record(NODE_GPUS_MAX, f"max by (node) ({nodeish_over(f'gpuwarden_gpus{{{s}}}', HISTORY_WINDOW)})"),
         ],
