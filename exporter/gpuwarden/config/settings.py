@@ -243,9 +243,8 @@ class MetricsSettings:
     exclude: tuple[str, ...] = setting((), description="Metric-name globs to drop, applied after include.")
     enable_groups: tuple[str, ...] = setting(
         (),
-        description="Collector groups of detail to export beside the default set (docs/metrics.md, Series budget): "
-        "nvlink_links, topology, health_checks, clocks_detail, point_samples, memory_detail, gpm_detail, "
-        "static_detail, video, container_detail, unsupported_fields; 'all' for every one.",
+        description="Collector groups of detail to export beside the default set, by name (every group is in the "
+        "table of docs/metrics.md, Series budget; an unknown name is refused); 'all' for every one.",
         check=_known_groups,
     )
 
