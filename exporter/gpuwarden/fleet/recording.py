@@ -19,10 +19,14 @@ from gpuwarden.health.checks import CHECKS
 from gpuwarden.health.rules import build
 from gpuwarden.health.thresholds import DEFAULT
 
-# the groups' evaluation interval: the views multiply sums of recorded rates by it. Two minutes, not one: the records
-# feed capacity views over 5-minute rates and longer windows, and at 10,000 nodes they were over half of all the
-# rules' CPU (issue 38, docs/benchmarks.md, Rules); the fleet's recorded answers are up to two minutes old
-INTERVAL_S = 120
+# The groups' evaluation intervals. The records the views integrate over a window (sum_over_time(rate) × interval:
+# every window is 5 minutes or more) are written every 5 minutes, as often as their 5-minute rates change whole: at
+# 10,000 nodes these records were the largest share of all the rules' CPU (issue 38; issue 51, docs/benchmarks.md,
+# Rules). What the views read at an instant (model counts, classes, health, cordon findings) is written every two
+# minutes: an instant read sees a series for 5 minutes (Prometheus' lookback), so a record must come back well within
+# it, and those answers are up to two minutes old.
+INTERVAL_S = 300  # the integrated records' (the fleet's --recording-interval default)
+INSTANT_INTERVAL_S = 120
 
 SAMPLED = "gpuwarden:node_sampled_seconds:rate5m"
 BUSY = "gpuwarden:node_busy_seconds:rate5m"
@@ -40,15 +44,19 @@ NS_CLASSES = "gpuwarden:namespace_class_gpus:count"
 CORDON = "gpuwarden:cordon_finding:active"
 UTILIZATION_RECORDS = (BUSY, SAMPLED, GPUS, GPU_IDLE, GPU_STARVED, NS_IDLE, NS_SAMPLED, CLASS_IDLE, NODE_CLASSES,
                        NS_CLASSES)  # fmt: skip
-# Three groups at one interval (INTERVAL_S), so that no group's evaluation takes more than a small share of it at 10,000
-# nodes (one group of everything took 26 %, issue 38; Prometheus and vmalert evaluate groups side by side). Records
-# that a view compares evaluation by evaluation share a group, which evaluates them at the same instants: a GPU is
-# idle "throughout" when its idle record was written at every evaluation of its node's GPU count (GPUS with GPU_IDLE
-# and GPU_STARVED; in two groups, one group's extra evaluation in the window dropped a whole node from the list).
+# Three groups, so that no group's evaluation takes more than a small share of its interval at 10,000 nodes (one
+# group of everything took 26 %, issue 38; Prometheus and vmalert evaluate groups side by side): name → (records,
+# interval). Records that a view compares evaluation by evaluation share a group, which evaluates them at the same
+# instants: a GPU is idle "throughout" when its idle record was written at every evaluation of its node's GPU count
+# (GPUS with GPU_IDLE and GPU_STARVED; in two groups, one group's extra evaluation in the window dropped a whole node
+# from the list).
 GROUPS = {
-    "gpuwarden-fleet-utilization": (SAMPLED, BUSY, NS_SAMPLED, NS_IDLE),
-    "gpuwarden-fleet-classes": (GPUS, GPU_IDLE, GPU_STARVED, CLASS_IDLE, NODE_CLASSES, NS_CLASSES),
-    "gpuwarden-fleet-inventory": (NODE_MODELS, NODE_MEMORY, HEALTH, CORDON),
+    "gpuwarden-fleet-utilization": ((SAMPLED, BUSY, NS_SAMPLED, NS_IDLE), INTERVAL_S),
+    "gpuwarden-fleet-classes": ((GPUS, GPU_IDLE, GPU_STARVED, CLASS_IDLE), INTERVAL_S),
+    "gpuwarden-fleet-inventory": (
+        (NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, HEALTH, CORDON),
+        INSTANT_INTERVAL_S,
+    ),
 }
 # the records compared evaluation by evaluation (views: the idle and starved lists, and seen minus busy)
 EVALUATED_TOGETHER = ((GPUS, GPU_IDLE, GPU_STARVED), (SAMPLED, BUSY))

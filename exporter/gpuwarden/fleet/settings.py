@@ -152,8 +152,8 @@ class FleetSettings:
         recording.INTERVAL_S,
         ge=1,
         le=3600,
-        description="Evaluation interval of the recording rules (alert_rules/gpuwarden.recording.yaml, 120 s as "
-        "shipped) where the backend does not list its rules (GET /api/v1/rules: Prometheus, vmalert behind "
+        description="Evaluation interval of the recording rules the views integrate over a window "
+        "(alert_rules/gpuwarden.recording.yaml: 300 s as shipped) where the backend does not list its rules (GET /api/v1/rules: Prometheus, vmalert behind "
         "VictoriaMetrics' -vmalert.proxyURL list their groups' interval, and that is used): sums of recorded rates "
         "times it are the window's increases.",
     )
