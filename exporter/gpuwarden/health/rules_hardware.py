@@ -6,6 +6,8 @@ whichever way the exporter comes back (docs/alerting.md, One page across a resta
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuwarden.health.checks import FABRIC_DEGRADED, FABRIC_FAULTS
 from gpuwarden.health.rules_model import (
     GPU,
@@ -18,6 +20,7 @@ from gpuwarden.health.rules_model import (
     duration,
     group,
     held,
+    page,
     xid_regex,
 )
 from gpuwarden.health.thresholds import Thresholds
@@ -32,18 +35,17 @@ def availability(t: Thresholds, s: str) -> list[Rule]:
 
     # fmt: off
     return [
-        alert(t, name="GpuwardenGpuLost", severity="critical", action="cordon", verdict="gpu_lost",
-              for_="gpu_lost_for_s", keep_firing="page_hold_s",
-              expr=held(f"gpuwarden_gpu_up{{{s}}} == 0"),
-              summary="A GPU has fallen off the bus.",
-              description=f"{GPU} does not answer NVML (lost or reset required); drain and cordon the node, then reset "
-              "or power-cycle the GPU; RMA if it recurs."),
-        alert(t, name="GpuwardenRecoveryActionNeeded", severity="critical", action="reset_gpu",
-              keep_firing="page_hold_s",
-              expr=held(f"gpuwarden_recovery_action{{{s}}} > 0"),
-              summary="The driver asks for a GPU recovery action.",
-              description=f"The driver recommends recovery action {{{{ $value }}}} for {GPU} (1 reset GPU, 2 reboot "
-              "node, 3 drain P2P, 4 drain and reset); drain the node and carry it out."),
+        page(t, name="GpuwardenGpuLost", action="cordon", verdict="gpu_lost",
+             for_="gpu_lost_for_s",
+             expr=held(f"gpuwarden_gpu_up{{{s}}} == 0"),
+             summary="A GPU has fallen off the bus.",
+             description=f"{GPU} does not answer NVML (lost or reset required); drain and cordon the node, then reset "
+             "or power-cycle the GPU; RMA if it recurs."),
+        page(t, name="GpuwardenRecoveryActionNeeded", action="reset_gpu",
+             expr=held(f"gpuwarden_recovery_action{{{s}}} > 0"),
+             summary="The driver asks for a GPU recovery action.",
+             description=f"The driver recommends recovery action {{{{ $value }}}} for {GPU} (1 reset GPU, 2 reboot "
+             "node, 3 drain P2P, 4 drain and reset); drain the node and carry it out."),
         alert(t, name="GpuwardenXidCritical", severity="critical", action="reset_gpu", verdict="xid",
               threshold="xid_window_s", for_="xid_critical_for_s", reads=("xid_window_s", "xid_critical"),
               # over Prometheus' history, not only the running exporter's memory: a restarted exporter (which
@@ -69,18 +71,16 @@ def availability(t: Thresholds, s: str) -> list[Rule]:
 def memory_health(t: Thresholds, s: str) -> list[Rule]:
     # fmt: off
     return [
-        alert(t, name="GpuwardenEccUncorrectable", severity="critical", action="cordon", verdict="ecc",
-              keep_firing="page_hold_s",
-              expr=held(f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0'),
-              summary="A GPU has uncorrectable ECC errors.",
-              description=f"{GPU} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
-              "workloads, cordon the node, reset the GPU, and request a replacement if it recurs."),
-        alert(t, name="GpuwardenRowRemapFailure", severity="critical", action="rma", verdict="row_remap",
-              keep_firing="page_hold_s",
-              expr=held(f"gpuwarden_remapped_rows_failed{{{s}}} == 1"),
-              summary="A GPU failed to remap a memory row.",
-              description=f"{GPU} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
-              "diagnostic and open an RMA."),
+        page(t, name="GpuwardenEccUncorrectable", action="cordon", verdict="ecc",
+             expr=held(f'gpuwarden_ecc_errors_total{{{s},type="uncorrected"}} > 0'),
+             summary="A GPU has uncorrectable ECC errors.",
+             description=f"{GPU} has {{{{ $value }}}} uncorrectable ECC error(s) since the driver loaded; stop its "
+             "workloads, cordon the node, reset the GPU, and request a replacement if it recurs."),
+        page(t, name="GpuwardenRowRemapFailure", action="rma", verdict="row_remap",
+             expr=held(f"gpuwarden_remapped_rows_failed{{{s}}} == 1"),
+             summary="A GPU failed to remap a memory row.",
+             description=f"{GPU} has no spare rows left for a failing memory row; drain it, run the NVIDIA field "
+             "diagnostic and open an RMA."),
         alert(t, name="GpuwardenRowRemapPending", severity="warning", action="reset_gpu", verdict="row_remap",
               expr=f"gpuwarden_remapped_rows_pending{{{s}}} == 1",
               summary="A GPU has a memory row remap pending.",
@@ -91,20 +91,24 @@ def memory_health(t: Thresholds, s: str) -> list[Rule]:
               summary="A GPU has a page retirement pending.",
               description=f"{GPU} retired memory pages that take effect at the next driver reload; reload the driver "
               "or reboot at the next maintenance window."),
-        alert(t, name="GpuwardenRetiredPagesLimit", severity="critical", action="rma", verdict="row_remap",
-              threshold="retired_pages_limit", keep_firing="page_hold_s",
-              expr=f"{held(f'sum without (cause) (gpuwarden_retired_pages{{{s}}})')} >=",
-              summary="A GPU reached the retired-page limit.",
-              description=f"{GPU} has {{{{ $value }}}} retired pages; drain it, run the field diagnostic and open an "
-              "RMA."),
+        page(t, name="GpuwardenRetiredPagesLimit", action="rma", verdict="row_remap",
+             threshold="retired_pages_limit",
+             expr=f"{held(f'sum without (cause) (gpuwarden_retired_pages{{{s}}})')} >=",
+             summary="A GPU reached the retired-page limit.",
+             description=f"{GPU} has {{{{ $value }}}} retired pages; drain it, run the field diagnostic and open an "
+             "RMA."),
     ]
     # fmt: on
 
 
 @group("gpuwarden-thermal-power")
 def thermal_power(t: Thresholds, s: str) -> list[Rule]:
-    def throttle(reason: str, window: int) -> str:
-        return f'rate(gpuwarden_throttle_seconds_total{{{s},reason="{reason}"}}[{duration(window)}])'
+    def slowdown(reason: str, **rule: Any) -> Rule:
+        """A ticket on the share of time the GPU spent slowed down for `reason` over thermal_slowdown_for_s."""
+        window = duration(t.thermal_slowdown_for_s)
+        expr = f'rate(gpuwarden_throttle_seconds_total{{{s},reason="{reason}"}}[{window}]) >'
+        reads = ("thermal_slowdown_for_s",)
+        return alert(t, severity="warning", for_="thermal_slowdown_for_s", reads=reads, expr=expr, **rule)
 
     thermal = (
         f"max without (reason) (rate(gpuwarden_throttle_seconds_total{{{s},"
@@ -118,12 +122,12 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
               summary="A GPU is running hot.",
               description=f"{GPU} is at {{{{ $value }}}} °C; check airflow, fans and inlet temperature before it "
               "throttles."),
-        alert(t, name="GpuwardenTemperatureCritical", severity="critical", action="cordon", verdict="temperature",
-              threshold="temperature_critical_celsius", for_="temperature_critical_for_s", keep_firing="page_hold_s",
-              expr=f"{held(f'gpuwarden_temperature_celsius{{{s}}}')} >",
-              summary="A GPU is in the thermal danger zone.",
-              description=f"{GPU} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the "
-              "cooling before the GPU shuts down."),
+        page(t, name="GpuwardenTemperatureCritical", action="cordon", verdict="temperature",
+             threshold="temperature_critical_celsius", for_="temperature_critical_for_s",
+             expr=f"{held(f'gpuwarden_temperature_celsius{{{s}}}')} >",
+             summary="A GPU is in the thermal danger zone.",
+             description=f"{GPU} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the "
+             "cooling before the GPU shuts down."),
         alert(t, name="GpuwardenMemoryTemperatureHigh", severity="warning",
               for_="memory_temperature_for_s", reads=("memory_temperature_margin_celsius",),
               expr=f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
@@ -132,32 +136,30 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
               summary="A GPU's memory is running hot.",
               description=f"The HBM of {GPU} is at {{{{ $value }}}} °C, within {t.memory_temperature_margin_celsius:g} "
               "°C of its limit; check airflow and cooling."),
-        alert(t, name="GpuwardenHwThermalSlowdown", severity="warning", verdict="thermal_throttling",
-              threshold="thermal_slowdown_ratio", for_="thermal_slowdown_for_s", reads=("thermal_slowdown_for_s",),
-              expr=f"{throttle('hw_thermal_slowdown', t.thermal_slowdown_for_s)} >",
-              summary="A GPU is throttled for heat.",
-              description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time in hardware thermal "
-              "slowdown; check cooling and the chassis' fans."),
-        alert(t, name="GpuwardenSwThermalSlowdown", severity="warning", verdict="thermal_throttling",
-              threshold="thermal_slowdown_ratio", for_="thermal_slowdown_for_s", reads=("thermal_slowdown_for_s",),
-              expr=f"{throttle('sw_thermal_slowdown', t.thermal_slowdown_for_s)} >",
-              summary="A GPU is throttled by the driver for heat.",
-              description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time in software thermal slowdown "
-              "(the driver lowers clocks before the hardware has to); check cooling and the chassis' fans."),
-        alert(t, name="GpuwardenThermalThrottling", severity="critical", action="cordon", verdict="thermal_throttling",
-              threshold="thermal_page_ratio", for_="thermal_page_for_s", keep_firing="page_hold_s",
-              reads=("thermal_page_window_s",),
-              expr=f"{held(thermal)} >",
-              summary="A GPU is throttled for heat most of the time.",
-              description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the last "
-              f"{duration(t.thermal_page_window_s)} in thermal slowdown (hardware or driver): its jobs run slower, and "
-              "the GPU is at risk; drain the node and fix the cooling (fans, airflow, inlet temperature)."),
-        alert(t, name="GpuwardenHwPowerBrake", severity="warning", verdict="power",
-              threshold="power_brake_ratio", for_="thermal_slowdown_for_s", reads=("thermal_slowdown_for_s",),
-              expr=f"{throttle('hw_power_brake_slowdown', t.thermal_slowdown_for_s)} >",
-              summary="A GPU is held down by the power brake.",
-              description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time under the external power "
-              "brake; check the PSUs and the rack's power budget."),
+        slowdown("hw_thermal_slowdown", name="GpuwardenHwThermalSlowdown", verdict="thermal_throttling",
+                 threshold="thermal_slowdown_ratio",
+                 summary="A GPU is throttled for heat.",
+                 description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time in hardware thermal "
+                 "slowdown; check cooling and the chassis' fans."),
+        slowdown("sw_thermal_slowdown", name="GpuwardenSwThermalSlowdown", verdict="thermal_throttling",
+                 threshold="thermal_slowdown_ratio",
+                 summary="A GPU is throttled by the driver for heat.",
+                 description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time in software thermal "
+                 "slowdown (the driver lowers clocks before the hardware has to); check cooling and the chassis' "
+                 "fans."),
+        page(t, name="GpuwardenThermalThrottling", action="cordon", verdict="thermal_throttling",
+             threshold="thermal_page_ratio", for_="thermal_page_for_s",
+             reads=("thermal_page_window_s",),
+             expr=f"{held(thermal)} >",
+             summary="A GPU is throttled for heat most of the time.",
+             description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the last "
+             f"{duration(t.thermal_page_window_s)} in thermal slowdown (hardware or driver): its jobs run slower, and "
+             "the GPU is at risk; drain the node and fix the cooling (fans, airflow, inlet temperature)."),
+        slowdown("hw_power_brake_slowdown", name="GpuwardenHwPowerBrake", verdict="power",
+                 threshold="power_brake_ratio",
+                 summary="A GPU is held down by the power brake.",
+                 description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time under the external "
+                 "power brake; check the PSUs and the rack's power budget."),
     ]
     # fmt: on
 
@@ -181,39 +183,38 @@ def interconnect(t: Thresholds, s: str) -> list[Rule]:
     )
     # fmt: off
     return [
-        alert(t, name="GpuwardenNvlinkDown", severity="critical", action="cordon", verdict="nvlink",
-              for_="nvlink_down_for_s", keep_firing="page_hold_s",
-              # against the links the GPU has (static, so a restart does not forget them); a GPU with none
-              # active is a fault only if some were active in the last day (a PCIe card without a bridge has
-              # links and none active), under any exporter instance: joined on the GPU's UUID, so a GPU whose
-              # every link went down still pages after the exporter restarted (the new instance has seen none
-              # active; joined on the instance too, the page resolved)
-              expr=nvlink_down(f"{day} or {recent} > 0"),
-              summary="An NVLink link is down.",
-              description=f"{GPU} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a "
-              "link is down, which cripples multi-GPU training; drain the node, check nvidia-smi nvlink -s (which "
-              "link: /api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
-              # the fleet view evaluates it on the few instances it narrowed to, from the raw series: it then
-              # works on a Prometheus that loads the fleet's recording rules without these
-              finding_expr=nvlink_down(f"max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d])) > 0")),
-        alert(t, name="GpuwardenFabricNotReady", severity="critical", action="cordon", verdict="fabric",
-              for_="fabric_setup_for_s", keep_firing="page_hold_s",
-              # one page per node: Fabric Manager sets up the whole node's fabric, so eight GPUs not ready were
-              # eight incidents for one cause (seen in the restart test with real Alertmanager)
-              expr=held(f'count without (gpu, uuid) (gpuwarden_fabric_state{{{s},state!="completed"}} == 1)'),
-              summary="A node's NVSwitch fabric is not set up: CUDA cannot start on its GPUs.",
-              description=f"{{{{ $value }}}} GPU(s) on {NODE}: their NVSwitch fabric is {{{{ $labels.state }}}}, so no "
-              "CUDA job can start there, though every other reading looks healthy (which GPUs: /api/v1/health, check "
-              "fabric). Check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log; start or restart "
-              "Fabric Manager (its version must match the driver's); drain the node if the fabric does not complete."),
-        alert(t, name="GpuwardenFabricUnhealthy", severity="critical", action="cordon", verdict="fabric",
-              keep_firing="page_hold_s",
-              expr=held(f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_FAULTS)}"}} == 1'),
-              summary="A GPU's NVSwitch fabric is unhealthy: jobs that use it fail.",
-              description=f"{GPU}: fabric {{{{ $labels.condition }}}} (route_unhealthy, incorrect_configuration or a "
-              "failed registration with Fabric Manager). Drain the node, read /var/log/fabricmanager.log and "
-              "`nvidia-smi -q` (Fabric), restart Fabric Manager, then reboot if it persists; an NVSwitch or baseboard "
-              "fault needs the vendor."),
+        page(t, name="GpuwardenNvlinkDown", action="cordon", verdict="nvlink",
+             for_="nvlink_down_for_s",
+             # against the links the GPU has (static, so a restart does not forget them); a GPU with none
+             # active is a fault only if some were active in the last day (a PCIe card without a bridge has
+             # links and none active), under any exporter instance: joined on the GPU's UUID, so a GPU whose
+             # every link went down still pages after the exporter restarted (the new instance has seen none
+             # active; joined on the instance too, the page resolved)
+             expr=nvlink_down(f"{day} or {recent} > 0"),
+             summary="An NVLink link is down.",
+             description=f"{GPU} has {{{{ $value }}}} active NVLinks, fewer than it has (gpuwarden_nvlink_links): a "
+             "link is down, which cripples multi-GPU training; drain the node, check nvidia-smi nvlink -s (which "
+             "link: /api/v1/gpus or the nvlink_links group), reset or reboot, and replace the baseboard if it recurs.",
+             # the fleet view evaluates it on the few instances it narrowed to, from the raw series: it then
+             # works on a Prometheus that loads the fleet's recording rules without these
+             finding_expr=nvlink_down(f"max by (uuid) (max_over_time(gpuwarden_nvlink_active_links{{{s}}}[1d])) > 0")),
+        page(t, name="GpuwardenFabricNotReady", action="cordon", verdict="fabric",
+             for_="fabric_setup_for_s",
+             # one page per node: Fabric Manager sets up the whole node's fabric, so eight GPUs not ready were
+             # eight incidents for one cause (seen in the restart test with real Alertmanager)
+             expr=held(f'count without (gpu, uuid) (gpuwarden_fabric_state{{{s},state!="completed"}} == 1)'),
+             summary="A node's NVSwitch fabric is not set up: CUDA cannot start on its GPUs.",
+             description=f"{{{{ $value }}}} GPU(s) on {NODE}: their NVSwitch fabric is {{{{ $labels.state }}}}, so no "
+             "CUDA job can start there, though every other reading looks healthy (which GPUs: /api/v1/health, check "
+             "fabric). Check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log; start or restart "
+             "Fabric Manager (its version must match the driver's); drain the node if the fabric does not complete."),
+        page(t, name="GpuwardenFabricUnhealthy", action="cordon", verdict="fabric",
+             expr=held(f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_FAULTS)}"}} == 1'),
+             summary="A GPU's NVSwitch fabric is unhealthy: jobs that use it fail.",
+             description=f"{GPU}: fabric {{{{ $labels.condition }}}} (route_unhealthy, incorrect_configuration or a "
+             "failed registration with Fabric Manager). Drain the node, read /var/log/fabricmanager.log and "
+             "`nvidia-smi -q` (Fabric), restart Fabric Manager, then reboot if it persists; an NVSwitch or baseboard "
+             "fault needs the vendor."),
         alert(t, name="GpuwardenFabricDegraded", severity="warning", verdict="fabric",
               for_="fabric_degraded_for_s",
               expr=f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_DEGRADED)}"}} == 1',

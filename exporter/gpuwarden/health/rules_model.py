@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwarden.health.thresholds import Thresholds
 
@@ -37,6 +38,7 @@ __all__ = [
     "held",
     "nodeish",
     "nodeish_over",
+    "page",
     "sustained_interval",
     "xid_regex",
 ]
@@ -136,6 +138,13 @@ def alert(
         reads=reads,
         verdict=verdict,
     )
+
+
+def page(t: Thresholds, **rule: Any) -> Rule:
+    """A critical alert for a lasting fault, its expression `held`: it keeps firing for page_hold_s with no reading,
+    so an exporter restart neither resolves the page nor opens another (docs/alerting.md, One page across a
+    restart)."""
+    return alert(t, severity="critical", keep_firing="page_hold_s", **rule)
 
 
 @dataclass(frozen=True)
