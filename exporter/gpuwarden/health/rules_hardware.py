@@ -1,7 +1,8 @@
 """The alert rules for the GPUs' hardware: availability and XIDs, memory health, heat and power, the interconnect.
 
 Most pages live here. A page for a lasting fault is `held` (rules_model.py): one alert across an exporter restart,
-whichever way the exporter comes back (docs/alerting.md, One page across a restart).
+whichever way the exporter comes back (docs/alerting.md, One page across a restart); page() declares it so. The
+rows are laid out as in rules_service.py.
 """
 
 from __future__ import annotations

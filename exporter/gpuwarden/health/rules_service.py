@@ -1,5 +1,9 @@
 """The alert rules about the service around the GPUs: the exporter itself, jobs, capacity and configuration, the
-sustained tickets evaluated every 5 minutes, and the recorded maxima the day-long windows read."""
+sustained tickets evaluated every 5 minutes, and the recorded maxima the day-long windows read.
+
+Each group is a function declared by @group (rules_model.py); its rules are rows of named data, laid out by hand
+(`fmt: off`): the alert's name, severity, action and verdict; the thresholds it reads; its expression; its words.
+"""
 
 from __future__ import annotations
 
