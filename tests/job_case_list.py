@@ -30,10 +30,22 @@ PIDS = (5001, 5002, 5003, 5004, 5005, 5006, 5007, 5008)
 HEAVY = mix((COMPUTE, 0.95), (SPIN, 0.05))
 QUIET_LINKS = ((0.0, 18e9), (ONSET, 0.0))  # NVLink, both ways: a job's traffic, then nothing moves
 NVLINK_NONE = {"model": "h100-sxm-80gb", "count": 4, "nvlink": "none"}
+NVSWITCH_8 = {"model": "h100-sxm-80gb", "count": 8, "nvlink": "nvswitch"}
 SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_{task}\n"
 POD_CGROUP = (
     "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{container}.scope\n"
 )
+
+
+def one_slower(rank: int, k: float) -> dict[int, Values]:
+    """Per-rank activity of a job in which `rank` is `k` times slower than the others (-1: every other rank)."""
+    slow, peers = slower(k)
+    return {rank: slow, -1: peers}
+
+
+def pcie_both_ways(rate: float, gpus: int = 4) -> dict[int, dict[str, float]]:
+    """Each GPU's PCIe traffic, `rate` bytes per second each way: an all-reduce over PCIe."""
+    return {g: {"pcie_rx_bytes_per_second": rate, "pcie_tx_bytes_per_second": rate} for g in range(gpus)}
 
 
 def torchrun(rank: int, world: int = 4, addr: str = "10.1.2.3", port: int = 29500, run: str = "bert") -> dict:
@@ -85,13 +97,13 @@ def negatives() -> list[Case]:
             gpus(8),
             ranks(8),
             seconds=220,
-            node={"model": "h100-sxm-80gb", "count": 8, "nvlink": "nvswitch"},
+            node=NVSWITCH_8,
         ),
         # a GPU-bound job whose ranks differ by 5 % (the normal spread), never a straggler
         Case(
             "heavy-jitter",
             "balanced with jitter",
-            gpus(4, (0.0, {1: slower(1.05)[0], -1: slower(1.05)[1]}), start=HEAVY),
+            gpus(4, (0.0, one_slower(1, 1.05)), start=HEAVY),
             ranks(),
             seconds=220,
         ),
@@ -103,7 +115,7 @@ def negatives() -> list[Case]:
             ranks(),
             seconds=220,
             node=NVLINK_NONE,
-            extra={g: {"pcie_rx_bytes_per_second": 6e9, "pcie_tx_bytes_per_second": 6e9} for g in range(4)},
+            extra=pcie_both_ways(6e9),
         ),
         # no NVLink, a light all-reduce (60 MB/s): the ranks spin-like, the data still moves: never a hang
         Case(
@@ -113,13 +125,13 @@ def negatives() -> list[Case]:
             ranks(),
             seconds=220,
             node=NVLINK_NONE,
-            extra={g: {"pcie_rx_bytes_per_second": 6e7, "pcie_tx_bytes_per_second": 6e7} for g in range(4)},
+            extra=pcie_both_ways(6e7),
         ),
         # pipeline parallelism, a heavy last stage from the job's start: the others wait 40 % of each step, always
         Case(
             "pipeline-last-heavy",
             "pipeline imbalance",
-            gpus(4, (0.0, {3: slower(1.7)[0], -1: slower(1.7)[1]}), start=HEAVY),
+            gpus(4, (0.0, one_slower(3, 1.7)), start=HEAVY),
             ranks(),
             seconds=240,
         ),
@@ -134,10 +146,10 @@ def negatives() -> list[Case]:
         Case(
             "pipeline-first-heavy-8",
             "pipeline imbalance",
-            gpus(8, (0.0, {0: slower(1.4)[0], -1: slower(1.4)[1]}), start=HEAVY),
+            gpus(8, (0.0, one_slower(0, 1.4)), start=HEAVY),
             ranks(8),
             seconds=240,
-            node={"model": "h100-sxm-80gb", "count": 8, "nvlink": "nvswitch"},
+            node=NVSWITCH_8,
         ),
         # torch.compile on rank 0 takes 90 s longer (its GPU idles, its main thread compiles) while the others
         # wait in the first all-reduce; then the job runs balanced

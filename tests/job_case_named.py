@@ -5,11 +5,14 @@ tests/job_case_list.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.helpers.job_cases import ASLEEP, IDLE, RUNNING, SPIN, Case, Expect, Host, Proc, Values, slower
 from tests.job_case_list import (
     END,
     HEAVY,
     NVLINK_NONE,
+    NVSWITCH_8,
     ONSET,
     QUIET_LINKS,
     gpus,
@@ -88,6 +91,21 @@ def hangs() -> list[Case]:
     ]
 
 
+def slower_gpu(name: str, label: str, rank: int, k: float, condition: dict[str, Any]) -> Case:
+    """One of four ranks on a GPU `k` times slower from ONSET to END, for the reason `condition` shows (its clocks,
+    clock-event reasons, power limit): named the straggler, its cause the slower GPU."""
+    slow, peers = slower(k)
+    return Case(
+        name,
+        label,
+        straggle(4, {rank: slow}, peers, HEAVY),
+        ranks(),
+        extra={rank: condition},
+        expect=(Expect("straggler", rank, ONSET, END, "slower_gpu"),),
+        seconds=260,
+    )
+
+
 def stragglers() -> list[Case]:
     throttled = {
         "clock_event_reasons": {"steps": [[0, 0], [ONSET, 0x40], [END, 0]]},
@@ -158,46 +176,14 @@ def stragglers() -> list[Case]:
             "CPU-bound rank",
             straggle(8, {5: IDLE}, SPIN),
             ranks(8, host={5: onset_host(RUNNING)}),
-            node={"model": "h100-sxm-80gb", "count": 8, "nvlink": "nvswitch"},
+            node=NVSWITCH_8,
             expect=(Expect("straggler", 5, ONSET, END, "cpu"),),
             seconds=220,
         ),
-        Case(
-            "throttled-1.8x",
-            "throttled rank",
-            straggle(4, {0: slower(1.8)[0]}, slower(1.8)[1], HEAVY),
-            ranks(),
-            extra={0: throttled},
-            expect=(Expect("straggler", 0, ONSET, END, "slower_gpu"),),
-            seconds=260,
-        ),
-        Case(
-            "throttled-1.25x",
-            "throttled rank",
-            straggle(4, {2: slower(1.25)[0]}, slower(1.25)[1], HEAVY),
-            ranks(),
-            extra={2: mild},
-            expect=(Expect("straggler", 2, ONSET, END, "slower_gpu"),),
-            seconds=260,
-        ),
-        Case(
-            "power-capped-1.4x",
-            "power-capped rank",
-            straggle(4, {3: slower(1.4)[0]}, slower(1.4)[1], HEAVY),
-            ranks(),
-            extra={3: capped},
-            expect=(Expect("straggler", 3, ONSET, END, "slower_gpu"),),
-            seconds=260,
-        ),
-        Case(
-            "slower-clock-1.5x",
-            "throttled rank",
-            straggle(4, {1: slower(1.5)[0]}, slower(1.5)[1], HEAVY),
-            ranks(),
-            extra={1: clock_only},
-            expect=(Expect("straggler", 1, ONSET, END, "slower_gpu"),),
-            seconds=260,
-        ),
+        slower_gpu("throttled-1.8x", "throttled rank", 0, 1.8, throttled),
+        slower_gpu("throttled-1.25x", "throttled rank", 2, 1.25, mild),
+        slower_gpu("power-capped-1.4x", "power-capped rank", 3, 1.4, capped),
+        slower_gpu("slower-clock-1.5x", "throttled rank", 1, 1.5, clock_only),
         Case(
             "two-throttled",
             "two stragglers",

@@ -54,6 +54,14 @@ def cache_with(clock: Clock, **settings: Any) -> AnswerCache:
     return AnswerCache(clock=clock.monotonic, wall=clock.wall, **settings)
 
 
+async def answered(ttl: float, max_stale: float) -> tuple[Clock, AnswerCache, View]:
+    """A cache, on a clock the test moves and with no background refresh, that has answered "health" once."""
+    clock = Clock()
+    cache, view = cache_with(clock, ttl=ttl, max_stale=max_stale, refresh_interval=0), View()
+    await cache.get("health", view)
+    return clock, cache, view
+
+
 async def settle(cache: AnswerCache, key: str) -> None:
     """Let a background recomputation of `key` finish (or fail)."""
     running = cache._entries[key].running
@@ -78,9 +86,7 @@ def test_within_the_ttl_the_answer_is_served_from_memory() -> None:
 
 def test_past_the_ttl_the_last_answer_is_served_stale_while_one_recomputation_runs() -> None:
     async def scenario() -> None:
-        clock = Clock()
-        cache, view = cache_with(clock, ttl=5, max_stale=60, refresh_interval=0), View()
-        await cache.get("health", view)
+        clock, cache, view = await answered(ttl=5, max_stale=60)
         clock.advance(8)
         view.gate = asyncio.Event()
         stale = await asyncio.wait_for(cache.get("health", view), 10)  # served at once, not after the gate
@@ -98,9 +104,7 @@ def test_past_the_ttl_the_last_answer_is_served_stale_while_one_recomputation_ru
 
 def test_past_max_stale_the_reader_waits_for_a_fresh_answer_shared_with_concurrent_readers() -> None:
     async def scenario() -> None:
-        clock = Clock()
-        cache, view = cache_with(clock, ttl=2, max_stale=5, refresh_interval=0), View()
-        await cache.get("health", view)
+        clock, cache, view = await answered(ttl=2, max_stale=5)
         clock.advance(8)
         answers = await asyncio.gather(*(cache.get("health", view) for _ in range(5)))
         assert {a["answer"] for a in answers} == {2}
@@ -112,9 +116,7 @@ def test_past_max_stale_the_reader_waits_for_a_fresh_answer_shared_with_concurre
 
 def test_a_failed_recomputation_keeps_the_last_answer_until_max_stale_then_the_reader_gets_the_error() -> None:
     async def scenario() -> None:
-        clock = Clock()
-        cache, view = cache_with(clock, ttl=2, max_stale=20, refresh_interval=0), View()
-        await cache.get("health", view)
+        clock, cache, view = await answered(ttl=2, max_stale=20)
         view.fail = True
         clock.advance(3)
         stale = await cache.get("health", view)

@@ -4,6 +4,8 @@ and schemathesis against the running service's OpenAPI schema: no 500s, response
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import schemathesis
@@ -70,19 +72,29 @@ documents = st.recursive(
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def one_line(message: str) -> None:
-    assert message and "\n" not in message and "Traceback" not in message
+def loads_or_fails_with_one_line(load: Callable[[], object], kind: type = object) -> None:
+    """`load()` returns a `kind`, or raises ConfigError with one line, never a traceback."""
+    try:
+        loaded = load()
+    except ConfigError as exc:
+        message = str(exc)
+        assert message and "\n" not in message and "Traceback" not in message
+    else:
+        assert isinstance(loaded, kind)
+
+
+def written(tmp_path_factory, document: object) -> str:
+    """`document` as a YAML file of its own."""
+    path = tmp_path_factory.mktemp("doc") / "d.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return str(path)
 
 
 @FUZZ
 @given(document=documents)
 def test_any_config_document_loads_or_fails_with_one_line(tmp_path_factory, document):
-    path = tmp_path_factory.mktemp("cfg") / "c.yaml"
-    path.write_text(yaml.safe_dump(document))
-    try:
-        assert isinstance(load_settings(path, environ={}), Settings)
-    except ConfigError as exc:
-        one_line(str(exc))
+    path = Path(written(tmp_path_factory, document))
+    loads_or_fails_with_one_line(lambda: load_settings(path, environ={}), Settings)
 
 
 @FUZZ
@@ -90,10 +102,7 @@ def test_any_config_document_loads_or_fails_with_one_line(tmp_path_factory, docu
 def test_any_config_text_loads_or_fails_with_one_line(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("cfg") / "c.yaml"
     path.write_bytes(text.encode("utf-8", "replace"))
-    try:
-        load_settings(path, environ={})
-    except ConfigError as exc:
-        one_line(str(exc))
+    loads_or_fails_with_one_line(lambda: load_settings(path, environ={}))
 
 
 @FUZZ
@@ -116,21 +125,14 @@ def test_any_config_text_loads_or_fails_with_one_line(tmp_path_factory, text):
     )
 )
 def test_any_environment_loads_or_fails_with_one_line(env):
-    try:
-        load_settings(None, environ=env)
-    except ConfigError as exc:
-        one_line(str(exc))
+    loads_or_fails_with_one_line(lambda: load_settings(None, environ=env))
 
 
 @FUZZ
 @given(document=documents)
 def test_any_scenario_document_loads_or_fails_with_one_line(tmp_path_factory, document):
-    path = tmp_path_factory.mktemp("scn") / "s.yaml"
-    path.write_text(yaml.safe_dump(document))
-    try:
-        assert isinstance(load_scenario(str(path)), Scenario)
-    except ConfigError as exc:
-        one_line(str(exc))
+    path = written(tmp_path_factory, document)
+    loads_or_fails_with_one_line(lambda: load_scenario(path), Scenario)
 
 
 @FUZZ
@@ -170,12 +172,8 @@ def test_any_scenario_document_loads_or_fails_with_one_line(tmp_path_factory, do
     )
 )
 def test_scenario_faults_validate_or_fail_with_one_line(tmp_path_factory, faults):
-    path = tmp_path_factory.mktemp("scn") / "s.yaml"
-    path.write_text(yaml.safe_dump({"name": "fuzz", "node": {"count": 4}, "faults": faults}))
-    try:
-        load_scenario(str(path))
-    except ConfigError as exc:
-        one_line(str(exc))
+    path = written(tmp_path_factory, {"name": "fuzz", "node": {"count": 4}, "faults": faults})
+    loads_or_fails_with_one_line(lambda: load_scenario(path))
 
 
 @pytest.mark.slow  # 25 generated requests for each operation: the whole suite's

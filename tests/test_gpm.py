@@ -98,38 +98,46 @@ def test_a_gpu_reset_reseeds_the_window(sim):
 
 
 @pytest.mark.parametrize(
-    ("running", "sm", "tensor", "fp32", "dram", "nvlink", "pcie", "busy", "expected"),
+    ("activity", "expected"),
     [
-        (False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "idle"),
-        (True, 0.96, 0.94, 0.0, 0.24, 0.0, 0.0, 0.99, "tensor_bound"),
+        (WindowActivity(False, sm=0.0, busy=0.0), "idle"),
+        (WindowActivity(True, sm=0.96, tensor=0.94, dram=0.24, busy=0.99), "tensor_bound"),
         # the bf16 transformer measured on H100: the tensor pipe dominates FP32 (22 % vs 2 %): never "use bf16"
-        (True, 0.86, 0.22, 0.02, 0.51, 0.0, 0.0, 0.97, "tensor_bound"),
-        (True, 0.99, 0.0, 0.10, 0.90, 0.0, 0.0, 0.99, "memory_bound"),
+        (WindowActivity(True, sm=0.86, tensor=0.22, fp32=0.02, dram=0.51, busy=0.97), "tensor_bound"),
+        (WindowActivity(True, sm=0.99, fp32=0.10, dram=0.90, busy=0.99), "memory_bound"),
         # FP32 matmul with TF32 off on H100: the FP32 pipe carries the math
-        (True, 0.96, 0.0, 0.77, 0.07, 0.0, 0.0, 0.99, "compute_without_tensor"),
+        (WindowActivity(True, sm=0.96, fp32=0.77, dram=0.07, busy=0.99), "compute_without_tensor"),
         # busy SMs off the math pipes (element-wise, reductions, softmax): fusion, never bf16
-        (True, 0.97, 0.0, 0.0, 0.07, 0.0, 0.0, 0.99, "sm_bound_non_matmul"),
+        (WindowActivity(True, sm=0.97, dram=0.07, busy=0.99), "sm_bound_non_matmul"),
         # bf16 LayerNorm + softmax on H100 (issue 37): SM 99 %, FP32 22 %, tensor 2 %, DRAM 37 %: not FP32 training
-        (True, 0.99, 0.02, 0.22, 0.37, 0.0, 0.0, 0.99, "sm_bound_non_matmul"),
+        (WindowActivity(True, sm=0.99, tensor=0.02, fp32=0.22, dram=0.37, busy=0.99), "sm_bound_non_matmul"),
         # DDP with 2 GB of gradients a step on 2x H200: NCCL's kernels keep the SMs 46-48 % busy
-        (True, 0.47, 0.0, 0.01, 0.1, 120e9, 0.0, 0.5, "communication_bound"),
+        (
+            WindowActivity(True, sm=0.47, fp32=0.01, dram=0.1, nvlink_bytes_per_second=120e9, busy=0.5),
+            "communication_bound",
+        ),
         # balanced bf16 DDP on 2x H200: tensor 11-12 %, SM 38-47 %, NVLink 19-25 GB/s
-        (True, 0.42, 0.115, 0.02, 0.2, 22e9, 0.0, 0.53, "tensor_bound"),
+        (
+            WindowActivity(True, sm=0.42, tensor=0.115, fp32=0.02, dram=0.2, nvlink_bytes_per_second=22e9, busy=0.53),
+            "tensor_bound",
+        ),
         # all-reduce only: NVLink 600-676 GB/s
-        (True, 0.17, 0.0, 0.0, 0.05, 640e9, 0.0, 0.97, "communication_bound"),
-        (True, 0.10, 0.0, 0.0, 0.05, 50e9, 0.0, 0.5, "communication_bound"),
-        (True, 0.0, 0.0, 0.0, 0.01, 0.0, 52e9, 0.3, "host_transfer_bound"),
+        (WindowActivity(True, sm=0.17, dram=0.05, nvlink_bytes_per_second=640e9, busy=0.97), "communication_bound"),
+        (WindowActivity(True, sm=0.10, dram=0.05, nvlink_bytes_per_second=50e9, busy=0.5), "communication_bound"),
+        (WindowActivity(True, sm=0.0, dram=0.01, pcie_rx_bytes_per_second=52e9, busy=0.3), "host_transfer_bound"),
         # a Python loop of tiny kernels on H100: the driver counts 31 % busy, the SMs barely work
-        (True, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.31, "launch_bound"),
+        (WindowActivity(True, sm=0.0, busy=0.31), "launch_bound"),
         # a tiny-batch decode loop on a lent H200 (issue 49): busy 15 %, SM 2 %: launch overhead, not waiting
-        (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.0, 0.15, "launch_bound"),
-        (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.1e9, 0.03, "waiting"),
-        (True, 0.02, 0.0, 0.0, 0.01, 0.0, 0.1e9, None, "waiting"),  # no busy ratio yet: not called launch-bound
-        (True, 0.40, 0.1, 0.2, 0.2, 0.0, 0.0, 0.5, "mixed"),
+        (WindowActivity(True, sm=0.02, dram=0.01, busy=0.15), "launch_bound"),
+        (WindowActivity(True, sm=0.02, dram=0.01, pcie_rx_bytes_per_second=0.1e9, busy=0.03), "waiting"),
+        (
+            WindowActivity(True, sm=0.02, dram=0.01, pcie_rx_bytes_per_second=0.1e9),
+            "waiting",
+        ),  # no busy ratio yet: not called launch-bound
+        (WindowActivity(True, sm=0.40, tensor=0.1, fp32=0.2, dram=0.2, busy=0.5), "mixed"),
     ],
 )
-def test_bottleneck_classes(running, sm, tensor, fp32, dram, nvlink, pcie, busy, expected):
-    activity = WindowActivity(running, sm, tensor, fp32, 0.0, dram, nvlink, pcie, busy)
+def test_bottleneck_classes(activity: WindowActivity, expected: str) -> None:
     assert bottleneck_class(DEFAULT, activity) == expected
     # a GPU whose job has other ranks is read the same way, except for a collective's spin (below)
     assert bottleneck_class(DEFAULT, activity, peers=3) == expected

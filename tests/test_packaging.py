@@ -102,7 +102,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         gpus = httpx.get(exporter.url + "/api/v1/gpus", timeout=30)
         assert gpus.status_code == 200 and len(gpus.json()["gpus"]) == 8, gpus.text[:300]
     assert "Traceback" not in exporter.output()
-    # the fleet service's page templates and the pod-resources .proto travel inside the wheel too
+    # the fleet service's page templates and the pod-resources .proto and its compiled descriptor (which the
+    # messages are built from) travel inside the wheel too
     with running_cli("fleet", "--prometheus-url", "http://127.0.0.1:9", "--query-timeout", "0.5", **outside) as fleet:
         page = httpx.get(fleet.url + "/", timeout=10)
         assert page.status_code == 503 and "Prometheus cannot be asked" in page.text
@@ -110,15 +111,16 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         [
             str(python),
             "-c",
-            "import gpuwarden.attribution.podresources as p, pathlib; "
-            "print(pathlib.Path(p.__file__).with_name('podresources.proto').is_file())",
+            "import gpuwarden.attribution.podresources.messages as m, pathlib; "
+            "print(pathlib.Path(m.__file__).with_name('podresources.proto').is_file(), "
+            "m.PodResources().DESCRIPTOR.full_name)",
         ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         check=True,
     )
-    assert site.stdout.strip() == "True"
+    assert site.stdout.strip() == "True v1.PodResources"
 
 
 def test_the_binding_version_read_from_its_dist_info_folder_is_what_pip_recorded():

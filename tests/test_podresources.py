@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.attribution.podresources import PodAttribution, assign, device_key
-from gpuwarden.attribution.podresources import podresources_pb2 as pb
+from gpuwarden.attribution.podresources import messages as pb
 from tests.helpers.common import parse_exposition, values, wait_for
 from tests.helpers.kubelet import GPU, FakeKubelet
 
@@ -323,7 +323,7 @@ def test_kubelet_errors_are_reported_not_raised(tmp_path: Path) -> None:
     assert view.error and ("deadline" in view.error or "unavailable" in view.error)
 
 
-def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
+def test_committed_descriptor_matches_the_proto(tmp_path: Path) -> None:
     from grpc_tools import protoc
 
     proto_dir = Path(__file__).parents[1] / "exporter" / "gpuwarden" / "attribution" / "podresources"

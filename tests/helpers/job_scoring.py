@@ -9,6 +9,7 @@ what each case says happened (tests/helpers/job_cases.py), and the confusion tab
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -111,41 +112,40 @@ def _grouping_ok(case: Case, groups: dict[int, str]) -> bool:
 
 @dataclass
 class Totals:
-    expected: int = 0
-    found: int = 0
-    in_time: int = 0
-    right_episodes: int = 0
-    false_episodes: int = 0
-    false_hangs: int = 0
-    stale: int = 0
-    causes_expected: int = 0
-    causes_right: int = 0
+    """Summed over the cases: `count` of expected, found, in_time (expectations), right_episodes, false_episodes,
+    false_hangs, stale (episodes), causes_expected, causes_right; the slowest naming on a node; the table's rows."""
+
+    count: Counter[str] = field(default_factory=Counter)
     worst: float = 0.0
     rows: list[str] = field(default_factory=list)
 
     @property
     def precision(self) -> float:
-        named = self.right_episodes + self.false_episodes + self.stale
-        return 1.0 if named == 0 else self.right_episodes / named
+        right = self.count["right_episodes"]
+        named = right + self.count["false_episodes"] + self.count["stale"]
+        return 1.0 if named == 0 else right / named
 
     @property
     def recall(self) -> float:
-        return 1.0 if self.expected == 0 else self.in_time / self.expected
+        expected = self.count["expected"]
+        return 1.0 if expected == 0 else self.count["in_time"] / expected
 
 
 def tally(scores: Iterable[Score]) -> Totals:
     totals = Totals()
     for s in scores:
-        totals.expected += len(s.found)
-        totals.found += sum(at is not None for _, at, _ in s.found)
-        totals.in_time += sum(at is not None and at <= e.within for e, at, _ in s.found)
+        totals.count.update(
+            expected=len(s.found),
+            found=sum(at is not None for _, at, _ in s.found),
+            in_time=sum(at is not None and at <= e.within for e, at, _ in s.found),
+            right_episodes=len(s.right),
+            false_episodes=len(s.false),
+            false_hangs=s.false_hangs,
+            stale=len(s.stale),
+            causes_expected=sum(1 for e in s.case.expect if e.cause),
+            causes_right=s.causes_right,
+        )
         totals.worst = max([totals.worst] + [at for e, at, _ in s.found if at is not None and e.within <= 60])
-        totals.right_episodes += len(s.right)
-        totals.false_episodes += len(s.false)
-        totals.false_hangs += s.false_hangs
-        totals.stale += len(s.stale)
-        totals.causes_expected += sum(1 for e in s.case.expect if e.cause)
-        totals.causes_right += s.causes_right
         totals.rows.append(_row(s))
     return totals
 
@@ -169,7 +169,8 @@ def _row(s: Score) -> str:
 def report(totals: Totals, extra: Iterable[str] = ()) -> str:
     """The confusion table: per case, then the totals."""
     head = ["| case | family | expected: named after | false or stale findings | verdict |", "|---|---|---|---|---|"]
-    negatives_named = totals.false_episodes + totals.stale
+    c = totals.count
+    negatives_named = c["false_episodes"] + c["stale"]
     lines = [
         *head,
         *totals.rows,
@@ -177,13 +178,13 @@ def report(totals: Totals, extra: Iterable[str] = ()) -> str:
         "",
         "| | named (in time) | named late | missed | named, wrong or stale |",
         "|---|---|---|---|---|",
-        f"| expected stragglers and hangs ({totals.expected}) | {totals.in_time} | {totals.found - totals.in_time} | "
-        f"{totals.expected - totals.found} | |",
-        f"| nothing to name | | | | {negatives_named} (false hangs: {totals.false_hangs}) |",
+        f"| expected stragglers and hangs ({c['expected']}) | {c['in_time']} | {c['found'] - c['in_time']} | "
+        f"{c['expected'] - c['found']} | |",
+        f"| nothing to name | | | | {negatives_named} (false hangs: {c['false_hangs']}) |",
         "",
-        f"precision {totals.precision:.3f} (right episodes {totals.right_episodes} of "
-        f"{totals.right_episodes + negatives_named}), recall {totals.recall:.3f} ({totals.in_time} of "
-        f"{totals.expected} in time), slowest on a node {totals.worst:.0f} s, false hangs {totals.false_hangs}, "
-        f"causes named right {totals.causes_right} of {totals.causes_expected}",
+        f"precision {totals.precision:.3f} (right episodes {c['right_episodes']} of "
+        f"{c['right_episodes'] + negatives_named}), recall {totals.recall:.3f} ({c['in_time']} of "
+        f"{c['expected']} in time), slowest on a node {totals.worst:.0f} s, false hangs {c['false_hangs']}, "
+        f"causes named right {c['causes_right']} of {c['causes_expected']}",
     ]
     return "\n".join(lines)

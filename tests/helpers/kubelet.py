@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuwarden.attribution.podresources import podresources_pb2 as pb
+from gpuwarden.attribution.podresources import messages as pb
 
 GPU = "nvidia.com/gpu"
 

@@ -9,7 +9,7 @@ configuration reference (docs/configuration.md) cannot drift apart.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,10 +40,15 @@ def _check_devices(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
-def _check_kernel_log(value: str) -> str:
-    if value not in ("auto", "off") and not value.startswith("/"):
-        raise ValueError(f"'{value}' is neither auto, off nor an absolute path (/dev/kmsg)")
-    return value
+def _auto_off_or_path(example: str) -> Callable[[str], str]:
+    """The check of a setting that takes auto, off or an absolute path (`example` names one in the message)."""
+
+    def check(value: str) -> str:
+        if value not in ("auto", "off") and not value.startswith("/"):
+            raise ValueError(f"'{value}' is neither auto, off nor an absolute path ({example})")
+        return value
+
+    return check
 
 
 def _check_api_server(value: str) -> str:
@@ -51,12 +56,6 @@ def _check_api_server(value: str) -> str:
         value.startswith("https://") and value.isprintable() and " " not in value
     ):
         raise ValueError(f"'{value}' is neither empty (off), in-cluster nor an https:// URL")
-    return value
-
-
-def _check_state_file(value: str) -> str:
-    if value not in ("auto", "off") and not value.startswith("/"):
-        raise ValueError(f"'{value}' is neither auto, off nor an absolute path (/var/lib/gpuwarden/state.json)")
     return value
 
 
@@ -83,6 +82,17 @@ def listen_host(listen_address: str) -> str:
 
 def listen_port(listen_address: str) -> int:
     return int(listen_address.rpartition(":")[2])
+
+
+class ListenPart:
+    """The host or the port of a listen-address setting, read as an attribute (`web.port`), for every settings
+    class that listens."""
+
+    def __init__(self, field: str, part: Callable[[str], Any]) -> None:
+        self.field, self.part = field, part
+
+    def __get__(self, settings: object, owner: type | None = None) -> Any:
+        return self if settings is None else self.part(getattr(settings, self.field))
 
 
 _section = dataclass(frozen=True)
@@ -120,21 +130,10 @@ class WebSettings:
         "the oldest one that has sent nothing (capped below the open-file limit).",
     )
 
-    @property
-    def host(self) -> str:
-        return listen_host(self.listen_address)
-
-    @property
-    def port(self) -> int:
-        return listen_port(self.listen_address)
-
-    @property
-    def probe_host(self) -> str:
-        return listen_host(self.probe_listen_address)
-
-    @property
-    def probe_port(self) -> int:
-        return listen_port(self.probe_listen_address)
+    host = ListenPart("listen_address", listen_host)
+    port = ListenPart("listen_address", listen_port)
+    probe_host = ListenPart("probe_listen_address", listen_host)
+    probe_port = ListenPart("probe_listen_address", listen_port)
 
 
 @_section
@@ -185,7 +184,7 @@ class NvmlSettings:
         "or a file of /dev/kmsg records; dmesg text is not read), or `off`. /dev/kmsg needs root or CAP_SYSLOG "
         "where kernel.dmesg_restrict is 1; unreadable, it is said once (gpuwarden_kernel_log_up 0) and the rest "
         "is served.",
-        check=_check_kernel_log,
+        check=_auto_off_or_path("/dev/kmsg"),
     )
     gpm: bool = setting(
         True,
@@ -269,7 +268,7 @@ class HealthSettings:
         "(/var/lib/gpuwarden/state.json with the real driver, none with the simulator), an absolute path, or `off`. "
         "Without it a restart starts every sustain window afresh: checks read pending, which npd-plugin and "
         "slurm-healthcheck report as unknown. One file per exporter (docs/reliability.md, The state file).",
-        check=_check_state_file,
+        check=_auto_off_or_path("/var/lib/gpuwarden/state.json"),
     )
     state_max_gap: float = setting(
         300.0,

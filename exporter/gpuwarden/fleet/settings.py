@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuwarden.commandline import FLEET_ENV_PREFIX, ConfigError, OneLineParser, check_known, own_environment
-from gpuwarden.config.settings import check_listen_address, listen_host, listen_port
+from gpuwarden.config.settings import ListenPart, check_listen_address, listen_host, listen_port
 from gpuwarden.config.typed import SettingError, build, choices, fields, setting
 from gpuwarden.fleet import recording
 from gpuwarden.health.thresholds import DEFAULT
@@ -174,13 +174,8 @@ class FleetSettings:
         None, description="Prometheus exporter-toolkit web-config file (TLS, basic auth), as the exporter takes it."
     )
 
-    @property
-    def host(self) -> str:
-        return listen_host(self.listen_address)
-
-    @property
-    def port(self) -> int:
-        return listen_port(self.listen_address)
+    host = ListenPart("listen_address", listen_host)
+    port = ListenPart("listen_address", listen_port)
 
 
 # Where the Prometheus exporter convention spells a flag differently from our derivation (the environment does not).

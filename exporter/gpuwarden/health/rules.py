@@ -30,6 +30,6 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
         rules_hardware.interconnect(t, s),
         rules_service.jobs(t, s),
         rules_service.sustained(t, s),
-        rules_service.history(s),
+        rules_service.history(t, s),
         rules_service.configuration(t, s),
     ]

@@ -6,7 +6,10 @@ The rules themselves are in rules_hardware.py and rules_service.py; health/rules
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuwarden.health.thresholds import Thresholds
 
@@ -31,9 +34,11 @@ __all__ = [
     "alert",
     "anchor",
     "duration",
+    "group",
     "held",
     "nodeish",
     "nodeish_over",
+    "page",
     "sustained_interval",
     "xid_regex",
 ]
@@ -98,12 +103,12 @@ class Rule:
 
 def alert(
     t: Thresholds,
+    *,
     name: str,
     expr: str,
     severity: str,
     summary: str,
     description: str,
-    *,
     threshold: str | None = None,
     for_: str | int = 0,
     keep_firing: str | int = 0,
@@ -135,6 +140,13 @@ def alert(
     )
 
 
+def page(t: Thresholds, **rule: Any) -> Rule:
+    """A critical alert for a lasting fault, its expression `held`: it keeps firing for page_hold_s with no reading,
+    so an exporter restart neither resolves the page nor opens another (docs/alerting.md, One page across a
+    restart)."""
+    return alert(t, severity="critical", keep_firing="page_hold_s", **rule)
+
+
 @dataclass(frozen=True)
 class Record:
     """A recording rule that an alert reads instead of a day of raw samples."""
@@ -156,6 +168,35 @@ def sustained_interval(*condition_s: int) -> int | None:
     evaluations fit in the shortest), else None, the server's interval: a threshold tuned shorter is evaluated as
     often as the other alerts."""
     return SUSTAINED_INTERVAL_S if min(condition_s) >= 2 * SUSTAINED_INTERVAL_S else None
+
+
+GroupBuilder = Callable[[Thresholds, str], Group]
+
+
+def group(
+    name: str, *, conditions: tuple[str | int, ...] = (), interval_s: int | None = None
+) -> Callable[[Callable[[Thresholds, str], list]], GroupBuilder]:
+    """Declares a rule group: the decorated function (thresholds, selector) lists its alerts and records, in the
+    file's order. `conditions` are what its conditions last (Thresholds fields or seconds): all 10 minutes or more,
+    the group is evaluated every SUSTAINED_INTERVAL_S (sustained_interval); else `interval_s`, None the server's."""
+
+    def declare(entries: Callable[[Thresholds, str], list]) -> GroupBuilder:
+        @functools.wraps(entries)
+        def built(t: Thresholds, selector: str) -> Group:
+            listed = entries(t, selector)
+            every = interval_s
+            if conditions:
+                every = sustained_interval(*(getattr(t, c) if isinstance(c, str) else c for c in conditions))
+            return Group(
+                name,
+                rules=[r for r in listed if isinstance(r, Rule)],
+                records=[r for r in listed if isinstance(r, Record)],
+                interval_s=every,
+            )
+
+        return built
+
+    return declare
 
 
 def duration(seconds: int) -> str:

@@ -35,6 +35,11 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
+def _node(name: str, type_: Literal["gauge", "counter"], help_: str, *labels: str, unit: str = "") -> Family:
+    """A node-level family (no `gpu` and `uuid` labels)."""
+    return _f(name, type_, help_, *labels, per_gpu=False, unit=unit)
+
+
 def _f(
     name: str, type_: Literal["gauge", "counter"], help_: str, *labels: str, per_gpu: bool = True, unit: str = ""
 ) -> Family:
@@ -59,77 +64,68 @@ CLOCK_EVENT_REASONS = {
 }
 
 # exporter and node
-BUILD_INFO = _f(
+BUILD_INFO = _node(
     "gpuwarden_build_info",
     "gauge",
     "Build of this exporter; always 1.",
     "version",
     "nvml_python_version",
-    per_gpu=False,
 )
-DRIVER_INFO = _f(
+DRIVER_INFO = _node(
     "gpuwarden_driver_info",
     "gauge",
     "NVIDIA driver, CUDA driver API and NVML versions; always 1.",
     "driver_version",
     "cuda_driver_version",
     "nvml_version",
-    per_gpu=False,
 )
-NVML_UP = _f("gpuwarden_nvml_up", "gauge", "1 when NVML is initialised and answering, 0 otherwise.", per_gpu=False)
-NVML_ERROR_INFO = _f(
+NVML_UP = _node("gpuwarden_nvml_up", "gauge", "1 when NVML is initialised and answering, 0 otherwise.")
+NVML_ERROR_INFO = _node(
     "gpuwarden_nvml_error_info",
     "gauge",
     "Why NVML is down (present only while gpuwarden_nvml_up is 0); always 1.",
     "error",
-    per_gpu=False,
 )
-GPUS = _f("gpuwarden_gpus", "gauge", "GPUs currently visible to NVML.", per_gpu=False)
-GPUS_EXPECTED = _f(
+GPUS = _node("gpuwarden_gpus", "gauge", "GPUs currently visible to NVML.")
+GPUS_EXPECTED = _node(
     "gpuwarden_gpus_expected",
     "gauge",
     "GPUs this node should have (nvml.expected_gpus; absent when not set): GpuwardenGpuCountDropped compares "
     "gpuwarden_gpus with it, a fact that survives restarts.",
-    per_gpu=False,
 )
-COLLECT_DURATION_SECONDS = _f(
+COLLECT_DURATION_SECONDS = _node(
     "gpuwarden_collect_duration_seconds",
     "gauge",
     "Wall time of the last poll of each tier.",
     "tier",
-    per_gpu=False,
     unit="seconds",
 )
-LAST_COLLECT_TIMESTAMP_SECONDS = _f(
+LAST_COLLECT_TIMESTAMP_SECONDS = _node(
     "gpuwarden_last_collect_timestamp_seconds",
     "gauge",
     "Unix time the last poll of each tier finished.",
     "tier",
-    per_gpu=False,
     unit="seconds",
 )
-COLLECT_ERRORS_TOTAL = _f(
+COLLECT_ERRORS_TOTAL = _node(
     "gpuwarden_collect_errors_total",
     "counter",
     "NVML errors by call and error; unsupported calls are counted once, then no longer tried.",
     "call",
     "error",
-    per_gpu=False,
 )
-COLLECT_TIMEOUTS_TOTAL = _f(
+COLLECT_TIMEOUTS_TOTAL = _node(
     "gpuwarden_collect_timeouts_total",
     "counter",
     "GPU reads abandoned after the call deadline, by the call they were stuck in.",
     "call",
-    per_gpu=False,
 )
-NVML_REINIT_TOTAL = _f(
+NVML_REINIT_TOTAL = _node(
     "gpuwarden_nvml_reinit_total",
     "counter",
     "Times NVML was re-initialised after a lifecycle error.",
-    per_gpu=False,
 )
-HTTP_REJECTED_TOTAL = _f(
+HTTP_REJECTED_TOTAL = _node(
     "gpuwarden_http_rejected_total",
     "counter",
     "Connections and requests the HTTP server refused to protect probes and scrapes: header_timeout (a request "
@@ -140,14 +136,12 @@ HTTP_REJECTED_TOTAL = _f(
     "a connection), bad_request (malformed HTTP), handshake_limit (the oldest TLS handshake in progress "
     "closed when 256 were).",
     "reason",
-    per_gpu=False,
 )
-CONFIG_RELOADS_TOTAL = _f(
+CONFIG_RELOADS_TOTAL = _node(
     "gpuwarden_config_reloads_total",
     "counter",
     "Configuration reloads (SIGHUP) by result: applied, or rejected (the running configuration stays).",
     "result",
-    per_gpu=False,
 )
 # profiling-class activity from NVML GPM (Hopper and newer): seconds of activity accumulated window by window,
 # so rate(x_seconds_total) / rate(gpuwarden_gpm_window_seconds_total) is the true mean over any range
@@ -339,18 +333,16 @@ BOTTLENECK_INFO = _f(
     "class",
 )
 # pod attribution (exporter/podresources): kubelet pod-resources, refreshed in the background
-POD_ATTRIBUTION_UP = _f(
+POD_ATTRIBUTION_UP = _node(
     "gpuwarden_pod_attribution_up",
     "gauge",
     "1 when the last kubelet pod-resources List succeeded; 0 when the socket is absent or the call fails "
     "(absent when pods.attribution is off).",
-    per_gpu=False,
 )
-POD_ATTRIBUTION_UNMATCHED_DEVICES = _f(
+POD_ATTRIBUTION_UNMATCHED_DEVICES = _node(
     "gpuwarden_pod_attribution_unmatched_devices",
     "gauge",
     "Allocated GPU device IDs that name no GPU (nor MIG instance) visible to this exporter.",
-    per_gpu=False,
 )
 GPU_ALLOCATION = _f(
     "gpuwarden_gpu_allocation",
@@ -421,7 +413,7 @@ JOB_COLLECTIVE_WAIT_SECONDS_TOTAL = _f(
     "rank",
     unit="seconds",
 )
-JOB_FINDING = _f(
+JOB_FINDING = _node(
     "gpuwarden_job_finding",
     "gauge",
     "1 while a job on this node has a straggler (kind=straggler: gpu, uuid and rank name it, cause says why), is "
@@ -433,16 +425,14 @@ JOB_FINDING = _f(
     "uuid",
     "rank",
     "cause",
-    per_gpu=False,
 )
-JOB_IDENTITY_SOURCE_UP = _f(
+JOB_IDENTITY_SOURCE_UP = _node(
     "gpuwarden_job_identity_source_up",
     "gauge",
     "1 where the job view's last read of this source of job identity worked, 0 where it could not read it: cgroup "
     "and cmdline (the host's /proc, other users' processes visible), environ (the same UID or CAP_SYS_PTRACE), "
     "pod_api (the pod's labels and spec; absent when off).",
     "source",
-    per_gpu=False,
 )
 PROCESS_GPU_MEMORY_USED_BYTES = _f(
     "gpuwarden_process_gpu_memory_used_bytes",
@@ -621,36 +611,33 @@ XID_LAST_TIMESTAMP_SECONDS = _f(
     unit="seconds",
 )
 # the kernel log (nvml.kernel_log): what NVML does not report
-KERNEL_SXID_ERRORS_TOTAL = _f(
+KERNEL_SXID_ERRORS_TOTAL = _node(
     "gpuwarden_kernel_sxid_errors_total",
     "counter",
     "NVSwitch SXid errors in the kernel log since boot, by switch (its PCI address) and SXid.",
     "switch",
     "sxid",
-    per_gpu=False,
 )
-KERNEL_SXID_LAST_TIMESTAMP_SECONDS = _f(
+KERNEL_SXID_LAST_TIMESTAMP_SECONDS = _node(
     "gpuwarden_kernel_sxid_last_timestamp_seconds",
     "gauge",
     "Unix time of the latest kernel log record of each SXid, by switch.",
     "switch",
     "sxid",
     unit="seconds",
-    per_gpu=False,
 )
 KERNEL_FALLEN_OFF_BUS_TOTAL = _f(
     "gpuwarden_kernel_fallen_off_bus_total",
     "counter",
     "The driver's 'GPU has fallen off the bus' records in the kernel log since boot (XID 79's among them).",
 )
-KERNEL_LOG_UP = _f(
+KERNEL_LOG_UP = _node(
     "gpuwarden_kernel_log_up",
     "gauge",
     "1 while the kernel log (nvml.kernel_log) is read, 0 while it cannot be (no /dev/kmsg, no permission, no relay "
     "writing into the pipe) or the host's GPUs are not known yet; absent when no kernel log is read.",
-    per_gpu=False,
 )
-KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
+KERNEL_LOG_LINES_IGNORED_TOTAL = _node(
     "gpuwarden_kernel_log_lines_ignored_total",
     "counter",
     "Kernel log lines naming the NVIDIA driver that count for nothing, by reason: user_facility (not logged by "
@@ -658,7 +645,6 @@ KERNEL_LOG_LINES_IGNORED_TOTAL = _f(
     "unknown_device (none of this host's GPUs or NVSwitches), unparsed, too_long, table_full; no series until "
     "one is.",
     "reason",
-    per_gpu=False,
 )
 # modes, processes, recovery
 PERSISTENCE_MODE_ENABLED = _f("gpuwarden_persistence_mode_enabled", "gauge", "1 when persistence mode is on.")

@@ -45,6 +45,7 @@ _FLOW = "uvicorn.protocols.http.flow_control.FlowControl"
 _TLS_TRANSPORT = "asyncio.sslproto._SSLProtocolTransport"
 _TLS_PROTOCOL = "asyncio.sslproto.SSLProtocol"
 _SELECTOR_LOOP = "asyncio.selector_events.BaseSelectorEventLoop"
+_SERVER = "uvicorn.Server"
 
 # the names web/ reaches by string (getattr, a coroutine's __qualname__); their rows are below
 TLS_TRANSPORT_PROTOCOL = "_ssl_protocol"  # asyncio's TLS transport → its TLS protocol
@@ -158,21 +159,21 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("asyncio.constants", "SSL_HANDSHAKE_TIMEOUT", "setting", "limits", "the handshake's deadline"),
     # web/server.py: uvicorn's server, over our listener, with our TLS context and our signal handling
     Internal("uvicorn.server", "Server", "subclassed", "server", "the server: lifecycle, lifespan, graceful shutdown"),
-    Internal("uvicorn.Server", "serve", "method", "server", "runs the server over the listener already bound"),
-    Internal("uvicorn.Server", "startup", "method", "server", "starts the handshake limiter, sweep and heartbeat"),
-    Internal("uvicorn.Server", "handle_exit", "method", "server", "SIGTERM exits 0: the signal is not raised again"),
+    Internal(_SERVER, "serve", "method", "server", "runs the server over the listener already bound"),
+    Internal(_SERVER, "startup", "method", "server", "starts the handshake limiter, sweep and heartbeat"),
+    Internal(_SERVER, "handle_exit", "method", "server", "SIGTERM exits 0: the signal is not raised again"),
     Internal(
-        "uvicorn.Server",
+        _SERVER,
         "_captured_signals",
         "state",
         "server",
         "cleared so uvicorn does not raise them again once stopped",
         type="builtins.list",
     ),
-    Internal("uvicorn.Server", "should_exit", "state", "server", "set to stop the server (stop())"),
-    Internal("uvicorn.Server", "config", "state", "server", "the TLS context the startup reads", type="uvicorn.Config"),
+    Internal(_SERVER, "should_exit", "state", "server", "set to stop the server (stop())"),
+    Internal(_SERVER, "config", "state", "server", "the TLS context the startup reads", type="uvicorn.Config"),
     Internal(
-        "uvicorn.Server",
+        _SERVER,
         "server_state",
         "state",
         "server",
@@ -182,7 +183,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("uvicorn.server.ServerState", "connections", "state", "server", "the open protocols the sweep reads"),
     Internal("uvicorn.Config", "ssl", "state", "server", "our TLS context (uvicorn builds one only from paths)"),
     Internal(
-        "uvicorn.Server",
+        _SERVER,
         "_serve",
         "behaviour",
         "server",

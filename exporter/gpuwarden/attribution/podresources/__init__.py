@@ -153,7 +153,7 @@ class PodResourcesClient:
     def __init__(self, socket_path: Path) -> None:
         import grpc
 
-        from gpuwarden.attribution.podresources import podresources_pb2 as pb
+        from gpuwarden.attribution.podresources import messages as pb
 
         self._pb = pb
         self._grpc = grpc
