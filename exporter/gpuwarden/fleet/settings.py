@@ -153,9 +153,9 @@ class FleetSettings:
         ge=1,
         le=3600,
         description="Evaluation interval of the recording rules the views integrate over a window "
-        "(alert_rules/gpuwarden.recording.yaml: 300 s as shipped) where the backend does not list its rules (GET /api/v1/rules: Prometheus, vmalert behind "
-        "VictoriaMetrics' -vmalert.proxyURL list their groups' interval, and that is used): sums of recorded rates "
-        "times it are the window's increases.",
+        "(alert_rules/gpuwarden.recording.yaml: 300 s as shipped) where the backend does not list its rules "
+        "(GET /api/v1/rules: Prometheus, vmalert behind VictoriaMetrics' -vmalert.proxyURL list their groups' "
+        "interval, and that is used): sums of recorded rates times it are the window's increases.",
     )
     stale_after: float = setting(
         60.0, gt=0, le=3600, description="Seconds after which an exporter's last fast poll counts as stale."
