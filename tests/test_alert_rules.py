@@ -185,10 +185,10 @@ def test_rules_follow_overridden_thresholds():
     assert rule["expr"].endswith("> 80") and rule["for"] == "10m"
 
 
-def test_long_tickets_are_evaluated_every_five_minutes_until_a_threshold_is_tuned_shorter():
-    """The groups whose conditions all last 10 minutes or more run every 5 minutes (issue 38: CPU at 10,000 nodes);
-    a threshold tuned below that puts its group back on the server's interval, so no condition is evaluated less
-    than twice while it must hold."""
+def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_shorter():
+    """The groups whose conditions all last 10 minutes or more run every 5 minutes (issue 38: CPU at 10,000 nodes),
+    those whose conditions last 4 minutes or more every 2 (issue 51); a threshold tuned below that puts its group on
+    a shorter interval, so no condition is evaluated less than twice while it must hold."""
     from gpuwarden.health.thresholds import Thresholds
 
     def intervals(**tuned: int) -> dict[str, str | None]:
@@ -197,10 +197,15 @@ def test_long_tickets_are_evaluated_every_five_minutes_until_a_threshold_is_tune
 
     shipped = intervals()
     assert shipped[rules.SUSTAINED_GROUP] == shipped["gpuwarden-capacity"] == "5m"
-    assert shipped["gpuwarden-thermal-power"] is None and shipped["gpuwarden-availability"] is None  # pages
-    tuned = intervals(nvlink_crc_for_s=120, memory_for_s=300)
-    assert tuned[rules.SUSTAINED_GROUP] is None and tuned["gpuwarden-capacity"] is None
-    assert tuned["gpuwarden-configuration"] == "5m"  # untouched
+    # conditions of 5 minutes: every 2 minutes (issue 51)
+    assert shipped["gpuwarden-thermal-power"] == shipped["gpuwarden-interconnect"] == "2m"
+    # pages on shorter or instant conditions: the server's interval
+    assert shipped["gpuwarden-thermal-critical"] is shipped["gpuwarden-availability"] is None
+    assert shipped["gpuwarden-fabric-faults"] is shipped["gpuwarden-memory-health"] is None
+    tuned = intervals(nvlink_crc_for_s=120, memory_for_s=300, thermal_slowdown_for_s=180, fabric_setup_for_s=420)
+    assert tuned[rules.SUSTAINED_GROUP] is None and tuned["gpuwarden-thermal-power"] is None
+    assert tuned["gpuwarden-capacity"] == "2m"  # 5 minutes: two evaluations of 2 minutes fit
+    assert tuned["gpuwarden-configuration"] == "5m" and tuned["gpuwarden-interconnect"] == "2m"  # untouched
 
 
 def test_shipped_alertmanager_config_is_valid():

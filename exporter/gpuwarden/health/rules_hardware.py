@@ -102,7 +102,26 @@ def memory_health(t: Thresholds, s: str) -> list[Rule]:
     # fmt: on
 
 
-@group("gpuwarden-thermal-power")
+@group("gpuwarden-thermal-critical")
+def thermal_critical(t: Thresholds, s: str) -> list[Rule]:
+    """The page for a GPU past its slowdown point, on the server's interval: its condition lasts 2 minutes."""
+    # fmt: off
+    return [
+        page(t, name="GpuwardenTemperatureCritical", action="cordon", verdict="temperature",
+             threshold="temperature_critical_celsius", for_="temperature_critical_for_s",
+             expr=f"{held(f'gpuwarden_temperature_celsius{{{s}}}')} >",
+             summary="A GPU is in the thermal danger zone.",
+             description=f"{GPU} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the "
+             "cooling before the GPU shuts down."),
+    ]
+    # fmt: on
+
+
+@group(
+    "gpuwarden-thermal-power",
+    conditions=("temperature_warning_for_s", "memory_temperature_for_s", "thermal_slowdown_for_s",
+                "thermal_page_window_s", "thermal_page_for_s"),
+)  # fmt: skip
 def thermal_power(t: Thresholds, s: str) -> list[Rule]:
     def slowdown(reason: str, **rule: Any) -> Rule:
         """A ticket on the share of time the GPU spent slowed down for `reason` over thermal_slowdown_for_s."""
@@ -123,12 +142,6 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
               summary="A GPU is running hot.",
               description=f"{GPU} is at {{{{ $value }}}} °C; check airflow, fans and inlet temperature before it "
               "throttles."),
-        page(t, name="GpuwardenTemperatureCritical", action="cordon", verdict="temperature",
-             threshold="temperature_critical_celsius", for_="temperature_critical_for_s",
-             expr=f"{held(f'gpuwarden_temperature_celsius{{{s}}}')} >",
-             summary="A GPU is in the thermal danger zone.",
-             description=f"{GPU} is at {{{{ $value }}}} °C, past its slowdown point; drain the node and fix the "
-             "cooling before the GPU shuts down."),
         alert(t, name="GpuwardenMemoryTemperatureHigh", severity="warning",
               for_="memory_temperature_for_s", reads=("memory_temperature_margin_celsius",),
               expr=f"gpuwarden_memory_temperature_celsius{{{s}}} >= ignoring(threshold) "
@@ -165,7 +178,34 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
     # fmt: on
 
 
-@group("gpuwarden-interconnect")
+@group("gpuwarden-fabric-faults")
+def fabric_faults(t: Thresholds, s: str) -> list[Rule]:
+    """The fabric's faults that page or ticket at once (no `for:`), on the server's interval."""
+    # fmt: off
+    return [
+        page(t, name="GpuwardenFabricUnhealthy", action="cordon", verdict="fabric",
+             expr=held(f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_FAULTS)}"}} == 1'),
+             summary="A GPU's NVSwitch fabric is unhealthy: jobs that use it fail.",
+             description=f"{GPU}: fabric {{{{ $labels.condition }}}} (route_unhealthy, incorrect_configuration or a "
+             "failed registration with Fabric Manager). Drain the node, read /var/log/fabricmanager.log and "
+             "`nvidia-smi -q` (Fabric), restart Fabric Manager, then reboot if it persists; an NVSwitch or baseboard "
+             "fault needs the vendor."),
+        alert(t, name="GpuwardenNvswitchSxid", severity="warning", verdict="fabric",
+              threshold="xid_window_s",
+              # the kernel log's record time, so an SXid from before the exporter started counts, and a
+              # restart neither repeats nor resolves it; as the fabric verdict, for xid_window_s
+              expr=f"time() - gpuwarden_kernel_sxid_last_timestamp_seconds{{{s}}} <",
+              summary="An NVSwitch logged an SXid error.",
+              description=f"NVSwitch {{{{ $labels.switch }}}} on {NODE} logged SXid {{{{ $labels.sxid }}}} (kernel "
+              "log: `dmesg | grep SXid`). A non-fatal SXid is corrected by the switch; a fatal one makes Fabric "
+              "Manager degrade or tear down the fabric, and GpuwardenFabricUnhealthy or GpuwardenFabricNotReady then "
+              "pages. Read /var/log/fabricmanager.log and `nvidia-smi -q` (Fabric); the same SXid recurring on one "
+              "switch needs the vendor at the next window."),
+    ]
+    # fmt: on
+
+
+@group("gpuwarden-interconnect", conditions=("nvlink_down_for_s", "fabric_setup_for_s", "fabric_degraded_for_s"))
 def interconnect(t: Thresholds, s: str) -> list[Rule]:
     def nvlink_down(some_active: str) -> str:
         """Fewer links active than the GPU has, on a GPU with some active (by UUID, so under any instance)."""
@@ -209,13 +249,6 @@ def interconnect(t: Thresholds, s: str) -> list[Rule]:
              "CUDA job can start there, though every other reading looks healthy (which GPUs: /api/v1/health, check "
              "fabric). Check `systemctl status nvidia-fabricmanager` and /var/log/fabricmanager.log; start or restart "
              "Fabric Manager (its version must match the driver's); drain the node if the fabric does not complete."),
-        page(t, name="GpuwardenFabricUnhealthy", action="cordon", verdict="fabric",
-             expr=held(f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_FAULTS)}"}} == 1'),
-             summary="A GPU's NVSwitch fabric is unhealthy: jobs that use it fail.",
-             description=f"{GPU}: fabric {{{{ $labels.condition }}}} (route_unhealthy, incorrect_configuration or a "
-             "failed registration with Fabric Manager). Drain the node, read /var/log/fabricmanager.log and "
-             "`nvidia-smi -q` (Fabric), restart Fabric Manager, then reboot if it persists; an NVSwitch or baseboard "
-             "fault needs the vendor."),
         alert(t, name="GpuwardenFabricDegraded", severity="warning", verdict="fabric",
               for_="fabric_degraded_for_s",
               expr=f'gpuwarden_fabric_health{{{s},condition=~"{"|".join(FABRIC_DEGRADED)}"}} == 1',
@@ -223,16 +256,5 @@ def interconnect(t: Thresholds, s: str) -> list[Rule]:
               description=f"{GPU}: fabric {{{{ $labels.condition }}}}: all-reduce over NVSwitch runs slower (degraded "
               "bandwidth: a trunk link lost) or recovers routes. Check /var/log/fabricmanager.log and `nvidia-smi "
               "nvlink -s`; plan a drain and an NVSwitch check at the next window."),
-        alert(t, name="GpuwardenNvswitchSxid", severity="warning", verdict="fabric",
-              threshold="xid_window_s",
-              # the kernel log's record time, so an SXid from before the exporter started counts, and a
-              # restart neither repeats nor resolves it; as the fabric verdict, for xid_window_s
-              expr=f"time() - gpuwarden_kernel_sxid_last_timestamp_seconds{{{s}}} <",
-              summary="An NVSwitch logged an SXid error.",
-              description=f"NVSwitch {{{{ $labels.switch }}}} on {NODE} logged SXid {{{{ $labels.sxid }}}} (kernel "
-              "log: `dmesg | grep SXid`). A non-fatal SXid is corrected by the switch; a fatal one makes Fabric "
-              "Manager degrade or tear down the fabric, and GpuwardenFabricUnhealthy or GpuwardenFabricNotReady then "
-              "pages. Read /var/log/fabricmanager.log and `nvidia-smi -q` (Fabric); the same SXid recurring on one "
-              "switch needs the vendor at the next window."),
     ]
     # fmt: on

@@ -27,19 +27,20 @@ __all__ = [
     "RUNBOOK_BASE",
     "SELECTOR",
     "SUSTAINED_GROUP",
+    "STEADY_INTERVAL_S",
     "SUSTAINED_INTERVAL_S",
     "Group",
     "Record",
     "Rule",
     "alert",
     "anchor",
+    "condition_interval",
     "duration",
     "group",
     "held",
     "nodeish",
     "nodeish_over",
     "page",
-    "sustained_interval",
     "xid_regex",
 ]
 
@@ -68,6 +69,12 @@ NVLINK_ACTIVE_DAY_MAX = "gpuwarden:gpu_nvlink_active_links:max1d"
 # the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
 SUSTAINED_GROUP = "gpuwarden-sustained"
 SUSTAINED_INTERVAL_S = 300
+# Alerts whose conditions must hold 5 minutes (heat, throttling, NVLink, fabric set-up) are evaluated every 2: three
+# evaluations fall in the condition, and the page comes at most a minute later than a minute's evaluation would
+# bring it. At 10,000 nodes each evaluation of one of them selects 80,000 series: the every-minute groups were most
+# of the rule manager's CPU (issue 51, docs/benchmarks.md, Rules). A threshold tuned shorter than two intervals
+# puts its group back on the server's interval (condition_interval).
+STEADY_INTERVAL_S = 120
 
 # Pages name the node: the `node` label where the scrape config adds it (the chart does; `instance` is then a pod
 # IP), else the instance.
@@ -163,11 +170,12 @@ class Group:
     interval_s: int | None = None  # None: the Prometheus server's global evaluation interval
 
 
-def sustained_interval(*condition_s: int) -> int | None:
-    """SUSTAINED_INTERVAL_S for a group whose conditions all last 10 minutes or more (windows and `for:`: two
-    evaluations fit in the shortest), else None, the server's interval: a threshold tuned shorter is evaluated as
-    often as the other alerts."""
-    return SUSTAINED_INTERVAL_S if min(condition_s) >= 2 * SUSTAINED_INTERVAL_S else None
+def condition_interval(*condition_s: int) -> int | None:
+    """The longest of SUSTAINED_INTERVAL_S and STEADY_INTERVAL_S of which two evaluations fit in the shortest of a
+    group's conditions (windows and `for:`), else None, the server's interval: a threshold tuned shorter is
+    evaluated as often as the other alerts."""
+    shortest = min(condition_s)
+    return next((every for every in (SUSTAINED_INTERVAL_S, STEADY_INTERVAL_S) if shortest >= 2 * every), None)
 
 
 GroupBuilder = Callable[[Thresholds, str], Group]
@@ -177,8 +185,8 @@ def group(
     name: str, *, conditions: tuple[str | int, ...] = (), interval_s: int | None = None
 ) -> Callable[[Callable[[Thresholds, str], list]], GroupBuilder]:
     """Declares a rule group: the decorated function (thresholds, selector) lists its alerts and records, in the
-    file's order. `conditions` are what its conditions last (Thresholds fields or seconds): all 10 minutes or more,
-    the group is evaluated every SUSTAINED_INTERVAL_S (sustained_interval); else `interval_s`, None the server's."""
+    file's order. `conditions` are what its conditions last (Thresholds fields or seconds): the group is evaluated
+    as often as they need (condition_interval); else every `interval_s`, None the server's interval."""
 
     def declare(entries: Callable[[Thresholds, str], list]) -> GroupBuilder:
         @functools.wraps(entries)
@@ -186,7 +194,7 @@ def group(
             listed = entries(t, selector)
             every = interval_s
             if conditions:
-                every = sustained_interval(*(getattr(t, c) if isinstance(c, str) else c for c in conditions))
+                every = condition_interval(*(getattr(t, c) if isinstance(c, str) else c for c in conditions))
             return Group(
                 name,
                 rules=[r for r in listed if isinstance(r, Rule)],
