@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from gpuwarden.commandline import EXPORTER_ENV_PREFIX, ConfigError, check_known, own_environment
 from gpuwarden.config.typed import SettingError, build, fields, is_list, setting
@@ -84,14 +84,21 @@ def listen_port(listen_address: str) -> int:
     return int(listen_address.rpartition(":")[2])
 
 
-class ListenPart:
-    """The host or the port of a listen-address setting, read as an attribute (`web.port`), for every settings
-    class that listens."""
+_Part = TypeVar("_Part")
 
-    def __init__(self, field: str, part: Callable[[str], Any]) -> None:
+
+class ListenPart(Generic[_Part]):
+    """The host or the port of a listen-address setting, read as an attribute (`web.port`: an int, as the part's
+    function returns), for every settings class that listens."""
+
+    def __init__(self, field: str, part: Callable[[str], _Part]) -> None:
         self.field, self.part = field, part
 
-    def __get__(self, settings: object, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, settings: None, owner: type | None = None) -> ListenPart[_Part]: ...
+    @overload
+    def __get__(self, settings: object, owner: type | None = None) -> _Part: ...
+    def __get__(self, settings: object | None, owner: type | None = None) -> ListenPart[_Part] | _Part:
         return self if settings is None else self.part(getattr(settings, self.field))
 
 
