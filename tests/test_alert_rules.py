@@ -201,11 +201,14 @@ def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_
     assert shipped["gpuwarden-thermal-power"] == shipped["gpuwarden-interconnect"] == "2m"
     # pages on shorter or instant conditions: the server's interval
     assert shipped["gpuwarden-thermal-critical"] is shipped["gpuwarden-availability"] is None
-    assert shipped["gpuwarden-fabric-faults"] is shipped["gpuwarden-memory-health"] is None
+    assert shipped["gpuwarden-fabric-faults"] is None
+    # states that last until a reset or a replacement, compared at an instant: every 2 minutes, whatever is tuned
+    assert shipped["gpuwarden-memory-health"] == "2m"
     tuned = intervals(nvlink_crc_for_s=120, memory_for_s=300, thermal_slowdown_for_s=180, fabric_setup_for_s=420)
     assert tuned[rules.SUSTAINED_GROUP] is None and tuned["gpuwarden-thermal-power"] is None
     assert tuned["gpuwarden-capacity"] == "2m"  # 5 minutes: two evaluations of 2 minutes fit
     assert tuned["gpuwarden-configuration"] == "5m" and tuned["gpuwarden-interconnect"] == "2m"  # untouched
+    assert tuned["gpuwarden-memory-health"] == "2m"
 
 
 def test_shipped_alertmanager_config_is_valid():

@@ -22,11 +22,15 @@ from gpuwarden.health.thresholds import DEFAULT
 # The groups' evaluation intervals. The records the views integrate over a window (sum_over_time(rate) × interval:
 # every window is 5 minutes or more) are written every 5 minutes, as often as their 5-minute rates change whole: at
 # 10,000 nodes these records were the largest share of all the rules' CPU (issue 38; issue 51, docs/benchmarks.md,
-# Rules). What the views read at an instant (model counts, classes, health, cordon findings) is written every two
-# minutes: an instant read sees a series for 5 minutes (Prometheus' lookback), so a record must come back well within
-# it, and those answers are up to two minutes old.
-INTERVAL_S = 300  # the integrated records' (the fleet's --recording-interval default)
-INSTANT_INTERVAL_S = 120
+# Rules). The GPUs' non-ok verdicts, which the health view reads at an instant, are written every two minutes: an
+# instant read sees a series for 5 minutes (Prometheus' lookback), so a record must come back well within it, and
+# those answers are up to two minutes old. The inventory (models, memory, classes) and the cordon findings (which
+# re-run the critical pages' expressions: at 10,000 nodes the costliest of these records) are written every 5
+# minutes too, and the views read each one's latest record within its interval and a margin (`latest`): an operator
+# reviews a cordon candidate before draining, and the pages themselves keep their own groups' intervals.
+INTERVAL_S = 300  # the recorded groups' but health's (the fleet's --recording-interval default)
+HEALTH_INTERVAL_S = 120
+LATEST_MARGIN_S = 60  # past a record's interval: its next evaluation is written (seconds at scale)
 
 SAMPLED = "gpuwarden:node_sampled_seconds:rate5m"
 BUSY = "gpuwarden:node_busy_seconds:rate5m"
@@ -53,11 +57,11 @@ UTILIZATION_RECORDS = (BUSY, SAMPLED, GPUS, GPU_IDLE, GPU_STARVED, NS_IDLE, NS_S
 GROUPS = {
     "gpuwarden-fleet-utilization": ((SAMPLED, BUSY, NS_SAMPLED, NS_IDLE), INTERVAL_S),
     "gpuwarden-fleet-classes": ((GPUS, GPU_IDLE, GPU_STARVED, CLASS_IDLE), INTERVAL_S),
-    "gpuwarden-fleet-inventory": (
-        (NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, HEALTH, CORDON),
-        INSTANT_INTERVAL_S,
-    ),
+    "gpuwarden-fleet-inventory": ((NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, CORDON), INTERVAL_S),
+    "gpuwarden-fleet-health": ((HEALTH,), HEALTH_INTERVAL_S),
 }
+# the records read as their latest within an interval and a margin (latest()), not at an instant
+READ_LATEST = frozenset((NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, CORDON))
 # the records compared evaluation by evaluation (views: the idle and starved lists, and seen minus busy)
 EVALUATED_TOGETHER = ((GPUS, GPU_IDLE, GPU_STARVED), (SAMPLED, BUSY))
 # the critical alert rules whose findings warrant draining a node (the fleet's cordon candidates)
@@ -68,6 +72,13 @@ NOT_RECORDED = {"GpuwardenNvlinkDown"}
 GPU_IDENTITY = "gpu, uuid, serial, pci_bus_id, vbios_version, compute_capability"
 # per namespace: every label of the allocation but the GPU's and the holder's; target labels (job, cluster) stay
 PER_GPU = "instance, node, gpu, uuid, pod, container"
+
+
+def latest(record: str, selector: str, interval_s: float) -> str:
+    """`record`'s latest sample within its group's interval and a margin: Prometheus' 5-minute lookback does not
+    bridge a record written every 5 minutes while its next evaluation is under way. A series that stopped being
+    recorded is read for up to that margin after its last record."""
+    return f"last_over_time({record}{{{selector}}}[{round(interval_s + LATEST_MARGIN_S)}s])"
 
 
 def rules(

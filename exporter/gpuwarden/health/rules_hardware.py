@@ -16,6 +16,7 @@ from gpuwarden.health.rules_model import (
     NODE,
     NVLINK_ACTIVE_DAY_MAX,
     NVLINK_ACTIVE_MAX,
+    STEADY_INTERVAL_S,
     Rule,
     alert,
     duration,
@@ -68,8 +69,11 @@ def availability(t: Thresholds, s: str) -> list[Rule]:
     # fmt: on
 
 
-@group("gpuwarden-memory-health")
+@group("gpuwarden-memory-health", interval_s=STEADY_INTERVAL_S)
 def memory_health(t: Thresholds, s: str) -> list[Rule]:
+    """States that last until a reset or a replacement (an ECC count, a failed or pending remap, retired pages), on
+    STEADY_INTERVAL_S: a page comes up to a minute later than a minute's evaluation would bring it, and the critical
+    XID that accompanies an uncorrectable error pages from gpuwarden-availability every minute."""
     # fmt: off
     return [
         page(t, name="GpuwardenEccUncorrectable", action="cordon", verdict="ecc",

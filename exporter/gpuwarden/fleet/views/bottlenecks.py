@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.fleet import recording
-from gpuwarden.fleet.views.queries import FleetQueries
+from gpuwarden.fleet.views.queries import FleetQueries, Recorded
 
 
 @dataclass(frozen=True)
@@ -16,14 +16,16 @@ class BottlenecksView:
 
     queries: FleetQueries
 
-    def _queries(self, window: str, idle_s: str, recorded: bool, step: float) -> list[str]:
+    def _queries(self, window: str, idle_s: str, recorded: Recorded | bool, step: float) -> list[str]:
         """Counts per class (fleet, node, namespace), then the window's idle seconds per class."""
         sel, node_label = self.queries.selector, self.queries.node_label
-        if recorded:
+        if isinstance(recorded, Recorded) and recorded:
+            classes = recorded.latest(recording.NODE_CLASSES, sel)
+            namespaces = recorded.latest(recording.NS_CLASSES, sel)
             return [
-                f"sum by (class) ({recording.NODE_CLASSES}{{{sel}}})",
-                f"sum by ({node_label}, class) ({recording.NODE_CLASSES}{{{sel}}})",
-                f"sum by (namespace, class) ({recording.NS_CLASSES}{{{sel}}})",
+                f"sum by (class) ({classes})",
+                f"sum by ({node_label}, class) ({classes})",
+                f"sum by (namespace, class) ({namespaces})",
                 f"sum by (class) (sum_over_time({recording.CLASS_IDLE}{{{sel}}}[{window}])) * {step:g}",
             ]
         info = f"gpuwarden_bottleneck_info{{{sel}}}"
@@ -35,7 +37,7 @@ class BottlenecksView:
             f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})",
         ]
 
-    async def bottlenecks(self, window: str, idle_s: str, recorded: bool = False) -> dict[str, Any]:
+    async def bottlenecks(self, window: str, idle_s: str, recorded: Recorded | bool = False) -> dict[str, Any]:
         """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
         kernel ran by class: from the recording rules, each minute by the class the GPU was in then; from the raw
         series, the whole window by the class the GPU is in now (a scan of every GPU's counters)."""

@@ -58,7 +58,9 @@ class CordonView:
         return {
             "candidates": _drain_entries(nodes),
             "rules": [r.alert for r in rules],
-            "source": source(recorded, "findings of every rule but NVLink's (up to one evaluation interval old)"),
+            "source": source(
+                recorded, "findings of every rule but NVLink's (up to one evaluation interval and a minute old)"
+            ),
             "note": "instant evaluation of the alert expressions, without their `for:` durations; "
             "alert_firing says whether the alert itself fires in this Prometheus (its `for:` has passed; "
             "needs the rules loaded there). Review before draining. The commands are printed, never run.",
@@ -76,7 +78,7 @@ class CordonView:
         first = await q.many(
             *(NARROWING[alert].format(sel=q.selector) for alert in narrowable),
             # the rules' expressions as the recording rules last evaluated them (up to an evaluation interval old)
-            *([f"{recording.CORDON}{{{q.selector}}}"] if recorded else []),
+            *([recorded.latest(recording.CORDON, q.selector)] if recorded else []),
         )
         narrowed = dict(zip(narrowable, first[: len(narrowable)], strict=True))
         findings: dict[str, list[Series]] = defaultdict(list)

@@ -14,14 +14,14 @@ from gpuwarden.fleet.views.queries import FleetQueries, Recorded, source
 def models_query(sel: str, by: str, recorded: Recorded) -> str:
     """GPUs per model (and `by`): the recorded per-node counts, else a count of gpuwarden_gpu_info."""
     if recorded:
-        return f"sum by ({by}) ({recording.NODE_MODELS}{{{sel}}})"
+        return f"sum by ({by}) ({recorded.latest(recording.NODE_MODELS, sel)})"
     return f"count by ({by}) (gpuwarden_gpu_info{{{sel}}})"
 
 
 def memory_query(sel: str, by: str, recorded: Recorded) -> str:
     """Memory per GPU model (and `by`): the recorded per-node maximum, else joined from the raw series."""
     if recorded:
-        return f"max by ({by}) ({recording.NODE_MEMORY}{{{sel}}})"
+        return f"max by ({by}) ({recorded.latest(recording.NODE_MEMORY, sel)})"
     return (
         f"max by ({by}) (gpuwarden_memory_total_bytes{{{sel}}} "
         f"* on (instance, uuid) group_left (name) gpuwarden_gpu_info{{{sel}}})"

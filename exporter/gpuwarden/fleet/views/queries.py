@@ -17,9 +17,14 @@ class Recorded:
 
     use: bool
     note: str = ""
+    interval_s: float = float(recording.INTERVAL_S)  # the inventory and findings records' (latest())
 
     def __bool__(self) -> bool:
         return self.use
+
+    def latest(self, record: str, selector: str) -> str:
+        """`record`'s latest sample, for the records written every few minutes (recording.READ_LATEST)."""
+        return recording.latest(record, selector, self.interval_s)
 
 
 @dataclass(frozen=True)
@@ -58,17 +63,18 @@ class FleetQueries:
         Each view asks for the records it reads, so one failing rule sends only its views to the raw series."""
         if self.settings.recording_rules == "off":
             return Recorded(False)
-        (found,) = await self.many(f"count({recording.NODE_MODELS}{{{self.selector}}})")
+        interval_s = await self.recording_step(recording.NODE_MODELS)
+        (found,) = await self.many(f"count({recording.latest(recording.NODE_MODELS, self.selector, interval_s)})")
         if not (found and found[0].value > 0):
             return Recorded(False)
         health = await self.client.rule_health()
         if health is None:
-            return Recorded(True, "rule health not listed by the backend")
+            return Recorded(True, "rule health not listed by the backend", interval_s)
         failing = {name: health[name] for name in records if health.get(name)}
         if failing:
             name, error = next(iter(sorted(failing.items())))
             return Recorded(False, f"recording rule {name} is failing on the backend ({error})")
-        return Recorded(True)
+        return Recorded(True, interval_s=interval_s)
 
     async def recording_step(self, record: str) -> float:
         """The interval of the group recording `record`: as the backend lists it, else --recording-interval."""
