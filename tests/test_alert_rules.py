@@ -196,7 +196,9 @@ def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_
         return {g["name"]: g.get("interval") for g in yaml.safe_load(text)["groups"]}
 
     shipped = intervals()
-    assert shipped[rules.SUSTAINED_GROUP] == shipped["gpuwarden-capacity"] == "5m"
+    # conditions of 30 minutes or more: every 10 minutes
+    assert shipped[rules.SUSTAINED_LONG_GROUP] == "10m"
+    assert shipped[rules.SUSTAINED_GROUP] == shipped["gpuwarden-capacity"] == shipped["gpuwarden-thermal-page"] == "5m"
     # conditions of 5 minutes: every 2 minutes (issue 51)
     assert shipped["gpuwarden-thermal-power"] == shipped["gpuwarden-interconnect"] == "2m"
     # pages on shorter or instant conditions: the server's interval
@@ -209,6 +211,8 @@ def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_
     assert tuned["gpuwarden-capacity"] == "2m"  # 5 minutes: two evaluations of 2 minutes fit
     assert tuned["gpuwarden-configuration"] == "5m" and tuned["gpuwarden-interconnect"] == "2m"  # untouched
     assert tuned["gpuwarden-memory-health"] == "2m"
+    assert intervals(utilization_for_s=1000)[rules.SUSTAINED_LONG_GROUP] == "5m"
+    assert intervals(thermal_page_for_s=300)["gpuwarden-thermal-page"] == "2m"
 
 
 def test_shipped_alertmanager_config_is_valid():

@@ -27,11 +27,13 @@ def build(t: Thresholds = DEFAULT, selector: str = SELECTOR) -> list[Group]:
         rules_hardware.memory_health(t, s),
         rules_hardware.thermal_critical(t, s),
         rules_hardware.thermal_power(t, s),
+        rules_hardware.thermal_page(t, s),
         rules_service.capacity(t, s),
         rules_hardware.interconnect(t, s),
         rules_hardware.fabric_faults(t, s),
         rules_service.jobs(t, s),
         rules_service.sustained(t, s),
+        rules_service.sustained_long(t, s),
         rules_service.history(t, s),
         rules_service.configuration(t, s),
     ]

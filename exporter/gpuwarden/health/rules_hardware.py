@@ -123,9 +123,8 @@ def thermal_critical(t: Thresholds, s: str) -> list[Rule]:
 
 @group(
     "gpuwarden-thermal-power",
-    conditions=("temperature_warning_for_s", "memory_temperature_for_s", "thermal_slowdown_for_s",
-                "thermal_page_window_s", "thermal_page_for_s"),
-)  # fmt: skip
+    conditions=("temperature_warning_for_s", "memory_temperature_for_s", "thermal_slowdown_for_s"),
+)
 def thermal_power(t: Thresholds, s: str) -> list[Rule]:
     def slowdown(reason: str, **rule: Any) -> Rule:
         """A ticket on the share of time the GPU spent slowed down for `reason` over thermal_slowdown_for_s."""
@@ -134,10 +133,6 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
         reads = ("thermal_slowdown_for_s",)
         return alert(t, severity="warning", for_="thermal_slowdown_for_s", reads=reads, expr=expr, **rule)
 
-    thermal = (
-        f"max without (reason) (rate(gpuwarden_throttle_seconds_total{{{s},"
-        f'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"}}[{duration(t.thermal_page_window_s)}]))'
-    )
     # fmt: off
     return [
         alert(t, name="GpuwardenTemperatureHigh", severity="warning", verdict="temperature",
@@ -165,6 +160,25 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
                  description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time in software thermal "
                  "slowdown (the driver lowers clocks before the hardware has to); check cooling and the chassis' "
                  "fans."),
+        slowdown("hw_power_brake_slowdown", name="GpuwardenHwPowerBrake", verdict="power",
+                 threshold="power_brake_ratio",
+                 summary="A GPU is held down by the power brake.",
+                 description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time under the external "
+                 "power brake; check the PSUs and the rack's power budget."),
+    ]
+    # fmt: on
+
+
+@group("gpuwarden-thermal-page", conditions=("thermal_page_window_s", "thermal_page_for_s"))
+def thermal_page(t: Thresholds, s: str) -> list[Rule]:
+    """The page for a GPU throttled for heat most of a 10-minute window, 10 minutes long: evaluated as often as its
+    conditions need (every 5 minutes as shipped), apart from the 5-minute tickets of gpuwarden-thermal-power."""
+    thermal = (
+        f"max without (reason) (rate(gpuwarden_throttle_seconds_total{{{s},"
+        f'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"}}[{duration(t.thermal_page_window_s)}]))'
+    )
+    # fmt: off
+    return [
         page(t, name="GpuwardenThermalThrottling", action="cordon", verdict="thermal_throttling",
              threshold="thermal_page_ratio", for_="thermal_page_for_s",
              reads=("thermal_page_window_s",),
@@ -173,11 +187,6 @@ def thermal_power(t: Thresholds, s: str) -> list[Rule]:
              description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the last "
              f"{duration(t.thermal_page_window_s)} in thermal slowdown (hardware or driver): its jobs run slower, and "
              "the GPU is at risk; drain the node and fix the cooling (fans, airflow, inlet temperature)."),
-        slowdown("hw_power_brake_slowdown", name="GpuwardenHwPowerBrake", verdict="power",
-                 threshold="power_brake_ratio",
-                 summary="A GPU is held down by the power brake.",
-                 description=f"{GPU} spent {{{{ $value | humanizePercentage }}}} of the time under the external "
-                 "power brake; check the PSUs and the rack's power budget."),
     ]
     # fmt: on
 

@@ -27,6 +27,8 @@ __all__ = [
     "RUNBOOK_BASE",
     "SELECTOR",
     "SUSTAINED_GROUP",
+    "SUSTAINED_LONG_GROUP",
+    "SUSTAINED_LONG_INTERVAL_S",
     "STEADY_INTERVAL_S",
     "SUSTAINED_INTERVAL_S",
     "Group",
@@ -69,6 +71,9 @@ NVLINK_ACTIVE_DAY_MAX = "gpuwarden:gpu_nvlink_active_links:max1d"
 # the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
 SUSTAINED_GROUP = "gpuwarden-sustained"
 SUSTAINED_INTERVAL_S = 300
+# ... and those over 30 minutes or more (power cap, underutilization, a reduced power limit) every 10.
+SUSTAINED_LONG_GROUP = "gpuwarden-sustained-long"
+SUSTAINED_LONG_INTERVAL_S = 600
 # Alerts whose conditions must hold 5 minutes (heat, throttling, NVLink, fabric set-up) are evaluated every 2: three
 # evaluations fall in the condition, and the page comes at most a minute later than a minute's evaluation would
 # bring it. At 10,000 nodes each evaluation of one of them selects 80,000 series: the every-minute groups were most
@@ -171,11 +176,12 @@ class Group:
 
 
 def condition_interval(*condition_s: int) -> int | None:
-    """The longest of SUSTAINED_INTERVAL_S and STEADY_INTERVAL_S of which two evaluations fit in the shortest of a
+    """The longest of the tiers (10, 5 and 2 minutes) of which two evaluations fit in the shortest of a
     group's conditions (windows and `for:`), else None, the server's interval: a threshold tuned shorter is
     evaluated as often as the other alerts."""
     shortest = min(condition_s)
-    return next((every for every in (SUSTAINED_INTERVAL_S, STEADY_INTERVAL_S) if shortest >= 2 * every), None)
+    tiers = (SUSTAINED_LONG_INTERVAL_S, SUSTAINED_INTERVAL_S, STEADY_INTERVAL_S)
+    return next((every for every in tiers if shortest >= 2 * every), None)
 
 
 GroupBuilder = Callable[[Thresholds, str], Group]
