@@ -121,7 +121,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         check=True,
     )
     assert site.stdout.strip() == "True v1.PodResources"
-    # and the alert rules' declarations and words (health/alerts.toml), which `gpuwarden rules` renders from
+    # and the thresholds' and the alert rules' declarations (health/thresholds.toml, alerts.toml), from which
+    # `gpuwarden rules` renders the shipped rules
     rendered = subprocess.run([str(gpuwarden), "rules"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert rendered.returncode == 0, rendered.stderr[-2000:]
     assert (

@@ -1,7 +1,8 @@
 """The alert rules' building blocks: a rule as named data (what it reads of the thresholds, which verdict it mirrors),
 and the PromQL shapes the rules share (a page held across exporter restarts, the `node` label everywhere).
 
-The rules themselves are in rules_hardware.py and rules_service.py; health/rules.py assembles them.
+A rule is its table in alerts.toml (severity, action, verdict, the thresholds it reads, its words) joined with its
+expression from rules_hardware.py or rules_service.py (declared, below); health/rules.py assembles the groups.
 """
 
 from __future__ import annotations
