@@ -185,6 +185,87 @@ def test_rules_follow_overridden_thresholds():
     assert rule["expr"].endswith("> 80") and rule["for"] == "10m"
 
 
+def test_the_words_name_the_thresholds_they_template_and_keep_prometheus_own():
+    """Descriptions are templates over the thresholds (health/alerts.toml): a moved threshold is in the page's words,
+    in its unit, and what Prometheus renders ({{ $value }}, {{ $labels.gpu }}) passes through untouched."""
+    import dataclasses
+
+    from gpuwarden.health.thresholds import DEFAULT
+
+    def descriptions(t: object) -> dict[str, str]:
+        return {r.alert: r.description for g in rules.build(t) for r in g.rules}
+
+    shipped = descriptions(DEFAULT)
+    tuned = descriptions(
+        dataclasses.replace(
+            DEFAULT, gpu_count_memory_s=2 * 86400, thermal_page_window_s=900, memory_temperature_margin_celsius=7.5
+        )
+    )
+    assert "the most seen in the last 24h)" in shipped["GpuwardenGpuCountDropped"]
+    assert "the most seen in the last 48h)" in tuned["GpuwardenGpuCountDropped"]
+    assert "of the last 10m in thermal slowdown" in shipped["GpuwardenThermalThrottling"]
+    assert "of the last 15m in thermal slowdown" in tuned["GpuwardenThermalThrottling"]
+    assert "within 5 °C of its limit" in shipped["GpuwardenMemoryTemperatureHigh"]
+    assert "within 7.5 °C of its limit" in tuned["GpuwardenMemoryTemperatureHigh"]
+    assert shipped["GpuwardenMemoryTemperatureHigh"].startswith(f"The HBM of {rules.GPU} is at {{{{ $value }}}} °C")
+    assert "stopped first{{ end }}." in shipped["GpuwardenCollectiveHang"]
+    unchanged = set(shipped) - {
+        "GpuwardenGpuCountDropped",
+        "GpuwardenThermalThrottling",
+        "GpuwardenMemoryTemperatureHigh",
+    }
+    assert all(shipped[name] == tuned[name] for name in unchanged)
+
+
+@pytest.mark.parametrize(
+    ("change", "line"),
+    [
+        (
+            ("the driver is not loaded", "the driver is {nvml_down_for} not loaded"),
+            "alerts.toml: GpuwardenNvmlDown: unknown placeholder {nvml_down_for}; use {GPU}, {NODE}",
+        ),
+        (
+            ("nvlink -s`; plan a drain", "nvlink -s`; plan a drain within {NODE|duration}"),
+            "alerts.toml: GpuwardenFabricDegraded: unknown placeholder {NODE|duration}",
+        ),
+        (
+            ('for = "persistence_off_for_s"', 'for = "persistence_of_for_s"'),
+            "alerts.toml: GpuwardenPersistenceModeOff: no threshold named 'persistence_of_for_s'",
+        ),
+        (
+            (
+                '[GpuwardenPcieReplaysHigh]\nseverity = "warning"',
+                '[GpuwardenPcieReplaysHigh]\nseverity = "warning"\nfro = 60',
+            ),
+            "alerts.toml: GpuwardenPcieReplaysHigh: unknown key 'fro'",
+        ),
+        (
+            ("[GpuwardenPersistenceModeOff]", "[GpuwardenPersistenceModeOf]"),
+            "alerts.toml: GpuwardenPersistenceModeOff: no table for this alert of group gpuwarden-configuration",
+        ),
+        (
+            (
+                "[GpuwardenPersistenceModeOff]",
+                '[GpuwardenFanBroken]\nseverity = "warning"\n\n[GpuwardenPersistenceModeOff]',
+            ),
+            "alerts.toml: GpuwardenFanBroken: declared, but no rule group has its expression",
+        ),
+    ],
+)
+def test_a_mistake_in_alerts_toml_fails_in_one_line_naming_the_alert(change: tuple[str, str], line: str):
+    """The declarations are data: a misspelt placeholder, field or key, or an alert declared on one side only, stops
+    the rules' build with one line naming the alert, rather than shipping a page that reads `{nvml_down_for}`."""
+    import tomllib
+
+    from gpuwarden.health.rules_model import ALERTS_FILE
+
+    text = ALERTS_FILE.read_text(encoding="utf-8")
+    assert text.count(change[0]) == 1
+    with pytest.raises(rules.DeclarationError) as raised:
+        rules.build(alerts=tomllib.loads(text.replace(*change)))
+    assert str(raised.value).startswith(line) and "\n" not in str(raised.value)
+
+
 def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_shorter():
     """The groups whose conditions all last 10 minutes or more run every 5 minutes (issue 38: CPU at 10,000 nodes),
     those whose conditions last 4 minutes or more every 2 (issue 51); a threshold tuned below that puts its group on

@@ -158,6 +158,27 @@ def test_bad_thresholds_file_is_one_line(tmp_path):
         load_thresholds(write_yaml(tmp_path / "t.yaml", {"temperature_critical_celsius": 80}))
 
 
+def test_each_threshold_is_declared_with_its_type_bounds_and_words(tmp_path):
+    """The fields come from health/thresholds.toml: a file's value out of the declared bounds is refused in one
+    line, a string of the declared type is converted, and every field says what it means (its help text)."""
+    import tomllib
+
+    from gpuwarden.health.thresholds import FIELDS_FILE, Thresholds
+
+    declared = tomllib.loads(FIELDS_FILE.read_text(encoding="utf-8"))
+    assert [field.name for field in dataclasses.fields(Thresholds)] == list(declared)
+    assert all(field.metadata["description"].endswith(".") for field in dataclasses.fields(Thresholds))
+    path = write_yaml(tmp_path / "t.yaml", {"collective_window_s": 601})
+    line = f"thresholds file {path}: collective_window_s: Input should be less than or equal to 600 (got 601)"
+    with pytest.raises(ConfigError) as refused:
+        load_thresholds(path)
+    assert str(refused.value) == line
+    loaded = load_thresholds(write_yaml(tmp_path / "t.yaml", {"xid_info": ["63", 92], "pcie_replays_per_minute": "9"}))
+    assert loaded.xid_info == (63, 92) and loaded.pcie_replays_per_minute == 9.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loaded.xid_info = ()
+
+
 def test_history_stays_bounded_at_fast_polling():
     """0.1 s polls keep one point per spacing, not one per poll (found by the soak run over an hour at the defaults;
     here the windows are capped at 2 minutes and the run is 1,500 polls, more than the bound, instead of 36,000)."""

@@ -121,6 +121,14 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
         check=True,
     )
     assert site.stdout.strip() == "True v1.PodResources"
+    # and the thresholds' and the alert rules' declarations (health/thresholds.toml, alerts.toml), from which
+    # `gpuwarden rules` renders the shipped rules
+    rendered = subprocess.run([str(gpuwarden), "rules"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    assert (
+        rendered.stdout.split("\n", 1)[1]
+        == (ROOT / "alert_rules" / "gpuwarden.rules.yaml").read_text().split("\n", 1)[1]
+    )
 
 
 def test_the_binding_version_read_from_its_dist_info_folder_is_what_pip_recorded():

@@ -1,14 +1,18 @@
 """The alert rules' building blocks: a rule as named data (what it reads of the thresholds, which verdict it mirrors),
 and the PromQL shapes the rules share (a page held across exporter restarts, the `node` label everywhere).
 
-The rules themselves are in rules_hardware.py and rules_service.py; health/rules.py assembles them.
+A rule is its table in alerts.toml (severity, action, verdict, the thresholds it reads, its words) joined with its
+expression from rules_hardware.py or rules_service.py (declared, below); health/rules.py assembles the groups.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import re
+import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.health.thresholds import Thresholds
@@ -19,7 +23,6 @@ __all__ = [
     "HISTORY_GROUP",
     "HISTORY_INTERVAL_S",
     "HISTORY_WINDOW",
-    "HOLD_MARGIN_S",
     "NODE",
     "NODE_GPUS_MAX",
     "NVLINK_ACTIVE_DAY_MAX",
@@ -34,7 +37,11 @@ __all__ = [
     "Group",
     "Record",
     "Rule",
-    "alert",
+    "DeclarationError",
+    "Query",
+    "Queries",
+    "declarations",
+    "declared",
     "anchor",
     "condition_interval",
     "duration",
@@ -42,13 +49,11 @@ __all__ = [
     "held",
     "nodeish",
     "nodeish_over",
-    "page",
     "xid_regex",
 ]
 
 RUNBOOK_BASE = "https://github.com/gpuwarden/gpuwarden/blob/main/docs/runbooks.md"
 SELECTOR = 'job="gpuwarden"'
-HOLD_MARGIN_S = 60  # past a finding's own warm-up after a restart: the new target found and scraped, a rule evaluated
 
 # The day-long windows read recorded maxima, not raw samples: at 10,000 nodes the raw [1d] of every GPU's active
 # NVLinks was 461 M samples an evaluation, and every node's GPU count over [24h] 58 M (issue 38,
@@ -85,6 +90,7 @@ STEADY_INTERVAL_S = 120
 # IP), else the instance.
 NODE = "{{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}"
 GPU = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {NODE}"
+_NAMES = {"GPU": GPU, "NODE": NODE}  # what an alert's words call them (alerts.toml)
 
 
 @dataclass(frozen=True)
@@ -113,50 +119,97 @@ class Rule:
         return self.finding_expr or self.expr
 
 
-def alert(
-    t: Thresholds,
-    *,
-    name: str,
-    expr: str,
-    severity: str,
-    summary: str,
-    description: str,
-    threshold: str | None = None,
-    for_: str | int = 0,
-    keep_firing: str | int = 0,
-    reads: tuple[str, ...] = (),
-    action: str | None = None,
-    finding_expr: str | None = None,
-    verdict: str | None = None,
-) -> Rule:
-    """A Rule from its declarations: `threshold` names the field whose value is appended to `expr` (which ends on
-    its comparison), `for_` and `keep_firing` a field or a fixed number of seconds. The rendered numbers are then
-    the declared fields' by construction."""
+@dataclass(frozen=True)
+class Query:
+    """An alert's expression, with the cordon finding's where that outlasts the page (the fleet view's)."""
+
+    expr: str
+    finding: str | None = None
+
+
+# what a group function returns for its alerts: each alert's expression (or Query) by name
+Queries = dict[str, str | Query]
+
+ALERTS_FILE = Path(__file__).with_name("alerts.toml")
+# an alert's table in alerts.toml: what each key means is said at the top of that file
+_KEYS = {"severity", "action", "verdict", "threshold", "for", "keep_firing", "reads", "summary", "description"}
+# {field} or {field|duration} in an alert's words, not Prometheus' own {{ ... }}
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*)(\|duration)?\}(?!\})")
+
+
+class DeclarationError(ValueError):
+    """alerts.toml and the rules' expressions disagree (a development error: the file ships with the package)."""
+
+
+@functools.cache
+def declarations() -> dict[str, dict[str, Any]]:
+    """The alerts' tables of alerts.toml by name, in the file's order."""
+    with ALERTS_FILE.open("rb") as file:
+        return tomllib.load(file)
+
+
+def declared(t: Thresholds, name: str, table: dict[str, Any], query: str | Query) -> Rule:
+    """A Rule from its table in alerts.toml and its expression: `threshold` names the field whose value is appended
+    to the expression (which ends on its comparison), `for` and `keep_firing` a field or seconds; the words' fields
+    are the thresholds'. The rendered numbers are then the declared fields' by construction."""
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        raise DeclarationError(f"alerts.toml: {name}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_KEYS))}")
+    page = table["severity"] == "page"
+    query = query if isinstance(query, Query) else Query(query)
+    expr, threshold = query.expr, table.get("threshold")
     if threshold is not None:
-        expr = f"{expr} {getattr(t, threshold):g}"
+        expr = f"{expr} {_field(t, name, threshold):g}"
+    for_ = table.get("for", 0)
+    keep_firing = table.get("keep_firing", "page_hold_s" if page else 0)
+    for field_name in table.get("reads", ()):
+        _field(t, name, field_name)
     return Rule(
         alert=name,
         expr=expr,
-        severity=severity,
-        summary=summary,
-        description=description,
-        for_s=getattr(t, for_) if isinstance(for_, str) else for_,
-        action=action,
-        keep_firing_s=getattr(t, keep_firing) if isinstance(keep_firing, str) else keep_firing,
-        finding_expr=finding_expr,
+        severity="critical" if page else table["severity"],
+        summary=_words(t, name, table["summary"]),
+        description=_words(t, name, table["description"]),
+        for_s=_seconds(t, name, for_),
+        action=table.get("action"),
+        keep_firing_s=_seconds(t, name, keep_firing),
+        finding_expr=query.finding,
         threshold=threshold,
         for_field=for_ if isinstance(for_, str) else None,
         keep_firing_field=keep_firing if isinstance(keep_firing, str) else None,
-        reads=reads,
-        verdict=verdict,
+        reads=tuple(table.get("reads", ())),
+        verdict=table.get("verdict"),
     )
 
 
-def page(t: Thresholds, **rule: Any) -> Rule:
-    """A critical alert for a lasting fault, its expression `held`: it keeps firing for page_hold_s with no reading,
-    so an exporter restart neither resolves the page nor opens another (docs/alerting.md, One page across a
-    restart)."""
-    return alert(t, severity="critical", keep_firing="page_hold_s", **rule)
+def _field(t: Thresholds, alert_name: str, field_name: str) -> Any:
+    if not hasattr(t, field_name):
+        raise DeclarationError(f"alerts.toml: {alert_name}: no threshold named {field_name!r}")
+    return getattr(t, field_name)
+
+
+def _seconds(t: Thresholds, alert_name: str, declared_s: str | int | list[str | int]) -> int:
+    """Seconds from a field's name, a number, or a list of both (summed)."""
+    if isinstance(declared_s, list):
+        return sum(_seconds(t, alert_name, part) for part in declared_s)
+    return _field(t, alert_name, declared_s) if isinstance(declared_s, str) else declared_s
+
+
+def _words(t: Thresholds, alert_name: str, template: str) -> str:
+    """An annotation from its template: {GPU}, {NODE}, {field} (its value, `:g`), {field|duration}."""
+
+    def value(placeholder: re.Match[str]) -> str:
+        word, as_duration = placeholder.group(1), placeholder.group(2)
+        if word in _NAMES and not as_duration:
+            return _NAMES[word]
+        if not hasattr(t, word):
+            raise DeclarationError(
+                f"alerts.toml: {alert_name}: unknown placeholder {placeholder.group(0)}; use {{GPU}}, {{NODE}}, "
+                "{field} or {field|duration} with a Thresholds field, and {{ ... }} for Prometheus' own"
+            )
+        return duration(getattr(t, word)) if as_duration else f"{getattr(t, word):g}"
+
+    return _PLACEHOLDER.sub(value, template)
 
 
 @dataclass(frozen=True)
@@ -184,29 +237,34 @@ def condition_interval(*condition_s: int) -> int | None:
     return next((every for every in tiers if shortest >= 2 * every), None)
 
 
-GroupBuilder = Callable[[Thresholds, str], Group]
+# (thresholds, selector, the alerts' declarations: None, alerts.toml's) → the group
+GroupBuilder = Callable[[Thresholds, str, Mapping[str, dict[str, Any]] | None], Group]
+GroupEntries = Callable[[Thresholds, str], Queries | list[Record]]
 
 
 def group(
     name: str, *, conditions: tuple[str | int, ...] = (), interval_s: int | None = None
-) -> Callable[[Callable[[Thresholds, str], list]], GroupBuilder]:
-    """Declares a rule group: the decorated function (thresholds, selector) lists its alerts and records, in the
-    file's order. `conditions` are what its conditions last (Thresholds fields or seconds): the group is evaluated
-    as often as they need (condition_interval); else every `interval_s`, None the server's interval."""
+) -> Callable[[GroupEntries], GroupBuilder]:
+    """Declares a rule group: the decorated function (thresholds, selector) returns its alerts' expressions by name
+    (their declarations and words are alerts.toml's, and its order the rule file's), or its records. `conditions`
+    are what its conditions last (Thresholds fields or seconds): the group is evaluated as often as they need
+    (condition_interval); else every `interval_s`, None the server's interval."""
 
-    def declare(entries: Callable[[Thresholds, str], list]) -> GroupBuilder:
+    def declare(entries: GroupEntries) -> GroupBuilder:
         @functools.wraps(entries)
-        def built(t: Thresholds, selector: str) -> Group:
+        def built(t: Thresholds, selector: str, alerts: Mapping[str, dict[str, Any]] | None = None) -> Group:
             listed = entries(t, selector)
+            tables = declarations() if alerts is None else alerts
             every = interval_s
             if conditions:
                 every = condition_interval(*(getattr(t, c) if isinstance(c, str) else c for c in conditions))
-            return Group(
-                name,
-                rules=[r for r in listed if isinstance(r, Rule)],
-                records=[r for r in listed if isinstance(r, Record)],
-                interval_s=every,
-            )
+            if isinstance(listed, list):
+                return Group(name, records=listed, interval_s=every)
+            undeclared = [alert for alert in listed if alert not in tables]
+            if undeclared:
+                raise DeclarationError(f"alerts.toml: {undeclared[0]}: no table for this alert of group {name}")
+            rules = [declared(t, alert, table, listed[alert]) for alert, table in tables.items() if alert in listed]
+            return Group(name, rules=rules, interval_s=every)
 
         return built
 
