@@ -20,16 +20,7 @@ import threading
 
 import pynvml
 
-from gpuwarden.nvml import calls, library
-from gpuwarden.nvml.errors import (
-    ErrorKind,
-    GpuLostError,
-    NvmlDownError,
-    NvmlFatalError,
-    classify,
-    error_code,
-    error_name,
-)
+from gpuwarden.nvml import calls, errors, library
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing in the GPM child (gpm.py, its imports)
 if TYPE_CHECKING:
@@ -154,26 +145,26 @@ class GpmWindow:
             if entry.nvmlReturn == pynvml.NVML_SUCCESS:
                 values[metric] = float(entry.value)
             else:
-                failed[metric] = error_name(int(entry.nvmlReturn))
+                failed[metric] = errors.error_name(int(entry.nvmlReturn))
         return Window(seconds, values, failed)
 
 
 def _raise_for(exc: BaseException) -> None:
     """The error policy for GPM calls: unsupported → GpmUnavailable; lost, down, fatal → the exporter's states;
     anything else returns (transient)."""
-    kind = classify(exc)
-    if kind is ErrorKind.UNSUPPORTED:
+    kind = errors.classify(exc)
+    if kind is errors.ErrorKind.UNSUPPORTED:
         raise GpmUnavailable(_reason(exc)) from None
-    if kind is ErrorKind.GPU_LOST:
-        raise GpuLostError(_reason(exc)) from None
-    if kind is ErrorKind.LIBRARY_DOWN:
-        raise NvmlDownError(_reason(exc)) from None
-    if kind is ErrorKind.FATAL:
-        raise NvmlFatalError(_reason(exc)) from None
+    if kind is errors.ErrorKind.GPU_LOST:
+        raise errors.GpuLostError(_reason(exc)) from None
+    if kind is errors.ErrorKind.LIBRARY_DOWN:
+        raise errors.NvmlDownError(_reason(exc)) from None
+    if kind is errors.ErrorKind.FATAL:
+        raise errors.NvmlFatalError(_reason(exc)) from None
 
 
 def _reason(exc: BaseException) -> str:
-    return error_name(error_code(exc))
+    return errors.error_name(errors.error_code(exc))
 
 
 class InProcessSampler:
