@@ -1,7 +1,7 @@
 """Write the rule files from the code (a development tool, not part of the package): `python alert_rules/generate.py`.
 
 - alert_rules/gpuwarden.rules.yaml from the alert rules' model (exporter/gpuwarden/health/rules.py, its thresholds
-  from exporter/gpuwarden/health/thresholds.py);
+  from exporter/gpuwarden/health/thresholds.toml);
 - alert_rules/gpuwarden.recording.yaml from the fleet's recording rules (exporter/gpuwarden/fleet/recording.py);
 - alert_rules/dcgm-compat.recording.yaml, the opt-in dcgm-exporter names (alert_rules/dcgm_compat.py);
 - `--fill-test-annotations`: the rendered annotations of every expected alert into alert_rules/tests/, from what

@@ -3,7 +3,7 @@
 Plain Python dicts in Grafana's dashboard JSON model (schemaVersion 39, Grafana 11): one function per dashboard row,
 each panel a `Layout.add` call with keyword arguments. The committed JSON is checked against this output by
 tests/test_dashboards.py, which also runs every panel's queries against a real Prometheus. Thresholds come from
-exporter/gpuwarden/health/thresholds.py, the same definition as the alert rules. Run it with gpuwarden installed.
+exporter/gpuwarden/health/thresholds.toml, the same definition as the alert rules. Run it with gpuwarden installed.
 
 grafana-foundation-sdk (Grafana's typed builders, on PyPI) was considered and not adopted: its Python package is
 published as one version per Grafana release line with date-stamped version numbers and, by its own README, as

@@ -130,7 +130,7 @@ def kubelet() -> Iterator[FakeKubelet]:
 
 
 # sustain windows at zero, so that faults whose verdict waits minutes (NVLink down 5 min, 91 °C for 2 min) are
-# judged within the test; the defaults are the alert rules' (exporter/gpuwarden/health/thresholds.py)
+# judged within the test; the defaults are the alert rules' (exporter/gpuwarden/health/thresholds.toml)
 IMPATIENT = {"nvlink_down_for_s": 0, "temperature_critical_for_s": 0, "thermal_slowdown_for_s": 0, "gpu_lost_for_s": 0}
 
 

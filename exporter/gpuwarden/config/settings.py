@@ -266,7 +266,7 @@ class HealthSettings:
     """Where operators override the health thresholds."""
 
     thresholds_file: Path | None = setting(
-        None, description="YAML file overriding health thresholds (keys of exporter/gpuwarden/health/thresholds.py)."
+        None, description="YAML file overriding health thresholds (keys of exporter/gpuwarden/health/thresholds.toml)."
     )
     state_file: str = setting(
         "auto",

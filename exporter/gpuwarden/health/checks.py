@@ -2,7 +2,7 @@
 
 Conditions that must be sustained (temperature for 5 m, a starved job for 30 m, ...) are judged over the exporter's
 own samples (health/history.py) with the same thresholds and durations as the alert rules
-(exporter/gpuwarden/health/thresholds.py); health/evaluator.py runs the checks on each snapshot.
+(exporter/gpuwarden/health/thresholds.toml); health/evaluator.py runs the checks on each snapshot.
 """
 
 from __future__ import annotations

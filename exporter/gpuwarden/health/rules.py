@@ -1,6 +1,6 @@
 """The alert rules' model, from the thresholds: every rule's expression, severity, action and words.
 
-One definition of every threshold and duration (exporter/gpuwarden/health/thresholds.py) feeds both these rules and
+One definition of every threshold and duration (exporter/gpuwarden/health/thresholds.toml) feeds both these rules and
 the exporter's health gauges; each rule declares the fields it reads and the verdict it mirrors. The declarations
 and words are data (health/alerts.toml), the expressions logic (rules_hardware.py, rules_service.py), joined into
 rules by rules_model.py. The fleet service evaluates the cordon rules' expressions from here; the rule file is
