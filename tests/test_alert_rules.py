@@ -267,9 +267,9 @@ def test_a_mistake_in_alerts_toml_fails_in_one_line_naming_the_alert(change: tup
 
 
 def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_shorter():
-    """The groups whose conditions all last 10 minutes or more run every 5 minutes (issue 38: CPU at 10,000 nodes),
-    those whose conditions last 4 minutes or more every 2 (issue 51); a threshold tuned below that puts its group on
-    a shorter interval, so no condition is evaluated less than twice while it must hold."""
+    """A group is evaluated every 10, 5 or 2 minutes where the shortest of its conditions holds two evaluations of
+    that interval if the group pages, one if it only opens tickets or informs (issues 38 and 51: CPU at 10,000
+    nodes); a threshold tuned below that puts its group on a shorter interval, down to the server's."""
     from gpuwarden.health.thresholds import Thresholds
 
     def intervals(**tuned: int) -> dict[str, str | None]:
@@ -277,22 +277,26 @@ def test_lasting_conditions_are_evaluated_less_often_until_a_threshold_is_tuned_
         return {g["name"]: g.get("interval") for g in yaml.safe_load(text)["groups"]}
 
     shipped = intervals()
-    # conditions of 30 minutes or more: every 10 minutes
-    assert shipped[rules.SUSTAINED_LONG_GROUP] == "10m"
-    assert shipped[rules.SUSTAINED_GROUP] == shipped["gpuwarden-capacity"] == shipped["gpuwarden-thermal-page"] == "5m"
-    # conditions of 5 minutes: every 2 minutes (issue 51)
-    assert shipped["gpuwarden-thermal-power"] == shipped["gpuwarden-interconnect"] == "2m"
+    # tickets and information over 10 minutes or more: every 10 minutes
+    assert shipped[rules.SUSTAINED_GROUP] == shipped["gpuwarden-capacity"] == "10m"
+    assert shipped["gpuwarden-configuration"] == "10m"
+    # tickets over 5 minutes, and a page over 10: every 5 minutes
+    assert shipped["gpuwarden-thermal-power"] == shipped["gpuwarden-thermal-page"] == "5m"
+    # pages over 5 minutes: every 2 minutes
+    assert shipped["gpuwarden-interconnect"] == "2m"
     # pages on shorter or instant conditions: the server's interval
     assert shipped["gpuwarden-thermal-critical"] is shipped["gpuwarden-availability"] is None
     assert shipped["gpuwarden-fabric-faults"] is None
     # states that last until a reset or a replacement, compared at an instant: every 2 minutes, whatever is tuned
     assert shipped["gpuwarden-memory-health"] == "2m"
     tuned = intervals(nvlink_crc_for_s=120, memory_for_s=300, thermal_slowdown_for_s=180, fabric_setup_for_s=420)
-    assert tuned[rules.SUSTAINED_GROUP] is None and tuned["gpuwarden-thermal-power"] is None
-    assert tuned["gpuwarden-capacity"] == "2m"  # 5 minutes: two evaluations of 2 minutes fit
-    assert tuned["gpuwarden-configuration"] == "5m" and tuned["gpuwarden-interconnect"] == "2m"  # untouched
+    assert tuned[rules.SUSTAINED_GROUP] == tuned["gpuwarden-thermal-power"] == "2m"  # one evaluation fits
+    assert tuned["gpuwarden-capacity"] == "5m"
+    assert tuned["gpuwarden-configuration"] == "10m" and tuned["gpuwarden-interconnect"] == "2m"  # untouched
     assert tuned["gpuwarden-memory-health"] == "2m"
-    assert intervals(utilization_for_s=1000)[rules.SUSTAINED_LONG_GROUP] == "5m"
+    # a ticket's condition shorter than the shortest tier, a page's shorter than two: the server's interval
+    assert intervals(pcie_replays_for_s=60)[rules.SUSTAINED_GROUP] is None
+    assert intervals(nvlink_down_for_s=200)["gpuwarden-interconnect"] is None
     assert intervals(thermal_page_for_s=300)["gpuwarden-thermal-page"] == "2m"
 
 

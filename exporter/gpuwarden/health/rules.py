@@ -26,7 +26,7 @@ __all__ = [*rules_model.__all__, "GROUPS", "build"]  # noqa: PLE0604 - the model
 GROUPS = (
     rules_service.exporter, rules_hardware.availability, rules_hardware.memory_health, rules_hardware.thermal_critical,
     rules_hardware.thermal_power, rules_hardware.thermal_page, rules_service.capacity, rules_hardware.interconnect,
-    rules_hardware.fabric_faults, rules_service.jobs, rules_service.sustained, rules_service.sustained_long,
+    rules_hardware.fabric_faults, rules_service.jobs, rules_service.sustained,
     rules_service.history, rules_service.configuration
 )  # fmt: skip
 

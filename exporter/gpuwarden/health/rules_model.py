@@ -30,8 +30,7 @@ __all__ = [
     "RUNBOOK_BASE",
     "SELECTOR",
     "SUSTAINED_GROUP",
-    "SUSTAINED_LONG_GROUP",
-    "SUSTAINED_LONG_INTERVAL_S",
+    "LONG_INTERVAL_S",
     "STEADY_INTERVAL_S",
     "SUSTAINED_INTERVAL_S",
     "Group",
@@ -76,9 +75,9 @@ NVLINK_ACTIVE_DAY_MAX = "gpuwarden:gpu_nvlink_active_links:max1d"
 # the window, so one evaluation in 5 minutes sees it (up to 5 minutes later than a minute's would).
 SUSTAINED_GROUP = "gpuwarden-sustained"
 SUSTAINED_INTERVAL_S = 300
-# ... and those over 30 minutes or more (power cap, underutilization, a reduced power limit) every 10.
-SUSTAINED_LONG_GROUP = "gpuwarden-sustained-long"
-SUSTAINED_LONG_INTERVAL_S = 600
+# The longest tier: tickets whose conditions last 10 minutes or more (condition_interval: a ticket's condition holds
+# one evaluation, a page's two) are evaluated every 10 minutes.
+LONG_INTERVAL_S = 600
 # Alerts whose conditions must hold 5 minutes (heat, throttling, NVLink, fabric set-up) are evaluated every 2: three
 # evaluations fall in the condition, and the page comes at most a minute later than a minute's evaluation would
 # bring it. At 10,000 nodes each evaluation of one of them selects 80,000 series: the every-minute groups were most
@@ -228,13 +227,15 @@ class Group:
     interval_s: int | None = None  # None: the Prometheus server's global evaluation interval
 
 
-def condition_interval(*condition_s: int) -> int | None:
-    """The longest of the tiers (10, 5 and 2 minutes) of which two evaluations fit in the shortest of a
-    group's conditions (windows and `for:`), else None, the server's interval: a threshold tuned shorter is
-    evaluated as often as the other alerts."""
+def condition_interval(*condition_s: int, pages: bool = True) -> int | None:
+    """The longest of the tiers (10, 5 and 2 minutes) of which the shortest of a group's conditions (windows and
+    `for:`) holds two evaluations where the group pages, one where it only opens tickets or informs (a ticket up to
+    an interval later is worked the same; a page is not), else None, the server's interval: a threshold tuned
+    shorter is evaluated as often as the other alerts."""
     shortest = min(condition_s)
-    tiers = (SUSTAINED_LONG_INTERVAL_S, SUSTAINED_INTERVAL_S, STEADY_INTERVAL_S)
-    return next((every for every in tiers if shortest >= 2 * every), None)
+    needed = 2 if pages else 1
+    tiers = (LONG_INTERVAL_S, SUSTAINED_INTERVAL_S, STEADY_INTERVAL_S)
+    return next((every for every in tiers if shortest >= needed * every), None)
 
 
 # (thresholds, selector, the alerts' declarations: None, alerts.toml's) → the group
@@ -255,15 +256,16 @@ def group(
         def built(t: Thresholds, selector: str, alerts: Mapping[str, dict[str, Any]] | None = None) -> Group:
             listed = entries(t, selector)
             tables = declarations() if alerts is None else alerts
-            every = interval_s
-            if conditions:
-                every = condition_interval(*(getattr(t, c) if isinstance(c, str) else c for c in conditions))
             if isinstance(listed, list):
-                return Group(name, records=listed, interval_s=every)
+                return Group(name, records=listed, interval_s=interval_s)
             undeclared = [alert for alert in listed if alert not in tables]
             if undeclared:
                 raise DeclarationError(f"alerts.toml: {undeclared[0]}: no table for this alert of group {name}")
             rules = [declared(t, alert, table, listed[alert]) for alert, table in tables.items() if alert in listed]
+            every = interval_s
+            if conditions:
+                lasting = (getattr(t, c) if isinstance(c, str) else c for c in conditions)
+                every = condition_interval(*lasting, pages=any(r.severity == "critical" for r in rules))
             return Group(name, rules=rules, interval_s=every)
 
         return built

@@ -15,7 +15,6 @@ from gpuwarden.health.rules_model import (
     NVLINK_ACTIVE_DAY_MAX,
     NVLINK_ACTIVE_MAX,
     SUSTAINED_GROUP,
-    SUSTAINED_LONG_GROUP,
     Queries,
     Record,
     duration,
@@ -57,19 +56,35 @@ def jobs(t: Thresholds, s: str) -> Queries:
 
 @group(
     SUSTAINED_GROUP,
-    # what each rule's condition lasts, in the rules' order: PerformanceStateDegraded's window, NvlinkReplayRecovery's
-    # [15m], GpuCountDropped's `for:`, the CRC and PCIe tickets' `for:`
-    conditions=("pstate_for_s", 900, 600, "nvlink_crc_for_s", "pcie_replays_for_s"),
+    # what each rule's condition lasts, in the rules' order: windows, PerformanceStateDegraded's window,
+    # Underutilized's window, NvlinkReplayRecovery's [15m], GpuCountDropped's `for:`, the power limit's, CRC and PCIe
+    # tickets' `for:`
+    conditions=(
+        "power_cap_for_s",
+        "pstate_for_s",
+        "utilization_for_s",
+        900,
+        600,
+        "power_limit_reduced_for_s",
+        "nvlink_crc_for_s",
+        "pcie_replays_for_s",
+    ),
 )
 def sustained(t: Thresholds, s: str) -> Queries:
-    """Tickets and information over windows or `for:` of 10 minutes or more: evaluated every 5 minutes, not every
-    minute (at 10,000 nodes they were a fifth of the alert rules' CPU; issue 38, docs/benchmarks.md)."""
+    """Tickets and information over windows or `for:` of 10 minutes or more: evaluated every 10 minutes as shipped
+    (condition_interval: a ticket's condition holds one evaluation), not every minute (at 10,000 nodes they were a
+    fifth of the alert rules' CPU; issue 38; issue 51, docs/benchmarks.md). Underutilized's and
+    PerformanceStateDegraded's `for: 5m` are met at their second evaluation."""
     expected = f"gpuwarden_gpus_expected{{{s}}}"
     return {
+        "GpuwardenPowerCapSustained": f'rate(gpuwarden_throttle_seconds_total{{{s},reason="sw_power_cap"}}'
+        f"[{duration(t.power_cap_for_s)}]) >",
         "GpuwardenPerformanceStateDegraded": f"min_over_time(gpuwarden_performance_state{{{s}}}"
         f"[{duration(t.pstate_for_s)}]) >= {t.pstate_degraded_min} and on (instance, uuid) {busy(s, t.pstate_for_s)} "
         f"> {t.pstate_busy_ratio:g} and on (instance, uuid) "
         f'gpuwarden_gpu_info{{{s},name!~"{t.pstate_exempt_name_regex}"}}',
+        "GpuwardenUnderutilized": f"{busy(s, t.utilization_for_s)} < {t.utilization_low_ratio:g} "
+        f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
         "GpuwardenNvlinkReplayRecovery": (
             f'increase(gpuwarden_nvlink_gpu_errors_total{{{s},type=~"replay|recovery"}}[15m]) > 0'
         ),
@@ -81,24 +96,11 @@ def sustained(t: Thresholds, s: str) -> Queries:
         "GpuwardenGpuCountDropped": f"({expected} - gpuwarden_gpus{{{s}}} > 0) or on (node) ("
         f"max by (node) (max_over_time({NODE_GPUS_MAX}[{duration(t.gpu_count_memory_s)}]))"
         f" - max by (node) ({nodeish(f'gpuwarden_gpus{{{s}}}')}) > 0 unless on (node) {nodeish(expected)})",
-        "GpuwardenNvlinkCrcErrorsHigh": f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) >',
-        "GpuwardenPcieReplaysHigh": f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 >",
-    }
-
-
-@group(SUSTAINED_LONG_GROUP, conditions=("power_cap_for_s", "utilization_for_s", "power_limit_reduced_for_s"))
-def sustained_long(t: Thresholds, s: str) -> Queries:
-    """Information and tickets over 30 minutes or more: evaluated every 10 minutes (Underutilized's 30-minute busy
-    ratio of every GPU was the costliest rule of gpuwarden-sustained; issue 51, docs/benchmarks.md). Underutilized's
-    `for: 5m` is then met at its second evaluation, as it was every 5 minutes."""
-    return {
-        "GpuwardenPowerCapSustained": f'rate(gpuwarden_throttle_seconds_total{{{s},reason="sw_power_cap"}}'
-        f"[{duration(t.power_cap_for_s)}]) >",
-        "GpuwardenUnderutilized": f"{busy(s, t.utilization_for_s)} < {t.utilization_low_ratio:g} "
-        f"and on (instance, uuid) gpuwarden_processes{{{s}}} > 0",
         "GpuwardenPowerLimitReduced": (
             f"gpuwarden_power_limit_watts{{{s}}} < gpuwarden_power_default_limit_watts{{{s}}}"
         ),
+        "GpuwardenNvlinkCrcErrorsHigh": f'rate(gpuwarden_nvlink_gpu_errors_total{{{s},type="crc_flit"}}[5m]) >',
+        "GpuwardenPcieReplaysHigh": f"rate(gpuwarden_pcie_replay_errors_total{{{s}}}[5m]) * 60 >",
     }
 
 
