@@ -7,6 +7,7 @@ import string
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 import schemathesis.transport.wsgi  # noqa: F401 - see below
@@ -178,18 +179,31 @@ def test_scenario_faults_validate_or_fail_with_one_line(tmp_path_factory, faults
 
 @pytest.mark.slow  # 25 generated requests for each operation: the whole suite's
 def test_api_never_500s_and_matches_its_schema(live_server):
-    """schemathesis drives every operation of the running service's OpenAPI schema with generated requests."""
+    """schemathesis drives every operation of the running service's OpenAPI schema with generated requests: no
+    undocumented 5xx. A 5xx the operation documents is its answer, not a fault (/readyz's 503 while the poller's
+    snapshot is older than allowed, as on a starved machine), and must match its schema like any other."""
     server = live_server("gpu-lost")
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/api/v1/gpus/{gpu}", "/api/v1/diagnosis/{gpu}", "/metrics"}
+    paths = httpx.get(server.url + "/openapi.json", timeout=10).json()["paths"]
     for operation in operations:
+        listed = paths[operation.path][operation.method.lower()].get("responses", {})
+        exercise(operation, {int(code) for code in listed if code.isdigit() and int(code) != 500})
 
-        @given(case=operation.as_strategy())
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-        def exercise(case: schemathesis.Case) -> None:
-            response = case.call()
-            assert response.status_code < 500, (case.path, response.status_code, response.text[:200])
-            case.validate_response(response)
 
-        exercise()
+def exercise(operation: schemathesis.schemas.APIOperation, documented: set[int]) -> None:
+    """25 generated requests to one operation: below 500 or a 5xx it documents, and its schema matched."""
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    def one(case: schemathesis.Case) -> None:
+        response = case.call()
+        assert response.status_code < 500 or response.status_code in documented, (
+            case.path,
+            response.status_code,
+            response.text[:200],
+        )
+        case.validate_response(response)
+
+    one()
