@@ -60,8 +60,6 @@ GROUPS = {
     "gpuwarden-fleet-inventory": ((NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, CORDON), INTERVAL_S),
     "gpuwarden-fleet-health": ((HEALTH,), HEALTH_INTERVAL_S),
 }
-# the records read as their latest within an interval and a margin (latest()), not at an instant
-READ_LATEST = frozenset((NODE_MODELS, NODE_MEMORY, NODE_CLASSES, NS_CLASSES, CORDON))
 # the records compared evaluation by evaluation (views: the idle and starved lists, and seen minus busy)
 EVALUATED_TOGETHER = ((GPUS, GPU_IDLE, GPU_STARVED), (SAMPLED, BUSY))
 # the critical alert rules whose findings warrant draining a node (the fleet's cordon candidates)

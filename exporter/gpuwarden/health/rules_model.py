@@ -255,9 +255,9 @@ def group(
         @functools.wraps(entries)
         def built(t: Thresholds, selector: str, alerts: Mapping[str, dict[str, Any]] | None = None) -> Group:
             listed = entries(t, selector)
-            tables = declarations() if alerts is None else alerts
             if isinstance(listed, list):
                 return Group(name, records=listed, interval_s=interval_s)
+            tables = declarations() if alerts is None else alerts
             undeclared = [alert for alert in listed if alert not in tables]
             if undeclared:
                 raise DeclarationError(f"alerts.toml: {undeclared[0]}: no table for this alert of group {name}")

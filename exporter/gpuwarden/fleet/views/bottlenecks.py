@@ -16,10 +16,10 @@ class BottlenecksView:
 
     queries: FleetQueries
 
-    def _queries(self, window: str, idle_s: str, recorded: Recorded | bool, step: float) -> list[str]:
+    def _queries(self, window: str, idle_s: str, recorded: Recorded, step: float) -> list[str]:
         """Counts per class (fleet, node, namespace), then the window's idle seconds per class."""
         sel, node_label = self.queries.selector, self.queries.node_label
-        if isinstance(recorded, Recorded) and recorded:
+        if recorded:
             classes = recorded.latest(recording.NODE_CLASSES, sel)
             namespaces = recorded.latest(recording.NS_CLASSES, sel)
             return [
@@ -37,7 +37,7 @@ class BottlenecksView:
             f"sum by (class) ({idle_s} * on (instance, uuid) group_left (class) {info})",
         ]
 
-    async def bottlenecks(self, window: str, idle_s: str, recorded: Recorded | bool = False) -> dict[str, Any]:
+    async def bottlenecks(self, window: str, idle_s: str, recorded: Recorded) -> dict[str, Any]:
         """GPUs per bottleneck class (GPM) now, by node and namespace, and the GPU-hours in the window in which no
         kernel ran by class: from the recording rules, each minute by the class the GPU was in then; from the raw
         series, the whole window by the class the GPU is in now (a scan of every GPU's counters)."""

@@ -23,7 +23,7 @@ class Recorded:
         return self.use
 
     def latest(self, record: str, selector: str) -> str:
-        """`record`'s latest sample, for the records written every few minutes (recording.READ_LATEST)."""
+        """`record`'s latest sample: the inventory and findings records, written every few minutes."""
         return recording.latest(record, selector, self.interval_s)
 
 
