@@ -353,13 +353,20 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
 def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is_on_its_way(tmp_path):
     """At the connection limit, with every slot held by a client that asked with Connection: close and never reads,
     a probe's connection is accepted before its request arrives. The next newcomer closed "the oldest connection
-    waiting for a request": that probe (a ReadError under load, CI 2026-11-28). A closer goes first now."""
+    waiting for a request": that probe (a ReadError under load, CI 2026-11-28). A closer goes first now.
+
+    The closers hold their slots only while their answers wait in the server's own buffer. Loopback's autotuned
+    send buffer swallowed each 107 KB answer whole, the server closed every closer at once, and no slot was held:
+    the test read 0 evictions (build machine and CI, Linux 6.18). The server's send buffer is set small, as a
+    real link or a larger answer leaves it, and the test checks that the closers hold every slot first."""
     from tests.helpers.common import wait_for
+    from tests.helpers.hostile import shrink_send_buffer
 
     limit = 16
     with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "60") as (url, proc):
         port = int(url.rsplit(":", 1)[1])
         httpx.get(url + "/api/v1/gpus", timeout=30)
+        shrink_send_buffer(proc.pid, port, 16384)
         closers = [never_reading_request(port, CLOSE_REQUEST) for _ in range(limit)]
         assert all(closers)
 
@@ -375,6 +382,7 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
             return sum(held.get(sock.getsockname()[1], 0) == 0 for sock in socks)
 
         wait_for(lambda: all(answered(sock) for sock in closers), timeout=30)
+        assert dropped(tuple(closers)) == 0, "the closers' answers left the server's buffer: no slot is held"
         probe = socket.create_connection(("127.0.0.1", port))  # its request not yet sent
         # accepted: a closer made room for it (under load the server's write deadline may also have closed a closer
         # whose unread answer stalled: at least one, not exactly one; the full suite under load, 2026-11-28)

@@ -3,8 +3,11 @@ bench/fleet_hostile.py)."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import socket
 import ssl
+from pathlib import Path
 
 # the fleet service under never-reading clients (tests/test_fleet_hostile.py, bench/fleet_hostile.py)
 FLEET_LIMIT_MIB = 384  # deploy/helm/gpuwarden/values.yaml: fleet.resources.limits.memory
@@ -41,3 +44,30 @@ def never_reading_request(port: int, request: bytes, tls: ssl.SSLContext | None 
         sock.close()
         return None
     return sock
+
+
+SYS_PIDFD_GETFD = 438  # the same number on x86_64 and arm64 (Linux 5.6+)
+
+
+def shrink_send_buffer(pid: int, port: int, size: int) -> None:
+    """Set SO_SNDBUF on process `pid`'s listening socket on loopback `port`: the connections it accepts inherit
+    it, with the kernel's autotuning off. Loopback autotunes a server's send buffer far past an answer of 100-250 KB
+    (179-368 KB seen on Linux 6.18), so a never-reading client's whole answer vanishes into the kernel and the server
+    closes at once; on a real link, or with a larger answer, it stays in the server's own buffer. The socket is
+    reached through pidfd_getfd, as a debugger would (the test's own child, so ptrace rules allow it)."""
+    inode = next(
+        fields[9]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if (fields := line.split())[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port
+    )
+    target = next(int(fd.name) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd) == f"socket:[{inode}]")
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        copy = libc.syscall(SYS_PIDFD_GETFD, pidfd, target, 0)
+        if copy < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd of the server's listening socket")
+    finally:
+        os.close(pidfd)
+    with socket.socket(fileno=copy) as listening:  # closes the copy only: the server's socket stays open
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
