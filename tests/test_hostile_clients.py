@@ -24,7 +24,7 @@ from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, tls_web_config, values, write_yaml
 from tests.helpers.daemon import running_cli
-from tests.helpers.hostile import never_reading_request
+from tests.helpers.hostile import never_reading_request, shrink_send_buffer
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
@@ -319,6 +319,9 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
         with running_cli(*flags, cgroup=cgroup, tls=tls) as (url, proc):
             port = int(url.rsplit(":", 1)[1])
             httpx.get(url + "/api/v1/gpus", timeout=30, verify=False)  # the JSON API built once, as after any use
+            # answers larger than the kernel's buffer (loopback's autotuned one swallows 107 KB whole, and the
+            # server would close every connection at once, testing nothing): the server holds them, and must abort
+            shrink_send_buffer(proc.pid, port, 16384)
             stop = threading.Event()
             probes: list = []
             prober = threading.Thread(target=lambda: probes.extend(_probe_while(url, stop, verify=False)), daemon=True)
@@ -346,7 +349,10 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
                 sock.close()
             assert proc.poll() is None and cgroup.oom_kills() == 0, f"peak {cgroup.peak_mib():.0f} MiB"
             assert httpx.get(url + "/healthz", timeout=5, verify=False).status_code == 200
+            series = parse_exposition(httpx.get(url + "/metrics", timeout=5, verify=False).text)
     assert held >= 1000
+    # the premise: answers waited unread in the server's buffer until their deadline aborted them
+    assert values(series, "gpuwarden_http_rejected_total", reason="write_timeout")[0] >= 1
     assert probes == [], probes[:20]
 
 
@@ -357,10 +363,9 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
 
     The closers hold their slots only while their answers wait in the server's own buffer. Loopback's autotuned
     send buffer swallowed each 107 KB answer whole, the server closed every closer at once, and no slot was held:
-    the test read 0 evictions (build machine and CI, Linux 6.18). The server's send buffer is set small, as a
-    real link or a larger answer leaves it, and the test checks that the closers hold every slot first."""
+    the test read 0 evictions (build machine and CI, Linux 6.18). The server's send buffer is set small, as an
+    answer larger than the kernel's buffer leaves it, and the test checks that the closers hold every slot first."""
     from tests.helpers.common import wait_for
-    from tests.helpers.hostile import shrink_send_buffer
 
     limit = 16
     with exporter(tmp_path, "--web.max-connections", str(limit), "--web.header-timeout", "60") as (url, proc):

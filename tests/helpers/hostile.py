@@ -53,7 +53,7 @@ def shrink_send_buffer(pid: int, port: int, size: int) -> None:
     """Set SO_SNDBUF on process `pid`'s listening socket on loopback `port`: the connections it accepts inherit
     it, with the kernel's autotuning off. Loopback autotunes a server's send buffer far past an answer of 100-250 KB
     (179-368 KB seen on Linux 6.18), so a never-reading client's whole answer vanishes into the kernel and the server
-    closes at once; on a real link, or with a larger answer, it stays in the server's own buffer. The socket is
+    closes at once; a larger answer than the kernel's buffer stays in the server's own. The socket is
     reached through pidfd_getfd, as a debugger would (the test's own child, so ptrace rules allow it)."""
     inode = next(
         fields[9]
