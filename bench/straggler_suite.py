@@ -70,6 +70,7 @@ SUITE: dict[str, tuple[int, list[str], str]] = {
     ),  # fmt: skip
 }
 JOB_CHECKS = ("straggler", "collective_hang", "waiting_elsewhere")
+CGROUPS: dict[str, Path] = {}  # exporter name → its cgroup (start_exporter)
 EXPORTER_ARGS: list[str] = []  # --exporter-arg: e.g. --nvml.backend=sim to try the driver here without a GPU
 
 
@@ -98,7 +99,9 @@ def start_exporter(out: Path, name: str, port: int, window: int | None, devices:
         thresholds = out / "thresholds.yaml"
         thresholds.write_text(f"bottleneck_window_s: {window}\n")
         args += ["--health.thresholds-file", str(thresholds)]
-    cgroup = Path(f"/sys/fs/cgroup/gpuwarden-{name}")  # the pod's view: every process of this exporter, counted
+    # the pod's view: every process of this exporter, counted. One cgroup per run: a lent machine kept warm between
+    # calls still has the last call's, whose cpu.stat and memory.peak would add to this run's (2026-11-29)
+    cgroup = CGROUPS[name] = Path(f"/sys/fs/cgroup/gpuwarden-{name}-{os.getpid()}")
     preexec = None
     try:
         cgroup.mkdir(exist_ok=True)
@@ -338,7 +341,7 @@ def footprint(out: Path, names: list[str]) -> None:
     """What each exporter's pod pays: PSS and RSS of every process (smaps_rollup) and its cgroup's memory."""
     result = {}
     for name in names:
-        cgroup = Path(f"/sys/fs/cgroup/gpuwarden-{name}")
+        cgroup = CGROUPS.get(name, Path("/nonexistent"))
         entry: dict[str, object] = {}
         try:
             pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
