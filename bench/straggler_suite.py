@@ -70,7 +70,6 @@ SUITE: dict[str, tuple[int, list[str], str]] = {
     ),  # fmt: skip
 }
 JOB_CHECKS = ("straggler", "collective_hang", "waiting_elsewhere")
-CGROUPS: dict[str, Path] = {}  # exporter name → its cgroup (start_exporter)
 EXPORTER_ARGS: list[str] = []  # --exporter-arg: e.g. --nvml.backend=sim to try the driver here without a GPU
 
 
@@ -89,6 +88,12 @@ def wait_for(port: int, path: str, what: str) -> None:
     raise SystemExit(f"{what} did not answer on port {port}")
 
 
+def exporter_cgroup(name: str) -> Path:
+    """The pod's view: every process of exporter `name`, counted. One cgroup per run: a lent machine kept warm
+    between calls still has the last call's, whose cpu.stat and memory.peak would add to this run's (2026-11-29)."""
+    return Path(f"/sys/fs/cgroup/gpuwarden-{name}-{os.getpid()}")
+
+
 def start_exporter(out: Path, name: str, port: int, window: int | None, devices: str | None) -> subprocess.Popen:
     args = [sys.executable, "-m", "gpuwarden", "--web.listen-address", f"127.0.0.1:{port}", "--processes.proc-root",
             "/proc"]  # fmt: skip
@@ -99,9 +104,7 @@ def start_exporter(out: Path, name: str, port: int, window: int | None, devices:
         thresholds = out / "thresholds.yaml"
         thresholds.write_text(f"bottleneck_window_s: {window}\n")
         args += ["--health.thresholds-file", str(thresholds)]
-    # the pod's view: every process of this exporter, counted. One cgroup per run: a lent machine kept warm between
-    # calls still has the last call's, whose cpu.stat and memory.peak would add to this run's (2026-11-29)
-    cgroup = CGROUPS[name] = Path(f"/sys/fs/cgroup/gpuwarden-{name}-{os.getpid()}")
+    cgroup = exporter_cgroup(name)
     preexec = None
     try:
         cgroup.mkdir(exist_ok=True)
@@ -341,7 +344,7 @@ def footprint(out: Path, names: list[str]) -> None:
     """What each exporter's pod pays: PSS and RSS of every process (smaps_rollup) and its cgroup's memory."""
     result = {}
     for name in names:
-        cgroup = CGROUPS.get(name, Path("/nonexistent"))
+        cgroup = exporter_cgroup(name)
         entry: dict[str, object] = {}
         try:
             pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]

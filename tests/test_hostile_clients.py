@@ -24,7 +24,7 @@ from gpuwarden.web.basic_auth import BasicAuth
 from gpuwarden.web.front import negotiate
 from tests.helpers.common import free_port, parse_exposition, rss_mib, tls_web_config, values, write_yaml
 from tests.helpers.daemon import running_cli
-from tests.helpers.hostile import never_reading_request, shrink_send_buffer
+from tests.helpers.hostile import never_reading_request, shrink_send_buffer, sockets_on
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # end-to-end, and measured under load or against real clocks
 
@@ -251,18 +251,6 @@ def test_tls_costs_are_bounded_through_asyncio_settings_that_still_exist():
         asyncio.sslproto.SSLProtocol.max_size, asyncio.constants.SSL_HANDSHAKE_TIMEOUT = saved
 
 
-def _server_ends(port: int) -> dict[int, int]:
-    """The server's connections on loopback `port` (/proc/net/tcp): client port → socket inode, 0 where no
-    descriptor holds it (still in the accept queue, or closed by the server and flushing as an orphan)."""
-    ends = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, inode = fields[1], fields[2], int(fields[9])
-        if int(local.rsplit(":", 1)[1], 16) == port and remote != "00000000:0000":
-            ends[int(remote.rsplit(":", 1)[1], 16)] = inode
-    return ends
-
-
 EXPORTER_MEMORY_LIMIT_MIB = 256  # the Helm chart's limit for the exporter
 
 
@@ -326,23 +314,14 @@ def test_responses_never_read_after_connection_close_are_dropped_and_probes_answ
             probes: list = []
             prober = threading.Thread(target=lambda: probes.extend(_probe_while(url, stop, verify=False)), daemon=True)
             prober.start()
-            baseline = len([f for f in Path(f"/proc/{proc.pid}/fd").iterdir() if "socket" in str(f.readlink())])
+            baseline = _sockets_held(proc.pid)
             clients = [c for c in (never_reading_request(port, request_line, client_tls) for _ in range(1100)) if c]
             held = len(clients)
-
-            def sockets_held() -> int:
-                """The server's own socket descriptors: a connection it holds open, whatever the client's side
-                shows (an unread response sits in the client's kernel buffer either way)."""
-                count = 0
-                for fd in Path(f"/proc/{proc.pid}/fd").iterdir():
-                    with suppress(OSError):
-                        count += Path(fd).readlink().as_posix().startswith("socket:")
-                return count
 
             from tests.helpers.common import wait_for
 
             # the header timeout (2 s) and a sweep (1 s) after each response was closed; slow on a loaded machine
-            wait_for(lambda: sockets_held() <= baseline + 2, timeout=60, step=0.5)
+            wait_for(lambda: _sockets_held(proc.pid) <= baseline + 2, timeout=60, step=0.5)
             stop.set()
             prober.join()
             for sock in clients:
@@ -383,7 +362,7 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
                 return False
 
         def dropped(socks: tuple[socket.socket, ...]) -> int:  # the server's end closed: no descriptor holds it
-            held = _server_ends(port)
+            held = sockets_on(port)
             return sum(held.get(sock.getsockname()[1], 0) == 0 for sock in socks)
 
         wait_for(lambda: all(answered(sock) for sock in closers), timeout=30)
@@ -395,7 +374,7 @@ def test_a_probe_accepted_at_the_limit_keeps_its_connection_while_its_request_is
         before = dropped((*closers, probe))
         newcomer = socket.create_connection(("127.0.0.1", port))
         wait_for(lambda: dropped((*closers, probe)) > before or before == len(closers), timeout=30)
-        assert _server_ends(port).get(probe.getsockname()[1], 0) != 0  # the probe's connection is held
+        assert sockets_on(port).get(probe.getsockname()[1], 0) != 0  # the probe's connection is held
         probe.setblocking(True)
         probe.settimeout(30)
         probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -525,7 +504,8 @@ def test_clients_aborted_at_the_pipeline_limit_over_tls_log_no_traceback(tmp_pat
 
 
 def _sockets_held(pid: int) -> int:
-    """The process's own socket descriptors (its listener, its open connections)."""
+    """The process's own socket descriptors (its listener, its open connections): a connection it holds open,
+    whatever the client's side shows (an unread response sits in the client's kernel buffer either way)."""
     count = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with suppress(OSError):

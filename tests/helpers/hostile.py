@@ -46,6 +46,18 @@ def never_reading_request(port: int, request: bytes, tls: ssl.SSLContext | None 
     return sock
 
 
+def sockets_on(port: int) -> dict[int, int]:
+    """The sockets on loopback `port` (/proc/net/tcp): remote port → socket inode (remote port 0: the listening
+    socket), inode 0 where no descriptor holds it (still in the accept queue, or closed by the server and flushing
+    as an orphan)."""
+    sockets = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port:
+            sockets[int(fields[2].rsplit(":", 1)[1], 16)] = int(fields[9])
+    return sockets
+
+
 SYS_PIDFD_GETFD = 438  # the same number on x86_64 and arm64 (Linux 5.6+)
 
 
@@ -55,11 +67,7 @@ def shrink_send_buffer(pid: int, port: int, size: int) -> None:
     (179-368 KB seen on Linux 6.18), so a never-reading client's whole answer vanishes into the kernel and the server
     closes at once; a larger answer than the kernel's buffer stays in the server's own. The socket is
     reached through pidfd_getfd, as a debugger would (the test's own child, so ptrace rules allow it)."""
-    inode = next(
-        fields[9]
-        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
-        if (fields := line.split())[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port
-    )
+    inode = sockets_on(port)[0]  # the listening socket: no remote end
     target = next(int(fd.name) for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd) == f"socket:[{inode}]")
     pidfd = os.pidfd_open(pid)
     try:
